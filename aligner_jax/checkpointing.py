@@ -1,0 +1,118 @@
+"""Orbax checkpoints of the train state plus the data iterator position (t5x habit).
+
+A checkpoint of step N under ``MODEL_DIR/checkpoints/N/`` holds two items:
+
+  * ``state``: the sharded train state (step, params, optimizer state);
+  * ``data``: JSON with the position of the input pipeline (batches consumed) and the settings
+    that define it (task, seed, batch size, feature lengths), so a restarted job continues with
+    exactly the batches an uninterrupted job would have seen, and refuses to resume under a
+    different pipeline.
+
+``restore_params`` loads only the encoder parameters of a checkpoint (for evaluation/indexing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Attributes:
+    period: save every this many steps (and at the last step).
+    keep: how many checkpoints to keep (None: all).
+    restore: ``latest`` (resume from MODEL_DIR's newest checkpoint when one exists), ``none``
+      (start fresh; refuses a MODEL_DIR that already has checkpoints), or a checkpoint path.
+    async_save: write checkpoints in the background (orbax async checkpointing).
+    """
+
+    period: int = 1000
+    keep: int | None = 3
+    restore: str = "latest"
+    async_save: bool = False
+
+
+def checkpoint_dir(model_dir: str | Path) -> Path:
+    return Path(model_dir) / CHECKPOINT_SUBDIR
+
+
+def manager(model_dir: str | Path, config: CheckpointConfig) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=config.keep,
+        save_interval_steps=1,  # the trainer decides when to save
+        create=True,
+        enable_async_checkpointing=config.async_save,
+    )
+    return ocp.CheckpointManager(
+        checkpoint_dir(model_dir).resolve(), options=options, item_names=("state", "data")
+    )
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -> None:
+    mngr.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+        ),
+        force=True,
+    )
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    """Restores (state, data_state) of ``step`` into the shardings of ``abstract_state``."""
+    restored = mngr.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+        ),
+    )
+    return restored["state"], restored["data"]
+
+
+def _resolve_step_dir(path: Path) -> tuple[Path, int]:
+    """Accepts MODEL_DIR, MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step>."""
+    path = Path(path).resolve()
+    if (path / "state").is_dir():
+        return path, int(path.name)
+    root = path / CHECKPOINT_SUBDIR if (path / CHECKPOINT_SUBDIR).is_dir() else path
+    steps = (
+        sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "state").is_dir())
+        if root.is_dir()
+        else []
+    )
+    if not steps:
+        raise FileNotFoundError(
+            f"{path}: no checkpoint found (expected MODEL_DIR, MODEL_DIR/{CHECKPOINT_SUBDIR} or "
+            f"MODEL_DIR/{CHECKPOINT_SUBDIR}/<step> written by aligner-train)"
+        )
+    return root / str(steps[-1]), steps[-1]
+
+
+def restore_params(path: str | Path, config=None) -> tuple[Any, int]:
+    """The encoder parameters (numpy/jax arrays) of a training checkpoint, and its step.
+
+    ``path`` may be the training MODEL_DIR (newest checkpoint), its ``checkpoints`` folder or one
+    step folder. With ``config`` (an ``AlignerConfig``) the parameter tree is checked against
+    the model the caller is about to build.
+    """
+    step_dir, step = _resolve_step_dir(Path(path))
+    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+    state = checkpointer.restore(step_dir / "state")
+    if "params" not in state:
+        raise ValueError(f"{step_dir / 'state'}: not an aligner-train checkpoint (no params)")
+    params = jax.tree_util.tree_map(np.asarray, state["params"])
+    if config is not None:
+        from aligner_jax import loading  # noqa: PLC0415
+
+        loading._check_tree(loading.init_params(config), params, str(step_dir))
+    return params, step

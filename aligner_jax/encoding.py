@@ -1,0 +1,200 @@
+"""Batch encoding of texts with a jitted ALIGNER encoder, in length buckets, with progress.
+
+Texts are tokenised (no padding), grouped by length into a few bucket lengths, and encoded in
+fixed-shape batches (one XLA compilation per bucket). Only real tokens come back: each text yields
+``EncodedText(token_ids [m], vectors [m, D], salience [m])``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from aligner_jax.models import aligner as aligner_lib
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class EncodingConfig:
+    """How texts are batched for the encoder.
+
+    Attributes:
+      bucket_multiple: bucket lengths are multiples of this (and the max length).
+      max_tokens_per_batch: batch size of a bucket of length L is max(1, this // L), rounded
+        down to a multiple of the mesh's data-parallel size.
+      log_every_s: progress logging period.
+    """
+
+    bucket_multiple: int = 32
+    max_tokens_per_batch: int = 8192
+    log_every_s: float = 20.0
+
+    def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
+        lengths = list(range(self.bucket_multiple, maxlen, self.bucket_multiple))
+        return tuple(lengths + [maxlen])
+
+    def batch_size(self, length: int, data_parallel: int = 1) -> int:
+        size = max(1, self.max_tokens_per_batch // length)
+        return max(data_parallel, size - size % data_parallel)
+
+
+@dataclasses.dataclass
+class EncodedText:
+    token_ids: np.ndarray  # [m] int32
+    vectors: np.ndarray  # [m, D] float32
+    salience: np.ndarray  # [m] float32
+
+
+@dataclasses.dataclass
+class EncoderBundle:
+    """A ready-to-use encoder: config, flax module, (unboxed) params and tokenizer."""
+
+    config: aligner_lib.AlignerConfig
+    params: Any
+    tokenizer: Any
+    name: str
+    _fingerprint: str | None = None
+
+    @property
+    def module(self) -> aligner_lib.AlignerEncoder:
+        return aligner_lib.AlignerEncoder(self.config)
+
+    def fingerprint(self) -> str:
+        """sha256 over the architecture and every parameter's bytes (identifies the model)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(repr(self.config).encode())
+            leaves = jax.tree_util.tree_flatten_with_path(self.params)[0]
+            for path, leaf in leaves:
+                digest.update(jax.tree_util.keystr(path).encode())
+                digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def info(self) -> dict:
+        cfg = self.config
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint(),
+            "projection": cfg.projection,
+            "dim": cfg.output_dim,
+            "salience": cfg.salience,
+            "query_maxlen": cfg.query_maxlen,
+            "doc_maxlen": cfg.doc_maxlen,
+            "backbone": type(cfg.backbone).__name__,
+        }
+
+
+class Encoder:
+    """Encodes texts into real-token vectors and saliences with a jitted, bucketed forward pass."""
+
+    def __init__(
+        self,
+        bundle: EncoderBundle,
+        config: EncodingConfig | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
+        self.bundle = bundle
+        self.config = config or EncodingConfig()
+        self.mesh = mesh
+        module = bundle.module
+        self._data_parallel = 1
+        params = bundle.params
+        if mesh is not None:
+            from aligner_jax import partitioning  # noqa: PLC0415
+
+            self._data_parallel = mesh.shape[partitioning.DATA_AXIS]
+            self._batch_sharding = partitioning.batch_sharding(mesh)
+            params = jax.device_put(params, partitioning.replicated(mesh))
+        self._params = params
+
+        def forward(params, ids, mask, kind):
+            return module.apply({"params": params}, ids, mask, kind, True)
+
+        self._forward = jax.jit(forward, static_argnums=(3,))
+
+    @property
+    def dim(self) -> int:
+        return self.bundle.config.output_dim
+
+    def tokenize(self, texts: Sequence[str], kind: str) -> list[np.ndarray]:
+        return self.bundle.tokenizer.encode_batch(list(texts), self.bundle.config.maxlen(kind))
+
+    def encode(self, texts: Sequence[str], kind: str, desc: str | None = None) -> list[EncodedText]:
+        """Encodes ``texts`` (in order); logs docs/s and tokens/s every ``log_every_s``."""
+        ids = self.tokenize(texts, kind)
+        out: list[EncodedText | None] = [None] * len(ids)
+        for index, encoded in self.encode_token_ids(ids, kind, desc=desc):
+            out[index] = encoded
+        return out  # type: ignore[return-value]
+
+    def encode_token_ids(
+        self, token_ids: Sequence[np.ndarray], kind: str, desc: str | None = None
+    ) -> Iterator[tuple[int, EncodedText]]:
+        """Yields ``(position, EncodedText)`` bucket by bucket (not in input order)."""
+        cfg = self.config
+        maxlen = self.bundle.config.maxlen(kind)
+        buckets = cfg.bucket_lengths(maxlen)
+        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+        if len(lengths) and lengths.min() == 0:
+            raise ValueError("encode: a text produced no tokens (empty tokenisation)")
+        bucket_of = np.searchsorted(np.array(buckets), lengths, side="left")
+        total_tokens, done_docs, done_tokens = int(lengths.sum()), 0, 0
+        start = last_log = time.perf_counter()
+        for b, length in enumerate(buckets):
+            members = np.nonzero(bucket_of == b)[0]
+            if not len(members):
+                continue
+            batch = cfg.batch_size(length, self._data_parallel)
+            for lo in range(0, len(members), batch):
+                idx = members[lo : lo + batch]
+                ids = np.zeros((batch, length), dtype=np.int32)
+                mask = np.zeros((batch, length), dtype=bool)
+                for row, i in enumerate(idx):
+                    ids[row, : lengths[i]] = token_ids[i]
+                    mask[row, : lengths[i]] = True
+                # Fill unused rows with a copy of the first text: no all-padding rows, same shape.
+                ids[len(idx) :] = ids[0]
+                mask[len(idx) :] = mask[0]
+                vectors, salience = self._run(ids, mask, kind)
+                for row, i in enumerate(idx):
+                    m = int(lengths[i])
+                    yield (
+                        int(i),
+                        EncodedText(
+                            token_ids=np.asarray(token_ids[i], dtype=np.int32),
+                            vectors=vectors[row, :m],
+                            salience=salience[row, :m],
+                        ),
+                    )
+                done_docs += len(idx)
+                done_tokens += int(lengths[idx].sum())
+                now = time.perf_counter()
+                if desc and now - last_log >= cfg.log_every_s:
+                    last_log = now
+                    elapsed = now - start
+                    logging.info(
+                        "%s: %d/%d texts, %.0f texts/s, %.0f tokens/s (%.0f%% of tokens)",
+                        desc,
+                        done_docs,
+                        len(token_ids),
+                        done_docs / elapsed,
+                        done_tokens / elapsed,
+                        100.0 * done_tokens / max(total_tokens, 1),
+                    )
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
+        if self.mesh is not None:
+            ids_j = jax.device_put(ids_j, self._batch_sharding)
+            mask_j = jax.device_put(mask_j, self._batch_sharding)
+        vectors, salience = self._forward(self._params, ids_j, mask_j, kind)
+        return np.asarray(vectors, dtype=np.float32), np.asarray(salience, dtype=np.float32)

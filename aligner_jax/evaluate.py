@@ -1,0 +1,62 @@
+r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
+:func:`aligner_jax.evaluation.evaluate`.
+
+  python -m aligner_jax.evaluate \\
+    --gin_file=eval/zero_shot.gin \\
+    --dataset_dir=../shared/data/beir/scifact --output_dir=outputs/scifact \\
+    --gin.SearchConfig.backend="'exact'" --gin.SearchConfig.k_prime=0
+
+Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
+``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
+``--index_dir``, ``--unknown_qrels``, ``--verify_checksums``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from aligner_jax import beir, evaluation, gin_utils
+from aligner_jax import token_store as ts
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
+flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
+flags.DEFINE_string("output_dir", None, "Where metrics.json, run.tsv and config.gin go.")
+flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
+flags.DEFINE_enum(
+    "unknown_qrels", "error", ["error", "skip"], "qrels naming unknown queries/documents."
+)
+flags.DEFINE_bool("verify_checksums", False, "Verify every index file's sha256 when loading.")
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.dataset_dir:
+        raise app.UsageError("--dataset_dir is required (a BEIR folder)")
+    if not FLAGS.output_dir:
+        raise app.UsageError("--output_dir is required")
+    gin_utils.parse_gin_flags()
+    try:
+        evaluation.evaluate(
+            dataset_dir=FLAGS.dataset_dir,
+            output_dir=FLAGS.output_dir,
+            split=FLAGS.split,
+            index_dir=FLAGS.index_dir,
+            unknown_qrels=FLAGS.unknown_qrels,
+            verify_checksums=FLAGS.verify_checksums,
+        )
+    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
+        # A user-fixable problem: one clear line, no traceback.
+        sys.exit(f"aligner-eval: error: {e}")
+
+
+def console_entry() -> None:
+    gin_utils.run(main)
+
+
+if __name__ == "__main__":
+    console_entry()

@@ -1,0 +1,212 @@
+"""BEIR evaluation of an ALIGNER encoder: index the corpus's tokens, search, score the run.
+
+The library behind the ``aligner-eval`` binary (:mod:`aligner_jax.evaluate`). :func:`evaluate` is
+gin-configurable; the token store is written to ``index_dir`` (default ``OUTPUT_DIR/index``) and
+reused by later runs with the same model and corpus; the token index (ScaNN or exact) is built per
+run and its build time reported. Writes ``OUTPUT_DIR/metrics.json`` (metrics, per-query nDCG@10,
+configuration, timings, index bytes), ``OUTPUT_DIR/run.tsv`` (TREC run) and
+``OUTPUT_DIR/config.gin`` (the operative gin config), and prints a one-screen summary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import gin
+import jax
+import numpy as np
+from absl import logging
+
+from aligner_jax import beir, indexing, metrics, scoring
+from aligner_jax import loading as loading_lib
+from aligner_jax import search as search_lib
+from aligner_jax import token_index as ti
+from aligner_jax import token_store as ts
+from aligner_jax.encoding import Encoder, EncodingConfig
+
+K_VALUES = (10, 100)
+
+
+def file_sha256(path: Path) -> str:
+    return ts.sha256_file(path)
+
+
+def corpus_info(dataset: beir.BeirDataset) -> dict:
+    corpus_file = Path(dataset.path) / "corpus.jsonl"
+    return {
+        "dataset": dataset.name,
+        "path": str(Path(dataset.path).resolve()),
+        "num_docs": len(dataset.corpus),
+        "sha256": file_sha256(corpus_file),
+    }
+
+
+def ensure_token_store(
+    dataset: beir.BeirDataset,
+    encoder: Encoder,
+    index_dir: Path,
+    verify_checksums: bool = False,
+) -> tuple[ts.TokenStore, float, bool]:
+    """Opens the token store for this model and corpus, building it first when needed.
+
+    Returns (store, seconds spent encoding, whether an existing store was reused).
+    """
+    info = corpus_info(dataset)
+    reused = False
+    start = time.perf_counter()
+    if indexing.store_is_complete_for(index_dir, encoder.bundle.info()):
+        manifest = ts.read_manifest(index_dir)
+        if manifest.get("corpus", {}).get("sha256") != info["sha256"]:
+            raise ts.IndexIntegrityError(
+                f"{index_dir / ts.MANIFEST}: built from another corpus "
+                f"({manifest.get('corpus', {}).get('path')}); use another --index_dir"
+            )
+        reused = True
+        logging.info("Reusing the token store in %s", index_dir)
+    else:
+        summary = indexing.build_token_store(
+            dataset.corpus.values(), encoder, index_dir, corpus_info=info
+        )
+        if not summary.complete:
+            raise RuntimeError(f"{index_dir}: indexing did not complete")
+    seconds = 0.0 if reused else time.perf_counter() - start
+    store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
+    ts.check_model_matches(store.manifest, encoder.bundle.info(), index_dir)
+    return store, seconds, reused
+
+
+def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:
+    with open(path, "w") as f:
+        for qid, docs in results.items():
+            ranked = sorted(docs.items(), key=lambda kv: -kv[1])
+            for rank, (doc_id, score) in enumerate(ranked, start=1):
+                f.write(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else 0.0
+
+
+@gin.configurable
+def evaluate(
+    dataset_dir: str,
+    output_dir: str,
+    split: str = "test",
+    index_dir: str | None = None,
+    alignment: str = "top_k:1",
+    search_config: search_lib.SearchConfig | None = None,
+    encoding_config: EncodingConfig | None = None,
+    unknown_qrels: str = "error",
+    verify_checksums: bool = False,
+) -> dict:
+    """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json."""
+    # Instantiated here (not as defaults) so that gin bindings of these classes apply.
+    search_config = search_config or search_lib.SearchConfig()
+    encoding_config = encoding_config or EncodingConfig()
+    strategy = scoring.AlignmentStrategy.parse(alignment)
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    logging.info(
+        "%s/%s: %d documents, %d queries",
+        dataset.name,
+        split,
+        len(dataset.corpus),
+        len(dataset.queries),
+    )
+    bundle = loading_lib.load_encoder()
+    encoder = Encoder(bundle, encoding_config)
+    index_path = Path(index_dir) if index_dir else output / "index"
+    store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
+
+    token_index, build_s = None, 0.0
+    if not search_config.exhaustive:
+        token_index = ti.TokenIndex.build(
+            store, search_config.backend, beta_d=search_config.beta_d, k_prime=search_config.k_prime
+        )
+        build_s = token_index.build_seconds
+
+    qids = list(dataset.queries)
+    t0 = time.perf_counter()
+    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
+    query_encode_s = time.perf_counter() - t0
+    searcher = search_lib.Searcher(store, search_config, token_index)
+    out = searcher.search(qids, encoded, strategies=(strategy,))
+    name = "xtr" if search_config.refine == "xtr" else str(strategy)
+    results = out.results[name]
+    evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
+
+    report = {
+        "dataset": dataset.name,
+        "split": split,
+        "num_queries": len(qids),
+        "num_docs": store.num_docs,
+        "num_tokens": store.num_tokens,
+        "config": {
+            "model": bundle.name,
+            "model_fingerprint": bundle.fingerprint(),
+            "projection": bundle.config.projection,
+            "salience": bundle.config.salience,
+            "alignment": name,
+            "search": search_config.backend if not search_config.exhaustive else "exact",
+            "exhaustive": search_config.exhaustive,
+            "k_prime": search_config.k_prime,
+            "beta_q": search_config.beta_q,
+            "beta_d": search_config.beta_d,
+            "refine": search_config.refine,
+            "top_k": search_config.top_k,
+        },
+        "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
+        "metrics_all": evaluation.aggregate,
+        "per_query": {
+            qid: {"ndcg@10": evaluation.per_query.get(qid, {}).get("ndcg@10", 0.0)} for qid in qids
+        },
+        "timing": {
+            "encode_corpus_s": encode_s,
+            "index_reused": reused,
+            "index_build_s": build_s,
+            "query_encode_ms_per_query": 1000.0 * query_encode_s / max(len(qids), 1),
+            "search_ms_per_query_p50": percentile(out.search_ms, 50),
+            "search_ms_per_query_p90": percentile(out.search_ms, 90),
+            "token_search_ms_per_query_p50": percentile(out.token_search_ms, 50),
+            "refine_ms_per_query_p50": percentile(out.refine_ms, 50),
+        },
+        "candidates_per_query_median": float(np.median(out.num_candidates)),
+        "index_bytes": {
+            "refinement_store": store.nbytes(),
+            "token_index": token_index.nbytes() if token_index else 0,
+        },
+        "dataset_stats": dataset.stats.as_dict(),
+        "devices": [str(d) for d in jax.devices()],
+    }
+    (output / "metrics.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
+    (output / "config.gin").write_text(gin.operative_config_str())
+    print(summary(report))
+    return report
+
+
+def summary(report: dict) -> str:
+    c, m, t = report["config"], report["metrics"], report["timing"]
+    lines = [
+        "=" * 72,
+        f"ALIGNER evaluation: {report['dataset']}/{report['split']} "
+        f"({report['num_queries']} queries, {report['num_docs']} docs, "
+        f"{report['num_tokens']} tokens)",
+        f"model      {c['model']} (projection={c['projection']}, salience={c['salience']})",
+        f"alignment  {c['alignment']}   search {c['search']}"
+        + (" exhaustive" if c["exhaustive"] else f" k'={c['k_prime']}")
+        + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
+        f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
+        f"   MRR@10 {100 * m['mrr@10']:.1f}",
+        f"timing     corpus encode {t['encode_corpus_s']:.1f}s"
+        + (" (reused)" if t["index_reused"] else "")
+        + f", token index build {t['index_build_s']:.1f}s, search p50 "
+        f"{t['search_ms_per_query_p50']:.1f} ms/query, median candidates "
+        f"{report['candidates_per_query_median']:.0f}",
+        "=" * 72,
+    ]
+    return "\n".join(lines)

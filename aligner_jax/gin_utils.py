@@ -1,0 +1,88 @@
+"""Gin plumbing shared by the binaries (t5x conventions).
+
+Every binary accepts ``--gin_file`` (repeatable), ``--gin_bindings`` (repeatable),
+``--gin_search_paths`` and the short form ``--gin.NAME=VALUE`` (rewritten into a binding, as
+t5x does). The repository's ``gin/`` folder is always on the search path, so
+``--gin_file=eval/zero_shot.gin`` and ``include 'models/minilm.gin'`` work from anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import gin
+from absl import app, flags
+
+GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
+
+
+def define_gin_flags() -> None:
+    """Defines the gin flags once (safe to call from several binaries' modules)."""
+    if "gin_file" in flags.FLAGS:
+        return
+    flags.DEFINE_multi_string("gin_file", [], "Gin config files (searched in --gin_search_paths).")
+    flags.DEFINE_multi_string("gin_bindings", [], "Individual gin bindings, e.g. 'X.y = 1'.")
+    flags.DEFINE_list(
+        "gin_search_paths", [], "Extra folders to search for gin files (the repo's gin/ is added)."
+    )
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
+    """Turns ``--gin.NAME=VALUE`` into ``--gin_bindings=NAME = VALUE`` (t5x style)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--gin.") and "=" in arg:
+            name, value = arg[len("--gin.") :].split("=", 1)
+            out.append(f"--gin_bindings={name} = {value}")
+        elif arg.startswith("--gin."):
+            raise app.UsageError(f"{arg}: expected --gin.NAME=VALUE")
+        else:
+            out.append(arg)
+    return out
+
+
+def search_paths(extra: Sequence[str] = ()) -> list[str]:
+    paths = [str(p) for p in extra] + [str(GIN_DIR), os.getcwd()]
+    return list(dict.fromkeys(paths))
+
+
+def resolve_gin_file(name: str, paths: Sequence[str]) -> str:
+    if os.path.isabs(name) and os.path.exists(name):
+        return name
+    for base in paths:
+        candidate = os.path.join(base, name)
+        if os.path.exists(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"--gin_file={name}: not found in the gin search paths {list(paths)} "
+        "(add a folder with --gin_search_paths)"
+    )
+
+
+def parse_gin(
+    gin_files: Sequence[str], bindings: Sequence[str] = (), extra_search_paths: Sequence[str] = ()
+) -> None:
+    """Parses gin files and bindings with the repository's gin/ folder on the search path."""
+    paths = search_paths(extra_search_paths)
+    for path in paths:
+        gin.add_config_file_search_path(path)
+    files = [resolve_gin_file(f, paths) for f in gin_files]
+    try:
+        gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
+    except (ValueError, KeyError, NameError, ImportError) as e:
+        raise app.UsageError(f"gin configuration error: {e}") from e
+
+
+def run(main: Callable[[Sequence[str]], None]) -> None:
+    """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first."""
+    define_gin_flags()
+    sys.argv = rewrite_gin_args(sys.argv)
+    app.run(main)
+
+
+def parse_gin_flags() -> None:
+    f = flags.FLAGS
+    parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths)

@@ -1,0 +1,240 @@
+"""The indexing job: a corpus stream → encoded, salience-scored tokens in a sharded token store.
+
+Documents are read as a stream and cut into fixed-size shards by position (shard ``i`` holds
+documents ``[i·S, (i+1)·S)``). Shard ``i`` belongs to process ``i mod P`` (``P`` =
+``jax.process_count()``), so many hosts index one corpus without talking to each other. Each shard
+is encoded and written atomically (see :mod:`aligner_jax.token_store`); a re-run skips every shard
+whose commit marker exists, so a killed job resumes after its last complete shard and produces the
+same bytes. Peak memory is bounded by the shard and batch sizes, not by the corpus size. The
+manifest is written when all shards are complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import gin
+import numpy as np
+from absl import logging
+
+from aligner_jax import beir
+from aligner_jax import token_store as ts
+from aligner_jax.encoding import Encoder
+
+CONFIG_FILE = "index_config.json"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class IndexingConfig:
+    """Attributes:
+    shard_size: documents per shard (bounds memory; the unit of resumption).
+    store_beta_d: fraction of each document's tokens (top by salience) kept in the refinement
+      store. 1.0 stores every token, so refinement uses full documents (paper §3.2); lower
+      values drop pruned tokens from disk too.
+    """
+
+    shard_size: int = 500
+    store_beta_d: float = 1.0
+
+    def __post_init__(self):
+        if self.shard_size < 1:
+            raise ValueError(f"IndexingConfig.shard_size={self.shard_size}: must be >= 1")
+        if not 0.0 < self.store_beta_d <= 1.0:
+            raise ValueError(f"IndexingConfig.store_beta_d={self.store_beta_d}: must be in (0, 1]")
+
+
+@dataclasses.dataclass
+class IndexingSummary:
+    directory: Path
+    num_docs: int
+    num_tokens: int
+    num_shards: int
+    shards_written: int
+    shards_skipped: int
+    encode_seconds: float
+    truncated_docs: int
+    empty_docs: int
+    complete: bool
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["directory"] = str(self.directory)
+        return d
+
+
+def _shards(documents: Iterable[beir.Document], size: int) -> Iterator[list[beir.Document]]:
+    shard: list[beir.Document] = []
+    for doc in documents:
+        shard.append(doc)
+        if len(shard) == size:
+            yield shard
+            shard = []
+    if shard:
+        yield shard
+
+
+def _keep_top(encoded, beta: float):
+    if beta >= 1.0:
+        return encoded
+    m = len(encoded.token_ids)
+    keep = max(1, int(np.ceil(beta * m)))
+    rows = np.sort(np.argsort(-encoded.salience, kind="stable")[:keep])
+    return dataclasses.replace(
+        encoded,
+        token_ids=encoded.token_ids[rows],
+        vectors=encoded.vectors[rows],
+        salience=encoded.salience[rows],
+    )
+
+
+def _check_or_write_config(directory: Path, settings: dict) -> None:
+    path = directory / CONFIG_FILE
+    if path.exists():
+        existing = json.loads(path.read_text())
+        if existing != settings:
+            diff = {
+                k: (existing.get(k), settings.get(k))
+                for k in set(existing) | set(settings)
+                if existing.get(k) != settings.get(k)
+            }
+            raise ts.IndexIntegrityError(
+                f"{path}: this index directory was started with other settings {diff} "
+                "(existing, requested). Use another --index_dir or delete this one."
+            )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        ts.atomic_write_json(path, settings)
+
+
+def build_token_store(
+    documents: Iterable[beir.Document],
+    encoder: Encoder,
+    directory: str | Path,
+    config: IndexingConfig | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    corpus_info: dict | None = None,
+) -> IndexingSummary:
+    """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted)."""
+    config = config or IndexingConfig()
+    directory = Path(directory)
+    model_info = encoder.bundle.info()
+    settings = {
+        "model": model_info,
+        "indexing": dataclasses.asdict(config),
+        "corpus": corpus_info or {},
+    }
+    _check_or_write_config(directory, settings)
+    maxlen = encoder.bundle.config.doc_maxlen
+    entries, written, skipped = [], 0, 0
+    encode_seconds, total_docs, total_tokens = 0.0, 0, 0
+    start = time.perf_counter()
+    for shard_index, docs in enumerate(_shards(documents, config.shard_size)):
+        total_docs += len(docs)
+        if shard_index % process_count != process_index:
+            continue
+        marker = ts.read_shard_marker(directory, shard_index)
+        if marker is not None and marker["num_docs"] == len(docs):
+            entries.append(marker)
+            skipped += 1
+            total_tokens += marker["num_tokens"]
+            continue
+        t0 = time.perf_counter()
+        texts = [beir.document_text(d) for d in docs]
+        token_ids = encoder.tokenize(texts, "doc")
+        encoded = [None] * len(docs)
+        for i, e in encoder.encode_token_ids(token_ids, "doc"):
+            encoded[i] = _keep_top(e, config.store_beta_d)
+        shard_docs = [
+            ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
+            for d, e in zip(docs, encoded, strict=True)
+        ]
+        stats = {
+            "truncated_docs": int(sum(len(t) >= maxlen for t in token_ids)),
+            "empty_docs": int(sum(not t.strip() for t in texts)),
+        }
+        entry = ts.write_shard(directory, shard_index, shard_docs, encoder.dim, stats)
+        entries.append(entry)
+        written += 1
+        total_tokens += entry["num_tokens"]
+        encode_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - start
+        logging.info(
+            "indexing: shard %d written (%d docs, %d tokens); %d docs seen, %.0f docs/s, "
+            "%.0f tokens/s encoded",
+            shard_index,
+            len(docs),
+            entry["num_tokens"],
+            total_docs,
+            sum(e["num_docs"] for e in entries) / max(elapsed, 1e-9),
+            total_tokens / max(encode_seconds, 1e-9),
+        )
+    if total_docs == 0:
+        raise ValueError("indexing: the corpus holds no documents")
+    num_shards = -(-total_docs // config.shard_size)
+    complete = finalize(directory, num_shards, settings)
+    stats = _sum_stats(directory, num_shards)
+    return IndexingSummary(
+        directory=directory,
+        num_docs=total_docs,
+        num_tokens=total_tokens,
+        num_shards=num_shards,
+        shards_written=written,
+        shards_skipped=skipped,
+        encode_seconds=encode_seconds,
+        truncated_docs=stats["truncated_docs"],
+        empty_docs=stats["empty_docs"],
+        complete=complete,
+    )
+
+
+def _sum_stats(directory: Path, num_shards: int) -> dict:
+    totals = {"truncated_docs": 0, "empty_docs": 0}
+    for i in range(num_shards):
+        marker = ts.read_shard_marker(directory, i)
+        if marker:
+            for key in totals:
+                totals[key] += marker.get("stats", {}).get(key, 0)
+    return totals
+
+
+def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
+    """Writes the manifest once every shard's marker exists; returns whether it is complete."""
+    markers = [ts.read_shard_marker(directory, i) for i in range(num_shards)]
+    missing = [i for i, m in enumerate(markers) if m is None]
+    if missing:
+        logging.info(
+            "indexing: %d/%d shards complete; the manifest is written when all are done",
+            num_shards - len(missing),
+            num_shards,
+        )
+        return False
+    manifest = {
+        "model": settings["model"],
+        "indexing": settings["indexing"],
+        "corpus": settings["corpus"],
+        "counts": {
+            "num_docs": sum(m["num_docs"] for m in markers),
+            "num_tokens": sum(m["num_tokens"] for m in markers),
+            "num_shards": num_shards,
+        },
+        "stats": _sum_stats(directory, num_shards),
+        "shards": [{k: v for k, v in m.items() if k != "stats"} for m in markers],
+    }
+    ts.write_manifest(directory, manifest)
+    return True
+
+
+def store_is_complete_for(directory: Path, model_info: dict) -> bool:
+    """True when ``directory`` holds a complete store built by this model (reusable)."""
+    try:
+        manifest = ts.read_manifest(directory)
+    except ts.IndexIntegrityError:
+        return False
+    ts.check_model_matches(manifest, model_info, directory)
+    return True

@@ -1,0 +1,128 @@
+"""Building a ready encoder (config + params + tokenizer) from gin: pretrained, T5X or trained.
+
+``load_encoder`` is the single gin-configurable entry point used by the evaluation, indexing and
+explanation binaries:
+
+  * ``checkpoint=None``: a fresh ALIGNER encoder whose backbone weights come from
+    ``backbone_weights`` (``'minilm'``: the bundled all-MiniLM-L6-v2; ``'t5x:/path/checkpoint_N'``:
+    a T5X T5 v1.1 checkpoint; ``'random'``: initialised from ``seed``), and whose projection and
+    salience heads are freshly initialised (with ``projection='identity'`` and
+    ``salience='none'`` there are none: the zero-shot setting);
+  * ``checkpoint='/path/to/model_dir'`` (or a ``checkpoint_<step>`` folder): the parameters of a
+    model trained with ``aligner-train``, restored with orbax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aligner_jax import backbones, tokenization
+from aligner_jax.encoding import EncoderBundle
+from aligner_jax.models import aligner as aligner_lib
+
+
+@gin.configurable
+def minilm_backbone():
+    """The BertConfig of the bundled all-MiniLM-L6-v2 (read from its config.json)."""
+    return backbones.read_bert_config(backbones.minilm_model_dir())
+
+
+@gin.configurable
+def load_tokenizer(name: str = "minilm"):
+    """``'minilm'`` (the bundled WordPiece tokenizer) or a path to a tokenizer.json."""
+    if name == "minilm":
+        return tokenization.Tokenizer(backbones.minilm_model_dir() / "tokenizer.json")
+    return tokenization.Tokenizer(name)
+
+
+def init_params(config: aligner_lib.AlignerConfig, seed: int = 0):
+    """Freshly initialised (unboxed) parameters of an ALIGNER encoder."""
+    module = aligner_lib.AlignerEncoder(config)
+    ids = jnp.ones((1, 4), jnp.int32)
+    mask = jnp.ones((1, 4), bool)
+    variables = jax.jit(
+        lambda rng: module.init(rng, ids, mask, ids, mask, method=module.encode_both)
+    )(jax.random.PRNGKey(seed))
+    from flax import linen as nn  # noqa: PLC0415
+
+    return nn.meta.unbox(variables["params"])
+
+
+def _check_tree(expected, given, source: str):
+    e_paths = {
+        jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)
+    }
+    g_paths = {
+        jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_leaves_with_path(given)
+    }
+    missing = sorted(set(e_paths) - set(g_paths))
+    extra = sorted(set(g_paths) - set(e_paths))
+    wrong = sorted(k for k in set(e_paths) & set(g_paths) if tuple(e_paths[k]) != tuple(g_paths[k]))
+    if missing or extra or wrong:
+        raise ValueError(
+            f"{source}: parameters do not fit the configured model: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}, wrong shapes "
+            f"{[(k, g_paths[k], e_paths[k]) for k in wrong[:5]]}. Check the gin model file."
+        )
+
+
+def load_backbone_params(spec: str, backbone_config, seed: int = 0):
+    """Backbone parameters from ``'minilm'``, ``'t5x:<checkpoint dir>'`` or ``'random'``."""
+    if spec == "minilm":
+        _, params = backbones.load_bert_from_safetensors(backbones.minilm_model_dir())
+        return params
+    if spec.startswith("t5x:"):
+        from aligner_jax import t5x_import  # noqa: PLC0415
+
+        return t5x_import.load_t5x_encoder(spec[len("t5x:") :], backbone_config)
+    if spec == "random":
+        return None
+    raise ValueError(
+        f"load_encoder.backbone_weights={spec!r}: expected 'minilm', 't5x:/path/to/checkpoint_N' "
+        "or 'random'"
+    )
+
+
+@gin.configurable
+def load_encoder(
+    config: aligner_lib.AlignerConfig = gin.REQUIRED,
+    backbone_weights: str = "minilm",
+    checkpoint: str | None = None,
+    tokenizer: str = "minilm",
+    seed: int = 0,
+    name: str | None = None,
+) -> EncoderBundle:
+    """An :class:`EncoderBundle` ready for encoding (see the module docstring)."""
+    if config.backbone is None:
+        raise ValueError(
+            "AlignerConfig.backbone is not bound: include a gin model file "
+            "(e.g. --gin_file=models/minilm.gin)"
+        )
+    tok = load_tokenizer(tokenizer)
+    if checkpoint:
+        from aligner_jax import checkpointing  # noqa: PLC0415
+
+        params, step = checkpointing.restore_params(checkpoint, config)
+        label = name or f"{Path(checkpoint).resolve()}@{step}"
+        return EncoderBundle(config=config, params=params, tokenizer=tok, name=label)
+    params = init_params(config, seed)
+    backbone = load_backbone_params(backbone_weights, config.backbone, seed)
+    if backbone is not None:
+        _check_tree(params["backbone"], backbone, f"backbone weights {backbone_weights!r}")
+        params = dict(params)
+        params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
+    label = name or f"{backbone_weights}/{config.projection}/{config.salience}"
+    return EncoderBundle(config=config, params=params, tokenizer=tok, name=label)
+
+
+def bundle_with(bundle: EncoderBundle, **config_changes) -> EncoderBundle:
+    """The same parameters under a modified (compatible) config, e.g. other max lengths."""
+    return dataclasses.replace(
+        bundle, config=dataclasses.replace(bundle.config, **config_changes), _fingerprint=None
+    )

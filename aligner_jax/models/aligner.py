@@ -1,0 +1,188 @@
+"""The ALIGNER encoder: one shared backbone, a projection to token vectors, unary salience heads.
+
+For a tokenised text (query or document) the encoder returns
+
+  * token vectors ``q_i`` / ``d_j``: the backbone's last hidden states, projected (``dense``: a
+    learned ``embed → 128`` map, paper §4.1; ``identity``: the backbone's own vectors) and
+    L2-normalised; exactly zero on padding;
+  * unary saliences ``u_i = λ_i · ReLU(W·h_i + b)`` (Eq. 3), with separate heads for queries and
+    documents and the sparsity gate λ of Eq. 4–5 (``lp``), or an ablation of §4.3 (``relu``,
+    ``hard_topk``, ``l1``), or ``none`` (u = 1 on every real token: plain multi-vector retrieval,
+    the zero-shot setting before any salience is trained). ``h_i`` is the backbone hidden state.
+
+The backbone is any module with the call signature ``(input_ids, mask, deterministic=...) ->
+hidden [B, L, H]``: :class:`~aligner_jax.models.bert.BertEncoder` or
+:class:`~aligner_jax.models.t5.T5Encoder`, chosen by the type of ``AlignerConfig.backbone``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from aligner_jax import salience as salience_lib
+
+PROJECTIONS = ("identity", "dense")
+SALIENCE_METHODS = ("lp", "relu", "hard_topk", "l1", "none")
+QUERY, DOC = "query", "doc"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class AlignerConfig:
+    """Architecture of an ALIGNER encoder (bind in gin: ``AlignerConfig.projection = 'dense'``).
+
+    Attributes:
+      backbone: a ``BertConfig`` or ``T5Config``.
+      projection: ``dense`` (learned, ``projection_dim``) or ``identity`` (backbone vectors).
+      projection_dim: token vector size for ``dense`` (paper: 128).
+      salience: ``lp`` (Eq. 3–5), ``relu``, ``hard_topk``, ``l1`` (ablations) or ``none``.
+      alpha_q, alpha_d: sparsity ratios of the LP gate, k = ceil(α·m) (paper: 50%, 40%).
+      epsilon: entropy weight ε of Eq. 4 (paper: 0.002).
+      lp_iters: iterations of Eq. 5.
+      query_maxlen, doc_maxlen: token budgets (defaults 64 and 256).
+    """
+
+    backbone: Any = None
+    projection: str = "dense"
+    projection_dim: int = 128
+    salience: str = "lp"
+    alpha_q: float = 0.5
+    alpha_d: float = 0.4
+    epsilon: float = 0.002
+    lp_iters: int = 50
+    query_maxlen: int = 64
+    doc_maxlen: int = 256
+
+    def __post_init__(self):
+        if self.projection not in PROJECTIONS:
+            raise ValueError(
+                f"AlignerConfig.projection={self.projection!r}: choose one of {PROJECTIONS}"
+            )
+        if self.salience not in SALIENCE_METHODS:
+            raise ValueError(
+                f"AlignerConfig.salience={self.salience!r}: choose one of {SALIENCE_METHODS}"
+            )
+        for name in ("alpha_q", "alpha_d"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"AlignerConfig.{name}={value}: must be in (0, 1]")
+
+    @property
+    def output_dim(self) -> int:
+        if self.projection == "dense":
+            return self.projection_dim
+        return backbone_hidden_size(self.backbone)
+
+    def maxlen(self, kind: str) -> int:
+        return self.query_maxlen if kind == QUERY else self.doc_maxlen
+
+
+def backbone_hidden_size(backbone_config) -> int:
+    for attr in ("hidden_size", "emb_dim"):
+        if hasattr(backbone_config, attr):
+            return int(getattr(backbone_config, attr))
+    raise TypeError(f"unknown backbone config {type(backbone_config).__name__}")
+
+
+def build_backbone(backbone_config, name: str = "backbone") -> nn.Module:
+    from aligner_jax.models import bert, t5  # noqa: PLC0415
+
+    if isinstance(backbone_config, bert.BertConfig):
+        return bert.BertEncoder(backbone_config, name=name)
+    if isinstance(backbone_config, t5.T5Config):
+        return t5.T5Encoder(backbone_config, name=name)
+    raise TypeError(
+        f"AlignerConfig.backbone: expected a BertConfig or T5Config, got "
+        f"{type(backbone_config).__name__} (bind BACKBONE in a gin model file)"
+    )
+
+
+def l2_normalize(x: jax.Array, mask: jax.Array, eps: float = 1e-12) -> jax.Array:
+    x = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+    return jnp.where(mask[..., None], x / jnp.maximum(norm, eps), 0.0)
+
+
+class SalienceHead(nn.Module):
+    """s_i = ReLU(W·h_i + b): the pre-gate token score of Eq. 3."""
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), ("embed", "salience")),
+            (hidden.shape[-1], 1),
+            jnp.float32,
+        )
+        # Start positive so every token is initially salient and gradients flow through ReLU.
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.ones, ("salience",)), (1,)
+        )
+        logits = jnp.einsum("...h,hs->...s", hidden.astype(jnp.float32), kernel) + bias
+        return jax.nn.relu(logits[..., 0])
+
+
+class AlignerEncoder(nn.Module):
+    """Shared encoder → (token vectors [B, L, D] float32, unary salience u [B, L] float32)."""
+
+    config: AlignerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.backbone = build_backbone(cfg.backbone)
+        if cfg.projection == "dense":
+            self.projection = nn.DenseGeneral(
+                cfg.projection_dim,
+                use_bias=False,
+                kernel_init=nn.with_logical_partitioning(
+                    nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"),
+                    ("embed", "proj"),
+                ),
+                name="projection",
+            )
+        if cfg.salience != "none":
+            self.query_salience = SalienceHead(name="query_salience")
+            self.doc_salience = SalienceHead(name="doc_salience")
+
+    def __call__(
+        self, input_ids: jax.Array, mask: jax.Array, kind: str = DOC, deterministic: bool = True
+    ) -> tuple[jax.Array, jax.Array]:
+        if kind not in (QUERY, DOC):
+            raise ValueError(f"kind={kind!r}: expected 'query' or 'doc'")
+        cfg = self.config
+        mask = mask.astype(bool)
+        hidden = self.backbone(input_ids, mask, deterministic=deterministic)
+        if cfg.projection == "dense":
+            vectors = self.projection(hidden.astype(jnp.float32))
+        else:
+            vectors = hidden
+        vectors = nn.with_logical_constraint(
+            l2_normalize(vectors, mask), ("batch", "length", "proj")
+        )
+        if cfg.salience == "none":
+            return vectors, mask.astype(jnp.float32)
+        head = self.query_salience if kind == QUERY else self.doc_salience
+        scores = head(hidden)
+        alpha = cfg.alpha_q if kind == QUERY else cfg.alpha_d
+        u = salience_lib.unary_salience(
+            scores,
+            mask,
+            method=cfg.salience,
+            alpha=alpha,
+            epsilon=cfg.epsilon,
+            num_iters=cfg.lp_iters,
+        )
+        return vectors, jnp.where(mask, u, 0.0)
+
+    def encode_both(self, q_ids, q_mask, d_ids, d_mask, deterministic: bool = True):
+        """Encodes queries and documents (used by ``init`` so every head gets parameters)."""
+        return (
+            self(q_ids, q_mask, QUERY, deterministic),
+            self(d_ids, d_mask, DOC, deterministic),
+        )

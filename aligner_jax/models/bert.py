@@ -1,0 +1,388 @@
+"""A BERT encoder in Flax linen, numerically matching Hugging Face's ``BertModel``.
+
+The ALIGNER paper (§2.2, §4.1) encodes queries and documents with one shared Transformer encoder
+and takes its last-layer token vectors ``q_i`` and ``d_j`` as the inputs of the similarity matrix
+``S[i, j] = q_i · d_j`` (Eq. 1). This module is that encoder for BERT-family checkpoints (the
+bundled all-MiniLM-L6-v2); the projection to 128 dimensions and L2 normalisation live with the
+retrieval model, not here.
+
+Layout follows the original BERT (post-LayerNorm):
+
+  h_0     = LayerNorm(E_word[x] + E_pos[0..L-1] + E_type[t])
+  a_l     = LayerNorm(h_{l-1} + W_o · MultiHeadAttention(h_{l-1}, mask))
+  h_l     = LayerNorm(a_l + W_2 · GELU(W_1 · a_l))
+
+with exact (erf) GELU, dropout after the embeddings, on attention probabilities and after both
+residual branches (active only when ``deterministic=False``). Padding is excluded from attention
+as keys, and the returned hidden states are zero at padding positions, so padding never takes part
+in anything downstream.
+
+Every parameter carries logical axis names (see ``aligner_jax/partitioning.py``); the main
+activations are constrained with ``nn.with_logical_constraint`` so the same code shards on a TPU
+mesh and runs unchanged on one CPU device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+Dtype = Any
+
+# Activations that HF BERT configs name, mapped to JAX. "gelu" is the exact erf form.
+_ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture hyper-parameters, with the names of a Hugging Face ``config.json``."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 12
+    intermediate_size: int = 1536
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig: hidden_size={self.hidden_size} must be divisible by "
+                f"num_attention_heads={self.num_attention_heads}."
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"BertConfig: hidden_act={self.hidden_act!r} is not supported; use one of "
+                f"{sorted(_ACTIVATIONS)}."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"BertConfig: {name}={rate} must be in [0, 1).")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_config(
+        cls, hf_config: Mapping[str, Any], source: str = "config.json"
+    ) -> BertConfig:
+        """Builds the config from a Hugging Face BERT ``config.json`` dict.
+
+        Unknown keys (``architectures``, ``transformers_version``, ...) are ignored. Settings this
+        implementation cannot honour raise a ValueError naming ``source``.
+        """
+        model_type = hf_config.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(
+                f"{source}: model_type={model_type!r} is not supported; "
+                "aligner_jax.models.bert implements model_type 'bert' only."
+            )
+        position_type = hf_config.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise ValueError(
+                f"{source}: position_embedding_type={position_type!r} is not supported "
+                "(only 'absolute')."
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in hf_config.items() if k in fields and v is not None}
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from e
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The inverse of ``from_hf_config`` (what ``config.json`` would hold)."""
+        return {"model_type": "bert", **dataclasses.asdict(self)}
+
+
+def _dense_init(config: BertConfig, axes: tuple[str, str]):
+    return nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=config.initializer_range), axes
+    )
+
+
+def _zeros(axes: tuple[str, ...]):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _ones(axes: tuple[str, ...]):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+class _LayerNorm(nn.LayerNorm):
+    """LayerNorm over ``embed`` with logically partitioned scale and bias."""
+
+    scale_init: Any = _ones(("embed",))
+    bias_init: Any = _zeros(("embed",))
+
+
+class _DenseWeights(nn.Module):
+    """Holds one projection's ``kernel [in, out]`` and ``bias [out]`` and returns them.
+
+    Used where several projections are fused into one matmul (query/key/value): the parameters
+    keep Hugging Face's per-projection layout, the computation uses one concatenated kernel.
+    """
+
+    in_features: int
+    features: int
+    axes: tuple[str, str]
+    config: BertConfig
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        kernel = self.param(
+            "kernel",
+            _dense_init(self.config, self.axes),
+            (self.in_features, self.features),
+            self.param_dtype,
+        )
+        bias = self.param("bias", _zeros(self.axes[1:]), (self.features,), self.param_dtype)
+        return kernel, bias
+
+
+class BertEmbeddings(nn.Module):
+    """Word + absolute position + token type embeddings, LayerNorm, dropout."""
+
+    config: BertConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+        cfg = self.config
+        length = input_ids.shape[1]
+        if length > cfg.max_position_embeddings:
+            raise ValueError(
+                f"Sequence length {length} exceeds max_position_embeddings="
+                f"{cfg.max_position_embeddings} of the BERT config; truncate inputs (e.g. "
+                "Tokenizer.encode_batch(..., max_length=...)) to at most that length."
+            )
+
+        def embed(name, num, axes):
+            return nn.Embed(
+                num,
+                cfg.hidden_size,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                embedding_init=nn.with_logical_partitioning(
+                    nn.initializers.normal(stddev=cfg.initializer_range), axes
+                ),
+                name=name,
+            )
+
+        words = embed("word_embeddings", cfg.vocab_size, ("vocab", "embed"))(input_ids)
+        position_table = embed(
+            "position_embeddings", cfg.max_position_embeddings, ("abspos_buckets", "embed")
+        ).embedding
+        types = embed("token_type_embeddings", cfg.type_vocab_size, ("token_type", "embed"))(
+            token_type_ids
+        )
+        positions = jnp.asarray(position_table[:length], self.dtype)[None]
+        x = words + positions + types
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        x = _LayerNorm(
+            epsilon=cfg.layer_norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="LayerNorm",
+        )(x)
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with output projection, residual and LayerNorm.
+
+    Query, key and value keep separate parameters (``query``/``key``/``value``, as in Hugging Face
+    checkpoints) but are computed by one fused ``[H, 3H]`` matmul. Padding keys get a bias of the
+    dtype's most negative value, so they receive zero attention probability.
+    """
+
+    config: BertConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, key_bias, deterministic: bool):
+        cfg = self.config
+        hidden, heads, head_dim = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        batch, length = x.shape[:2]
+        weights = [
+            _DenseWeights(
+                hidden, hidden, ("embed", "joined_kv"), cfg, self.param_dtype, name=name
+            )()
+            for name in ("query", "key", "value")
+        ]
+        kernel = jnp.concatenate([w for w, _ in weights], axis=1).astype(self.dtype)
+        bias = jnp.concatenate([b for _, b in weights], axis=0).astype(self.dtype)
+        qkv = jnp.dot(x, kernel) + bias
+        # [B, L, 3, heads, D] -> [3, B, heads, L, D]: both attention matmuls then run as plain
+        # batched GEMMs over (B, heads) with contiguous operands.
+        qkv = qkv.reshape(batch, length, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
+        query, key, value = qkv[0], qkv[1], qkv[2]
+        query = nn.with_logical_constraint(query, ("batch", "heads", "length", "kv"))
+        key = nn.with_logical_constraint(key, ("batch", "heads", "length", "kv"))
+        value = nn.with_logical_constraint(value, ("batch", "heads", "length", "kv"))
+
+        # Scale the queries rather than the [L, L] logits: same result, L/D times fewer multiplies.
+        query = query * jnp.asarray(head_dim**-0.5, self.dtype)
+        logits = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
+        logits = nn.with_logical_constraint(logits, ("batch", "heads", "length", None))
+        logits = logits + key_bias[:, None, None, :]
+        # Softmax with the normalisation deferred to the [L, D] context instead of the [L, L]
+        # probabilities (D = 32 ≪ L): exp(logits - max) @ V / sum(exp(logits - max)).
+        logits_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+        unnormalized = jnp.exp(logits - logits_max)
+        denominator = jnp.sum(unnormalized, axis=-1, keepdims=True)
+        if not deterministic and cfg.attention_probs_dropout_prob > 0.0:
+            # Dropout acts on the normalised probabilities; dividing first keeps its semantics.
+            probs = nn.Dropout(cfg.attention_probs_dropout_prob)(
+                unnormalized / denominator, deterministic=False
+            )
+            context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), value)
+        else:
+            context = jnp.einsum(
+                "bhqk,bhkd->bhqd", unnormalized.astype(self.dtype), value
+            ) / denominator.astype(self.dtype)
+        context = context.transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+        context = nn.with_logical_constraint(context, ("batch", "length", "joined_kv"))
+
+        out = nn.Dense(
+            hidden,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=_dense_init(cfg, ("joined_kv", "embed")),
+            bias_init=_zeros(("embed",)),
+            name="output",
+        )(context)
+        out = nn.Dropout(cfg.hidden_dropout_prob)(out, deterministic=deterministic)
+        out = _LayerNorm(
+            epsilon=cfg.layer_norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="LayerNorm",
+        )(out + x)
+        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+class BertLayer(nn.Module):
+    """One Transformer block: self-attention, then the feed-forward network (post-LN)."""
+
+    config: BertConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, key_bias, deterministic: bool):
+        cfg = self.config
+        x = BertSelfAttention(cfg, self.dtype, self.param_dtype, name="attention")(
+            x, key_bias, deterministic
+        )
+        h = nn.Dense(
+            cfg.intermediate_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=_dense_init(cfg, ("embed", "mlp")),
+            bias_init=_zeros(("mlp",)),
+            name="intermediate",
+        )(x)
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        h = _ACTIVATIONS[cfg.hidden_act](h)
+        h = nn.Dense(
+            cfg.hidden_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=_dense_init(cfg, ("mlp", "embed")),
+            bias_init=_zeros(("embed",)),
+            name="output",
+        )(h)
+        h = nn.Dropout(cfg.hidden_dropout_prob)(h, deterministic=deterministic)
+        out = _LayerNorm(
+            epsilon=cfg.layer_norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="LayerNorm",
+        )(h + x)
+        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+class BertEncoder(nn.Module):
+    """The BERT encoder: token ids → last-layer hidden states (the token vectors of ALIGNER §2.2).
+
+    Attributes:
+      config: architecture (``BertConfig.from_hf_config`` for a Hugging Face checkpoint).
+      dtype: computation dtype (float32 on CPU/GPU; bfloat16 on TPU). Softmax and LayerNorm
+        statistics are always computed in float32.
+      param_dtype: dtype the parameters are created in.
+
+    Parameter tree (Hugging Face names; kernels are ``[in, out]``)::
+
+      embeddings/{word_embeddings,position_embeddings,token_type_embeddings}/embedding
+      embeddings/LayerNorm/{scale,bias}
+      layer_{i}/attention/{query,key,value,output}/{kernel,bias}, layer_{i}/attention/LayerNorm
+      layer_{i}/{intermediate,output}/{kernel,bias}, layer_{i}/LayerNorm/{scale,bias}
+    """
+
+    config: BertConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Encodes a right- or arbitrarily-padded batch.
+
+        Args:
+          input_ids: ``[B, L]`` int32 token ids.
+          mask: ``[B, L]`` bool, True on real tokens. Positions are ``0..L-1`` for every row, so
+            pad on the right to match Hugging Face.
+          token_type_ids: ``[B, L]`` int32 segment ids; zeros when None.
+          deterministic: disables dropout when True; otherwise needs a ``'dropout'`` rng.
+
+        Returns:
+          ``[B, L, hidden_size]`` last-layer hidden states in ``dtype``, zero at padding.
+        """
+        if input_ids.ndim != 2 or mask.shape != input_ids.shape:
+            raise ValueError(
+                f"BertEncoder expects input_ids [B, L] and mask of the same shape; got "
+                f"input_ids {input_ids.shape} and mask {mask.shape}."
+            )
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        mask = mask.astype(jnp.bool_)
+        x = BertEmbeddings(self.config, self.dtype, self.param_dtype, name="embeddings")(
+            input_ids, token_type_ids, deterministic
+        )
+        # Additive key bias, float32: 0 on real keys, the most negative float on padding.
+        key_bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+        for i in range(self.config.num_hidden_layers):
+            x = BertLayer(self.config, self.dtype, self.param_dtype, name=f"layer_{i}")(
+                x, key_bias, deterministic
+            )
+        x = jnp.where(mask[..., None], x, jnp.zeros((), x.dtype))
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))

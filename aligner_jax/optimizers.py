@@ -1,0 +1,81 @@
+"""Optimizers and learning-rate schedules chosen in gin (optax).
+
+train.optimizer = @create_optimizer()
+create_optimizer.name = 'adamw'            # adamw | adam | adafactor | sgd
+create_optimizer.learning_rate = @warmup_linear_decay()
+warmup_linear_decay.peak_value = 1e-4
+warmup_linear_decay.warmup_steps = 100
+warmup_linear_decay.total_steps = %TRAIN_STEPS
+"""
+
+from __future__ import annotations
+
+import gin
+import optax
+
+OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
+
+
+@gin.configurable
+def constant_schedule(value: float = 1e-4) -> optax.Schedule:
+    return optax.constant_schedule(value)
+
+
+@gin.configurable
+def warmup_linear_decay(
+    peak_value: float = 1e-4,
+    warmup_steps: int = 100,
+    total_steps: int = gin.REQUIRED,
+    end_value: float = 0.0,
+) -> optax.Schedule:
+    """Linear warm-up to ``peak_value`` then linear decay to ``end_value`` at ``total_steps``."""
+    if total_steps <= warmup_steps:
+        raise ValueError(
+            f"warmup_linear_decay: total_steps={total_steps} must exceed warmup_steps={warmup_steps}"
+        )
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, peak_value, warmup_steps),
+            optax.linear_schedule(peak_value, end_value, total_steps - warmup_steps),
+        ],
+        [warmup_steps],
+    )
+
+
+@gin.configurable
+def warmup_cosine_decay(
+    peak_value: float = 1e-4,
+    warmup_steps: int = 100,
+    total_steps: int = gin.REQUIRED,
+    end_value: float = 0.0,
+) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(0.0, peak_value, warmup_steps, total_steps, end_value)
+
+
+@gin.configurable
+def create_optimizer(
+    name: str = "adamw",
+    learning_rate: float | optax.Schedule = 1e-4,
+    weight_decay: float = 0.01,
+    clip_norm: float | None = 1.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+) -> optax.GradientTransformation:
+    """An optax optimizer (with optional global-norm clipping) named in gin."""
+    if name == "adamw":
+        opt = optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
+    elif name == "adam":
+        opt = optax.adam(learning_rate, b1=b1, b2=b2)
+    elif name == "adafactor":
+        opt = optax.adafactor(learning_rate)
+    elif name == "sgd":
+        opt = optax.sgd(learning_rate, momentum=b1)
+    else:
+        raise ValueError(f"create_optimizer.name={name!r}: choose one of {OPTIMIZERS}")
+    if clip_norm:
+        opt = optax.chain(optax.clip_by_global_norm(clip_norm), opt)
+    return opt
+
+
+def learning_rate_at(learning_rate: float | optax.Schedule, step: int) -> float:
+    return float(learning_rate(step)) if callable(learning_rate) else float(learning_rate)

@@ -1,0 +1,194 @@
+"""Refinement: score candidate documents with all their stored token vectors (paper §2.1, §3.2).
+
+For a batch of queries and their candidate documents, the refiner gathers the candidates' token
+vectors from the token store into padded, length-bucketed chunks and computes Eq. 1–2 with one or
+more alignment strategies in a single jitted kernel: the similarity matrix is computed once per
+(query, document) pair and every strategy is derived from it. This is what makes few-shot
+alignment adaptation cheap: candidates are retrieved once and re-scored per strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from aligner_jax import scoring
+from aligner_jax import token_store as ts
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RefineConfig:
+    """Shapes and memory of refinement.
+
+    Attributes:
+      length_multiple: documents are padded to a multiple of this many tokens (bucket lengths).
+      query_length_buckets: queries are padded to the smallest bucket ≥ their length.
+      max_elements: budget of similarity entries (queries × query tokens × docs × doc tokens)
+        computed per kernel call; sets the number of documents per chunk.
+      cache_bytes: pre-gather every document's padded vectors in memory when they fit in this
+        many bytes (fast exhaustive refinement); otherwise gather candidates per query batch.
+    """
+
+    length_multiple: int = 32
+    query_length_buckets: tuple[int, ...] = (16, 32, 64, 128)
+    max_elements: int = 1 << 24
+    cache_bytes: int = 3 << 30
+
+    def query_bucket(self, n: int) -> int:
+        for b in self.query_length_buckets:
+            if n <= b:
+                return b
+        return int(math.ceil(n / self.length_multiple) * self.length_multiple)
+
+
+@functools.partial(jax.jit, static_argnames=("strategies",))
+def score_chunk(q, q_mask, u_q, q_ids, d, d_mask, u_d, d_ids, strategies):
+    """Scores every query of a batch against every document of a chunk, for each strategy.
+
+    Args:
+      q [Q, n, D], q_mask/u_q/q_ids [Q, n]; d [C, L, D] (any float dtype), d_mask/u_d/d_ids [C, L];
+      strategies: static tuple of ``scoring.AlignmentStrategy``.
+    Returns:
+      ``[len(strategies), Q, C]`` float32 scores (Eq. 1–2).
+    """
+    d = d.astype(jnp.float32)
+    s = scoring.cross_similarity(q, d)  # [Q, C, n, L]
+    num_q, num_c = q.shape[0], d.shape[0]
+    qm = jnp.broadcast_to(q_mask[:, None, :], (num_q, num_c, q.shape[1]))
+    dm = jnp.broadcast_to(d_mask[None, :, :], (num_q, num_c, d.shape[1]))
+    uq = jnp.broadcast_to(u_q[:, None, :], qm.shape)
+    ud = jnp.broadcast_to(u_d[None, :, :], dm.shape)
+    family = tuple(st for st in strategies if st.kind in scoring.TOPK_FAMILY)
+    results = {}
+    if family:
+        fam = scoring.topk_family_scores(s, qm, dm, family, u_q=uq, u_d=ud)
+        results.update({st: fam[i] for i, st in enumerate(family)})
+    for st in strategies:
+        if st not in results:
+            qi = jnp.broadcast_to(q_ids[:, None, :], qm.shape)
+            di = jnp.broadcast_to(d_ids[None, :, :], dm.shape)
+            results[st] = scoring.alignment_scores(
+                s, qm, dm, st, u_q=uq, u_d=ud, q_ids=qi, d_ids=di
+            )
+    return jnp.stack([results[st] for st in strategies])
+
+
+@dataclasses.dataclass
+class QueryBatch:
+    """Padded queries: vectors [Q, n, D] float32, mask/salience/token ids [Q, n]."""
+
+    vectors: np.ndarray
+    mask: np.ndarray
+    salience: np.ndarray
+    token_ids: np.ndarray
+
+    @classmethod
+    def from_encoded(cls, encoded: Sequence, length: int) -> QueryBatch:
+        q = len(encoded)
+        dim = encoded[0].vectors.shape[-1]
+        vectors = np.zeros((q, length, dim), np.float32)
+        mask = np.zeros((q, length), bool)
+        salience = np.zeros((q, length), np.float32)
+        token_ids = np.zeros((q, length), np.int32)
+        for i, e in enumerate(encoded):
+            m = min(len(e.token_ids), length)
+            vectors[i, :m] = e.vectors[:m]
+            mask[i, :m] = True
+            salience[i, :m] = e.salience[:m]
+            token_ids[i, :m] = e.token_ids[:m]
+        return cls(vectors, mask, salience, token_ids)
+
+
+class Refiner:
+    """Re-scores candidate documents of queries with their full stored token vectors."""
+
+    def __init__(self, store: ts.TokenStore, config: RefineConfig | None = None):
+        self.store = store
+        self.config = config or RefineConfig()
+        mult = self.config.length_multiple
+        lengths = store.doc_lengths
+        padded = np.maximum(mult, np.ceil(lengths / mult).astype(np.int64) * mult)
+        self.doc_bucket = padded
+        self.buckets = {int(L): np.nonzero(padded == L)[0] for L in np.unique(padded)}
+        cache_need = int(sum(len(v) * L for L, v in self.buckets.items())) * store.dim * 2
+        self._cache: dict[int, tuple] | None = None
+        if cache_need <= self.config.cache_bytes:
+            self._cache = {L: store.gather_padded(docs, L) for L, docs in self.buckets.items()}
+
+    def _chunk_docs(self, query_len: int, num_queries: int, length: int) -> int:
+        per_doc = max(1, num_queries * query_len * length)
+        c = max(8, self.config.max_elements // per_doc)
+        return 1 << int(math.floor(math.log2(c)))
+
+    def score(
+        self,
+        queries: QueryBatch,
+        candidates: Sequence[np.ndarray],
+        strategies: Sequence[scoring.AlignmentStrategy],
+    ) -> list[np.ndarray]:
+        """Scores each query's candidates.
+
+        Args:
+          queries: a padded batch of Q queries.
+          candidates: Q arrays of document indices (into the store), one per query.
+          strategies: alignment strategies to score with.
+        Returns:
+          Q arrays ``[len(strategies), len(candidates[i])]`` of scores (Eq. 1–2), in the order
+          of ``candidates[i]``.
+        """
+        strategies = tuple(strategies)
+        num_q = len(candidates)
+        out = [np.full((len(strategies), len(c)), -np.inf, np.float32) for c in candidates]
+        union = np.unique(np.concatenate([np.asarray(c, np.int64) for c in candidates]))
+        if not len(union):
+            return out
+        # Position of each (query, doc) pair in its query's candidate array, via a dense map.
+        where = [dict() for _ in range(num_q)]
+        for i, c in enumerate(candidates):
+            where[i] = {int(d): j for j, d in enumerate(c)}
+        qv, qm = jnp.asarray(queries.vectors), jnp.asarray(queries.mask)
+        qs, qi = jnp.asarray(queries.salience), jnp.asarray(queries.token_ids)
+        n = queries.vectors.shape[1]
+        for length, bucket_docs in self.buckets.items():
+            docs = union[np.isin(union, bucket_docs, assume_unique=True)]
+            if not len(docs):
+                continue
+            chunk = self._chunk_docs(n, num_q, length)
+            for lo in range(0, len(docs), chunk):
+                part = docs[lo : lo + chunk]
+                d, dm, du, di = self._gather(part, length, bucket_docs)
+                if len(part) < chunk:  # fixed shapes: one compilation per (n, L)
+                    pad = chunk - len(part)
+                    d = np.concatenate([d, np.zeros((pad,) + d.shape[1:], d.dtype)])
+                    dm = np.concatenate([dm, np.zeros((pad, length), bool)])
+                    du = np.concatenate([du, np.zeros((pad, length), du.dtype)])
+                    di = np.concatenate([di, np.zeros((pad, length), di.dtype)])
+                scores = np.asarray(
+                    score_chunk(qv, qm, qs, qi, d, dm, du, di, strategies=strategies)
+                )[:, :, : len(part)]
+                for i in range(num_q):
+                    w = where[i]
+                    cols = [k for k, doc in enumerate(part) if int(doc) in w]
+                    if not cols:
+                        continue
+                    pos = [w[int(part[k])] for k in cols]
+                    out[i][:, pos] = scores[:, i, cols]
+        return out
+
+    def _gather(self, docs: np.ndarray, length: int, bucket_docs: np.ndarray):
+        if self._cache is not None:
+            vec, mask, sal, ids = self._cache[length]
+            pos = np.searchsorted(bucket_docs, docs)
+            if len(pos) and pos[-1] - pos[0] + 1 == len(pos):  # contiguous: a view, no copy
+                sl = slice(int(pos[0]), int(pos[-1]) + 1)
+                return vec[sl], mask[sl], sal[sl], ids[sl]
+            return vec[pos], mask[pos], sal[pos], ids[pos]
+        return self.store.gather_padded(docs, length)

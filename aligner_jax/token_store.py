@@ -1,0 +1,369 @@
+"""The token store: document token vectors on disk, in fixed-size shards, with a manifest.
+
+Only real tokens are stored (no padding), so memory and disk scale with the number of tokens, not
+with ``documents × max length × dimension``. Each shard holds, for ``num_docs`` consecutive
+documents of the corpus stream:
+
+  ``<shard>.vectors.npy``    float16 ``[T, D]``  token vectors (L2-normalised projections)
+  ``<shard>.salience.npy``   float16 ``[T]``     unary salience u^d of each token (Eq. 3)
+  ``<shard>.token_ids.npy``  int32   ``[T]``     vocabulary ids (COIL's exact match, explanations)
+  ``<shard>.offsets.npy``    int64   ``[N+1]``   token range of each document
+  ``<shard>.doc_ids.json``   the documents' ids
+
+Every file is written under a temporary name, fsync'ed and renamed; the shard's own
+``<shard>.json`` (counts, byte sizes, sha256 checksums) is written last, the same way, and is the
+shard's commit marker: a killed job resumes after the last shard whose marker exists.
+``manifest.json`` (model, settings, counts, every shard's checksums) is written once all shards are
+complete. Reading verifies the manifest against the files (sizes always, checksums on request) and
+refuses anything that does not match, naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "aligner_jax.token_store/1"
+MANIFEST = "manifest.json"
+SHARD_FILES = ("vectors", "salience", "token_ids", "offsets", "doc_ids")
+VECTOR_DTYPE = np.float16
+
+
+class IndexIntegrityError(RuntimeError):
+    """An index directory does not match its manifest (or the model asking to use it)."""
+
+
+def shard_name(shard_index: int) -> str:
+    return f"shard-{shard_index:05d}"
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Writes ``data`` to a temporary file beside ``path``, fsyncs it, then renames it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@dataclasses.dataclass
+class EncodedDocument:
+    """One document's real tokens, as produced by the encoder."""
+
+    doc_id: str
+    vectors: np.ndarray  # [m, D]
+    salience: np.ndarray  # [m]
+    token_ids: np.ndarray  # [m]
+
+
+def write_shard(
+    directory: Path,
+    shard_index: int,
+    docs: Sequence[EncodedDocument],
+    dim: int,
+    stats: dict | None = None,
+) -> dict:
+    """Writes one shard atomically and returns its manifest entry (also saved as <shard>.json).
+
+    ``stats`` (e.g. truncation counts) is stored in the shard's marker for the job summary.
+    """
+    directory = Path(directory)
+    name = shard_name(shard_index)
+    lengths = np.array([len(d.token_ids) for d in docs], dtype=np.int64)
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    vectors = np.zeros((total, dim), dtype=VECTOR_DTYPE)
+    salience = np.zeros((total,), dtype=VECTOR_DTYPE)
+    token_ids = np.zeros((total,), dtype=np.int32)
+    for i, doc in enumerate(docs):
+        lo, hi = offsets[i], offsets[i + 1]
+        if doc.vectors.shape != (hi - lo, dim):
+            raise ValueError(
+                f"document {doc.doc_id!r}: vectors of shape {doc.vectors.shape}, expected "
+                f"{(int(hi - lo), dim)}"
+            )
+        vectors[lo:hi] = doc.vectors
+        salience[lo:hi] = doc.salience
+        token_ids[lo:hi] = doc.token_ids
+    arrays = {"vectors": vectors, "salience": salience, "token_ids": token_ids, "offsets": offsets}
+    files = {}
+    for key, array in arrays.items():
+        path = directory / f"{name}.{key}.npy"
+        _atomic_save_npy(path, array)
+        files[key] = {"path": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    ids_path = directory / f"{name}.doc_ids.json"
+    atomic_write_bytes(ids_path, json.dumps([d.doc_id for d in docs]).encode())
+    files["doc_ids"] = {
+        "path": ids_path.name,
+        "bytes": ids_path.stat().st_size,
+        "sha256": sha256_file(ids_path),
+    }
+    entry = {"name": name, "index": shard_index, "num_docs": len(docs), "num_tokens": total}
+    entry["files"] = files
+    if stats:
+        entry["stats"] = stats
+    _fsync_dir(directory)
+    atomic_write_json(directory / f"{name}.json", entry)
+    return entry
+
+
+def read_shard_marker(directory: Path, shard_index: int) -> dict | None:
+    """The committed manifest entry of a shard, or None when the shard is not complete."""
+    marker = Path(directory) / f"{shard_name(shard_index)}.json"
+    if not marker.exists():
+        return None
+    try:
+        entry = json.loads(marker.read_text())
+    except json.JSONDecodeError as e:
+        raise IndexIntegrityError(f"{marker}: unreadable shard marker ({e}); delete it") from e
+    for meta in entry["files"].values():
+        path = Path(directory) / meta["path"]
+        if not path.exists() or path.stat().st_size != meta["bytes"]:
+            return None  # a shard whose files changed after its marker is rewritten
+    return entry
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    manifest = dict(manifest)
+    manifest["format"] = FORMAT
+    atomic_write_json(Path(directory) / MANIFEST, manifest)
+
+
+def read_manifest(directory: Path) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        raise IndexIntegrityError(
+            f"{path} does not exist: {directory} is not a complete index (build it with "
+            "aligner-index, or re-run the interrupted indexing job to finish it)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
+    if manifest.get("format") != FORMAT:
+        raise IndexIntegrityError(
+            f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT!r}"
+        )
+    return manifest
+
+
+def verify_files(directory: Path, shards: Iterable[dict], checksums: bool) -> None:
+    """Checks every shard file's size (and sha256 when ``checksums``) against the manifest."""
+    for shard in shards:
+        for key in SHARD_FILES:
+            meta = shard["files"].get(key)
+            if meta is None:
+                raise IndexIntegrityError(f"manifest shard {shard['name']} lists no {key} file")
+            path = Path(directory) / meta["path"]
+            if not path.exists():
+                raise IndexIntegrityError(f"{path} is missing (listed in {directory / MANIFEST})")
+            size = path.stat().st_size
+            if size != meta["bytes"]:
+                raise IndexIntegrityError(
+                    f"{path} has {size} bytes, the manifest says {meta['bytes']}: the file is "
+                    "truncated or was altered; rebuild this index"
+                )
+            if checksums and sha256_file(path) != meta["sha256"]:
+                raise IndexIntegrityError(
+                    f"{path}: sha256 does not match the manifest: the file was altered or "
+                    "corrupted; rebuild this index"
+                )
+
+
+class TokenStore:
+    """Read-only view over a complete token store, memory-mapped shard by shard.
+
+    Documents are numbered 0..N-1 in corpus order across shards (``doc_ids[i]``); the tokens of
+    document ``i`` are the global rows ``offsets[i]:offsets[i+1]``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, verify_checksums: bool = False):
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        shards = sorted(self.manifest["shards"], key=lambda s: s["index"])
+        verify_files(self.directory, shards, checksums=verify_checksums)
+        self._shards = shards
+        self._vectors, self._salience, self._token_ids = [], [], []
+        offsets, self.doc_ids = [np.zeros(1, np.int64)], []
+        base_tokens = 0
+        for shard in shards:
+            files = shard["files"]
+            self._vectors.append(self._load(files["vectors"], shard))
+            self._salience.append(self._load(files["salience"], shard))
+            self._token_ids.append(self._load(files["token_ids"], shard))
+            local = self._load(files["offsets"], shard)
+            ids = json.loads((self.directory / files["doc_ids"]["path"]).read_text())
+            if len(ids) != shard["num_docs"] or len(local) != shard["num_docs"] + 1:
+                raise IndexIntegrityError(
+                    f"{self.directory / files['doc_ids']['path']}: {len(ids)} documents, the "
+                    f"manifest says {shard['num_docs']}"
+                )
+            if int(local[-1]) != shard["num_tokens"] or len(self._vectors[-1]) != local[-1]:
+                raise IndexIntegrityError(
+                    f"{self.directory / files['offsets']['path']}: token counts disagree with "
+                    "the manifest"
+                )
+            offsets.append(np.asarray(local[1:]) + base_tokens)
+            base_tokens += int(local[-1])
+            self.doc_ids.extend(ids)
+        self.offsets = np.concatenate(offsets)
+        counts = self.manifest["counts"]
+        if len(self.doc_ids) != counts["num_docs"] or base_tokens != counts["num_tokens"]:
+            raise IndexIntegrityError(
+                f"{self.directory / MANIFEST}: counts {counts} disagree with the shards "
+                f"({len(self.doc_ids)} docs, {base_tokens} tokens)"
+            )
+        self._shard_token_starts = np.array(
+            [0] + list(np.cumsum([s["num_tokens"] for s in shards])), dtype=np.int64
+        )
+        self.dim = int(self.manifest["model"]["dim"])
+
+    def _load(self, meta: dict, shard: dict) -> np.ndarray:
+        path = self.directory / meta["path"]
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            raise IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
+
+    # -- sizes ---------------------------------------------------------------------------------
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def nbytes(self) -> int:
+        """Bytes on disk of the refinement store (all shard files)."""
+        return sum(m["bytes"] for s in self._shards for m in s["files"].values())
+
+    # -- access --------------------------------------------------------------------------------
+    def _rows(self, arrays: list[np.ndarray], start: int, stop: int) -> np.ndarray:
+        """Global rows [start, stop) gathered across shards."""
+        parts = []
+        first = int(np.searchsorted(self._shard_token_starts, start, side="right") - 1)
+        for s in range(first, len(arrays)):
+            lo = self._shard_token_starts[s]
+            if lo >= stop:
+                break
+            a = max(start - lo, 0)
+            b = min(stop - lo, len(arrays[s]))
+            if b > a:
+                parts.append(arrays[s][a:b])
+        if not parts:
+            return np.asarray(arrays[0][:0])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def vectors(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._rows(self._vectors, start, self.num_tokens if stop is None else stop)
+
+    def salience(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._rows(self._salience, start, self.num_tokens if stop is None else stop)
+
+    def token_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._rows(self._token_ids, start, self.num_tokens if stop is None else stop)
+
+    def document(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors [m, D] float16, salience [m], token ids [m]) of document ``i``."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.vectors(lo, hi), self.salience(lo, hi), self.token_ids(lo, hi)
+
+    def gather_padded(
+        self, doc_indices: np.ndarray, length: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Pads the given documents to ``length`` tokens.
+
+        Returns (vectors [C, length, D] float16, mask [C, length] bool, salience [C, length]
+        float32, token ids [C, length] int32); documents longer than ``length`` are an error.
+        """
+        doc_indices = np.asarray(doc_indices, dtype=np.int64)
+        starts = self.offsets[doc_indices]
+        lengths = self.offsets[doc_indices + 1] - starts
+        if len(lengths) and lengths.max() > length:
+            raise ValueError(f"gather_padded: a document has {lengths.max()} tokens > {length}")
+        c = len(doc_indices)
+        vectors = np.zeros((c, length, self.dim), dtype=VECTOR_DTYPE)
+        salience = np.zeros((c, length), dtype=np.float32)
+        token_ids = np.zeros((c, length), dtype=np.int32)
+        mask = np.arange(length)[None, :] < lengths[:, None]
+        # Documents are contiguous runs of rows: read shard by shard in one fancy-index per array.
+        rows = (starts[:, None] + np.arange(length)[None, :])[mask]
+        shard_of_row = np.searchsorted(self._shard_token_starts, rows, side="right") - 1
+        where_c, where_l = np.nonzero(mask)
+        for s in np.unique(shard_of_row):
+            sel = shard_of_row == s
+            local = rows[sel] - self._shard_token_starts[s]
+            ci, li = where_c[sel], where_l[sel]
+            vectors[ci, li] = self._vectors[s][local]
+            salience[ci, li] = self._salience[s][local]
+            token_ids[ci, li] = self._token_ids[s][local]
+        return vectors, mask, salience, token_ids
+
+
+def check_model_matches(manifest: dict, model_info: dict, directory: Path) -> None:
+    """Refuses an index built by another model (name, fingerprint, projection or dimension)."""
+    built = manifest.get("model", {})
+    for key in ("fingerprint", "projection", "dim", "doc_maxlen"):
+        if key in model_info and built.get(key) != model_info[key]:
+            raise IndexIntegrityError(
+                f"{Path(directory) / MANIFEST}: the index was built with {key}="
+                f"{built.get(key)!r} ({built.get('name')}), but the model searching it has "
+                f"{key}={model_info[key]!r} ({model_info.get('name')}). Search with the model "
+                "that built the index, or rebuild the index with this model."
+            )

@@ -1,0 +1,50 @@
+"""aligner_jax: ALIGNER multi-vector retrieval (training, indexing, BEIR evaluation) on JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name="aligner_jax",
+    version="0.1.0",
+    description="ALIGNER multi-vector retrieval as sparse alignment: JAX/Flax trainer, ScaNN token index, BEIR evaluation",
+    packages=setuptools.find_packages(include=["aligner_jax", "aligner_jax.*", "tasks", "tasks.*"]),
+    package_data={"aligner_jax": ["../gin/**/*.gin"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12",
+        "clu>=0.0.12",
+        "chex",
+        "gin-config>=0.5",
+        "absl-py>=2.0",
+        "seqio>=0.0.20",
+        "tensorflow==2.20.*",
+        "tensorflow-text==2.20.*",
+        "tensorflow-datasets",
+        "scann==1.4.*",
+        "pytrec-eval-terrier>=0.5.10",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
+        "bm25s>=0.2",
+        "PyStemmer",
+        "numpy>=2.0",
+        "matplotlib",
+        "tqdm",
+        "psutil",
+    ],
+    extras_require={
+        "tpu": ["jax[tpu]>=0.10,<0.11"],
+        "cuda": ["jax[cuda12]>=0.10,<0.11"],
+        "test": ["pytest>=8", "pytest-xdist", "hypothesis>=6", "ruff", "torch", "sentence-transformers"],
+    },
+    entry_points={
+        "console_scripts": [
+            "aligner-eval=aligner_jax.evaluate:console_entry",
+            "aligner-train=aligner_jax.train:console_entry",
+            "aligner-index=aligner_jax.index:console_entry",
+            "aligner-explain=aligner_jax.explain:console_entry",
+            "aligner-sweep=aligner_jax.sweep:console_entry",
+        ]
+    },
+)

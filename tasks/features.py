@@ -1,0 +1,259 @@
+"""Task features, the token-framing preprocessor and the ALIGNER feature converter.
+
+Task examples come from a source as text: ``query`` (scalar string), ``positive`` (scalar
+string) and ``negatives`` (``[N]`` strings, a fixed ``N = num_negatives ≥ 0`` per task). The
+preprocessor ``tokenize_query_and_documents`` turns them into the task's two output features
+
+    query   int32 [≤ Lq]              [CLS] query wordpieces … [SEP]
+    doc     int32 ragged [1+N, ≤ Ld]  row 0: the positive; rows 1..N: the negatives (in order)
+
+(plus ``*_pretokenized`` copies of the texts). Each sequence is truncated to its feature length
+*minus the special tokens* before they are added, so a truncated sequence still ends with [SEP]
+and equals ``aligner_jax.tokenization.Tokenizer.encode_batch(texts, max_length)``. With a T5
+SentencePiece vocabulary the frame is ``… EOS`` instead (``tasks.vocab.special_token_ids``).
+
+Task feature lengths are ``{"query": Lq, "doc": Ld}`` (defaults 64 and 256, paper §4.1), the
+same dict for ``Task.get_dataset(sequence_length=…)`` and for the feature converter, as in t5x.
+
+``AlignerFeatureConverter`` pads them into the model features
+
+    query_tokens  int32 [Lq]
+    doc_tokens    int32 [1+N, Ld]   (positive first)
+
+Padding uses id 0 (seqio's PAD_ID; [PAD] in BERT, <pad> in T5), which no real token has, so the
+model derives its masks as ``query_mask = query_tokens != 0`` and ``doc_mask = doc_tokens != 0``;
+no mask feature is emitted. ``batches_as_numpy`` batches such a dataset into fixed-size numpy
+batches (``[B, Lq]``, ``[B, 1+N, Ld]``), dropping a last partial batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from tasks import vocab as vocab_lib
+
+DEFAULT_QUERY_LENGTH = 64
+DEFAULT_DOC_LENGTH = 256
+DEFAULT_TASK_FEATURE_LENGTHS = {"query": DEFAULT_QUERY_LENGTH, "doc": DEFAULT_DOC_LENGTH}
+PAD_ID = seqio.vocabularies.PAD_ID
+
+
+def output_features(
+    vocabulary: seqio.Vocabulary | None = None,
+) -> dict[str, seqio.Feature]:
+    """The task output features: ``query`` (rank 1) and ``doc`` (rank 2, positive first).
+
+    ``add_eos`` is False: the framing tokens (``[CLS]``/``[SEP]`` or EOS) are added by
+    ``tokenize_query_and_documents``, which seqio's EOS machinery cannot express (no BOS).
+    """
+    vocabulary = vocabulary if vocabulary is not None else vocab_lib.ConfiguredVocabulary()
+    return {
+        "query": seqio.Feature(vocabulary, add_eos=False, rank=1),
+        "doc": seqio.Feature(vocabulary, add_eos=False, rank=2),
+    }
+
+
+def _token_budget(
+    name: str, max_length: int | None, prefix: Sequence[int], suffix: Sequence[int]
+) -> int | None:
+    if max_length is None:
+        return None
+    if isinstance(max_length, bool) or not isinstance(max_length, int | np.integer):
+        raise ValueError(f"sequence_length[{name!r}]={max_length!r}: expected an integer.")
+    budget = int(max_length) - len(prefix) - len(suffix)
+    if budget < 0:
+        raise ValueError(
+            f"sequence_length[{name!r}]={max_length} leaves no room for the "
+            f"{len(prefix) + len(suffix)} framing tokens; use a length ≥ "
+            f"{len(prefix) + len(suffix)}."
+        )
+    return budget
+
+
+def frame_tokens(
+    ids: Sequence[int] | np.ndarray,
+    max_length: int | None,
+    prefix: Sequence[int],
+    suffix: Sequence[int],
+) -> np.ndarray:
+    """numpy reference of the framing: ``prefix + ids[:max_length - |prefix| - |suffix|] + suffix``.
+
+    With ``max_length=None`` nothing is truncated.
+    """
+    budget = _token_budget("max_length", max_length, prefix, suffix)
+    ids = np.asarray(ids, dtype=np.int32)
+    if budget is not None:
+        ids = ids[:budget]
+    return np.concatenate(
+        [np.asarray(prefix, dtype=np.int32), ids, np.asarray(suffix, dtype=np.int32)]
+    )
+
+
+def frame_tokens_tf(
+    ids: tf.Tensor | tf.RaggedTensor,
+    max_length: int | None,
+    prefix: Sequence[int],
+    suffix: Sequence[int],
+) -> tf.Tensor | tf.RaggedTensor:
+    """``frame_tokens`` on the last axis of a 1-D tensor or a 2-D ``RaggedTensor`` ``[n, None]``."""
+    budget = _token_budget("max_length", max_length, prefix, suffix)
+    prefix = tf.constant(list(prefix), dtype=tf.int32, shape=[len(prefix)])
+    suffix = tf.constant(list(suffix), dtype=tf.int32, shape=[len(suffix)])
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.shape.rank != 2:
+            raise ValueError(
+                f"frame_tokens_tf: expected a [n, None] RaggedTensor, got {ids.shape}."
+            )
+        ids = tf.cast(ids, tf.int32)
+        if budget is not None:
+            ids = ids[:, :budget]
+        rows = ids.nrows()
+        pre = tf.RaggedTensor.from_tensor(tf.tile(prefix[None, :], [rows, 1]))
+        suf = tf.RaggedTensor.from_tensor(tf.tile(suffix[None, :], [rows, 1]))
+        return tf.concat([pre, ids, suf], axis=1)
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    if ids.shape.rank != 1:
+        raise ValueError(f"frame_tokens_tf: expected 1-D ids, got shape {ids.shape}.")
+    if budget is not None:
+        ids = ids[:budget]
+    return tf.concat([prefix, ids, suffix], axis=0)
+
+
+def tokenize_query_and_documents(
+    dataset: tf.data.Dataset,
+    output_features: Mapping[str, seqio.Feature],
+    sequence_length: Mapping[str, int | None] | None = None,
+) -> tf.data.Dataset:
+    """seqio preprocessor: text ``query``/``positive``/``negatives`` → framed ``query``/``doc``.
+
+    ``doc`` stacks the positive and the negatives (positive first) as a ragged ``[1+N, None]``
+    int32 tensor. Sequences are truncated to ``sequence_length["query"]`` / ``["doc"]`` (when
+    given) with the framing tokens kept. Copies of the texts are kept as ``query_pretokenized``,
+    ``positive_pretokenized`` and ``negatives_pretokenized``.
+    """
+    spec = dataset.element_spec
+    for key, rank in (("query", 0), ("positive", 0), ("negatives", 1)):
+        if key not in spec:
+            raise ValueError(
+                f"tokenize_query_and_documents: the source examples have no {key!r} feature "
+                f"(features: {sorted(spec)}); a retrieval source must give 'query', 'positive' "
+                "and 'negatives' texts."
+            )
+        if spec[key].dtype != tf.string or spec[key].shape.rank != rank:
+            raise ValueError(
+                f"tokenize_query_and_documents: feature {key!r} must be a rank-{rank} string "
+                f"tensor, got {spec[key]}."
+            )
+    num_negatives = spec["negatives"].shape[0]
+    sequence_length = dict(sequence_length or {})
+    query_length = sequence_length.get("query")
+    doc_length = sequence_length.get("doc")
+    if doc_length is not None and num_negatives is not None and 1 + num_negatives > doc_length:
+        raise ValueError(
+            f"sequence_length['doc']={doc_length} is smaller than the {1 + num_negatives} "
+            "documents per example (1 positive + num_negatives): seqio trims the first axis of "
+            "the rank-2 'doc' feature to that length, which would drop negatives. Lower the "
+            "source's num_negatives binding or raise the doc length."
+        )
+    query_vocab = output_features["query"].vocabulary
+    doc_vocab = output_features["doc"].vocabulary
+    query_frame = vocab_lib.special_token_ids(query_vocab)
+    doc_frame = vocab_lib.special_token_ids(doc_vocab)
+    _token_budget("query", query_length, *query_frame)
+    _token_budget("doc", doc_length, *doc_frame)
+
+    def tokenize(example):
+        out = {k: v for k, v in example.items() if k not in ("query", "positive", "negatives")}
+        out["query_pretokenized"] = example["query"]
+        out["positive_pretokenized"] = example["positive"]
+        out["negatives_pretokenized"] = example["negatives"]
+        out["query"] = frame_tokens_tf(
+            query_vocab.encode_tf(example["query"]), query_length, *query_frame
+        )
+        texts = tf.concat([example["positive"][None], example["negatives"]], axis=0)
+        out["doc"] = frame_tokens_tf(doc_vocab.encode_tf(texts), doc_length, *doc_frame)
+        return out
+
+    return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+class AlignerFeatureConverter(seqio.FeatureConverter):
+    """Task features ``query``/``doc`` → model features ``query_tokens``/``doc_tokens``.
+
+    ``query_tokens`` int32 ``[Lq]`` and ``doc_tokens`` int32 ``[1+N, Ld]`` (positive first),
+    zero-padded to the task feature lengths ``{"query": Lq, "doc": Ld}``. Masks are
+    ``tokens != 0`` (see the module docstring). seqio's checks apply: the task features must be
+    no longer than the lengths, the outputs exactly that long. Packing is not supported (a
+    retrieval example is one query and its documents, not a token stream).
+    """
+
+    TASK_FEATURES = {
+        "query": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=1),
+        "doc": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=2, sequence_dim=1),
+    }
+    MODEL_FEATURES = {
+        "query_tokens": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=1),
+        "doc_tokens": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=2, sequence_dim=1),
+    }
+    PACKING_FEATURE_DTYPES = {}
+
+    def __init__(self, pack: bool = False, **kwargs):
+        if pack:
+            raise ValueError(
+                "AlignerFeatureConverter does not pack: each example is one query with its "
+                "1+N documents. Construct it with pack=False (the default)."
+            )
+        super().__init__(pack=False, **kwargs)
+
+    def _convert_features(
+        self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]
+    ) -> tf.data.Dataset:
+        query_length = int(task_feature_lengths["query"])
+        doc_length = int(task_feature_lengths["doc"])
+        num_docs = ds.element_spec["doc"].shape[0]
+
+        def convert(example):
+            query = tf.cast(example["query"], tf.int32)
+            if isinstance(query, tf.RaggedTensor):
+                query = query.to_tensor(default_value=PAD_ID)
+            query = tf.pad(query, [[0, query_length - tf.shape(query)[0]]], constant_values=PAD_ID)
+            query = tf.ensure_shape(query, [query_length])
+            doc = tf.cast(example["doc"], tf.int32)
+            if isinstance(doc, tf.RaggedTensor):
+                doc = doc.to_tensor(default_value=PAD_ID)
+            doc = tf.pad(doc, [[0, 0], [0, doc_length - tf.shape(doc)[1]]], constant_values=PAD_ID)
+            doc = tf.ensure_shape(doc, [num_docs, doc_length])
+            return {"query_tokens": query, "doc_tokens": doc}
+
+        return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        return {
+            "query_tokens": task_feature_lengths["query"],
+            "doc_tokens": task_feature_lengths["doc"],
+        }
+
+
+def batches_as_numpy(ds: tf.data.Dataset, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Yields ``{name: numpy array}`` batches of exactly ``batch_size`` examples (remainder dropped).
+
+    ``ds`` holds unbatched fixed-shape examples, e.g. the output of ``AlignerFeatureConverter``:
+    batches are then ``query_tokens [B, Lq]`` and ``doc_tokens [B, 1+N, Ld]`` int32.
+    """
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batches_as_numpy: batch_size={batch_size!r}; expected an integer ≥ 1.")
+    for name, spec in ds.element_spec.items():
+        if isinstance(spec, tf.RaggedTensorSpec) or not spec.shape.is_fully_defined():
+            raise ValueError(
+                f"batches_as_numpy: feature {name!r} has shape {spec.shape}; batches need fixed "
+                "shapes. Convert the task dataset with AlignerFeatureConverter first."
+            )
+    yield from ds.batch(int(batch_size), drop_remainder=True).as_numpy_iterator()

@@ -1,0 +1,121 @@
+"""Tiny BEIR folders for tests (the real datasets are never copied into the repository).
+
+`write_beir_fixture` writes any small corpus in the BEIR layout; `write_toy_beir` writes the
+default toy collection below: 12 short documents on distinct topics and 4 queries whose relevant
+documents share their distinctive words, so any reasonable retriever (BM25, a pretrained encoder)
+should rank the relevant documents first (nDCG@10 at or near 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+TOY_DOCS: dict[str, dict[str, str]] = {
+    "d0": {
+        "title": "Volcanoes",
+        "text": "A volcano erupts when magma and lava rise through the crust of the earth.",
+    },
+    "d1": {
+        "title": "Honey bees",
+        "text": "Honey bees collect nectar from flowers and store honey in wax combs in the hive.",
+    },
+    "d2": {
+        "title": "Chess openings",
+        "text": "The Sicilian defence is a sharp chess opening where black answers with the c5 pawn.",
+    },
+    "d3": {
+        "title": "Sourdough bread",
+        "text": "Sourdough bread rises with a wild yeast starter and is baked in a hot oven.",
+    },
+    "d4": {
+        "title": "Black holes",
+        "text": "A black hole is a region of spacetime where gravity is so strong that no light escapes.",
+    },
+    "d5": {
+        "title": "Photosynthesis",
+        "text": "Plants use chlorophyll and sunlight to turn carbon dioxide and water into glucose.",
+    },
+    "d6": {
+        "title": "The Roman Empire",
+        "text": "Augustus became the first emperor of Rome and the Roman Empire lasted for centuries.",
+    },
+    "d7": {
+        "title": "Insulin and diabetes",
+        "text": "Insulin lowers blood glucose; in type 1 diabetes the pancreas makes no insulin.",
+    },
+    "d8": {
+        "title": "Jazz music",
+        "text": "Jazz musicians improvise on the saxophone and trumpet over swing rhythms.",
+    },
+    "d9": {
+        "title": "Glaciers",
+        "text": "Glaciers are slow rivers of ice that carve valleys as they move down mountains.",
+    },
+    "d10": {
+        "title": "Beekeeping",
+        "text": "A beekeeper wears a veil and uses smoke to calm the bees before opening the hive.",
+    },
+    "d11": {
+        "title": "Tides",
+        "text": "Ocean tides rise and fall twice a day because of the gravity of the moon.",
+    },
+}
+
+TOY_QUERIES: dict[str, str] = {
+    "q0": "why does a volcano erupt lava and magma",
+    "q1": "honey bees in the hive",
+    "q2": "insulin and blood glucose in diabetes",
+    "q3": "Sicilian defence chess opening",
+}
+
+TOY_QRELS: dict[str, dict[str, int]] = {
+    "q0": {"d0": 1},
+    "q1": {"d1": 2, "d10": 1},
+    "q2": {"d7": 1},
+    "q3": {"d2": 1},
+}
+
+
+def _doc_record(doc_id: str, doc: str | Mapping[str, str]) -> dict[str, str]:
+    if isinstance(doc, str):
+        return {"_id": doc_id, "title": "", "text": doc}
+    return {"_id": doc_id, "title": doc.get("title", ""), "text": doc["text"]}
+
+
+def write_beir_fixture(
+    tmp_path: str | os.PathLike,
+    docs: Mapping[str, str | Mapping[str, str]],
+    queries: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, int]],
+    split: str = "test",
+    name: str = "toy",
+) -> Path:
+    """Writes `tmp_path/name/` in the BEIR layout and returns that folder.
+
+    Args:
+      docs: `{doc_id: text}` or `{doc_id: {"title": ..., "text": ...}}`, written in order.
+      queries: `{query_id: text}`.
+      qrels: `{query_id: {doc_id: relevance}}`, written to `qrels/<split>.tsv`.
+    """
+    folder = Path(tmp_path) / name
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for doc_id, doc in docs.items():
+            f.write(json.dumps(_doc_record(doc_id, doc), ensure_ascii=False) + "\n")
+    with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
+        for query_id, text in queries.items():
+            f.write(json.dumps({"_id": query_id, "text": text}, ensure_ascii=False) + "\n")
+    with open(folder / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for query_id, judged in qrels.items():
+            for doc_id, score in judged.items():
+                f.write(f"{query_id}\t{doc_id}\t{score}\n")
+    return folder
+
+
+def write_toy_beir(tmp_path: str | os.PathLike, split: str = "test", name: str = "toy") -> Path:
+    """Writes the default toy collection (TOY_DOCS, TOY_QUERIES, TOY_QRELS)."""
+    return write_beir_fixture(tmp_path, TOY_DOCS, TOY_QUERIES, TOY_QRELS, split=split, name=name)

@@ -1,0 +1,148 @@
+"""End to end on a tiny BEIR folder: bundled backbone → token store → search → metrics.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gin
+import pytest
+from fixtures import write_toy_beir
+
+from aligner_jax import evaluation, gin_utils, indexing
+from aligner_jax import token_store as ts
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def toy(tmp_path):
+    return write_toy_beir(tmp_path / "data")
+
+
+def _parse(*files, bindings=()):
+    gin.clear_config()
+    gin_utils.parse_gin(list(files), list(bindings))
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
+
+def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    out = tmp_path / "exh"
+    report = evaluation.evaluate(
+        dataset_dir=str(toy), output_dir=str(out), index_dir=str(tmp_path / "index")
+    )
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert saved["dataset"] == "toy" and saved["split"] == "test"
+    assert saved["num_queries"] == 4 and saved["num_docs"] == 12
+    assert saved["config"]["projection"] == "identity"
+    assert saved["config"]["alignment"] == "top_k:1"
+    assert saved["config"]["search"] == "exact" and saved["config"]["k_prime"] == 0
+    for key in ("ndcg@10", "recall@100", "mrr@10"):
+        assert 0.0 <= saved["metrics"][key] <= 1.0
+    # The toy queries share distinctive words with their relevant documents.
+    assert saved["metrics"]["ndcg@10"] > 0.9
+    assert set(saved["per_query"]) == {"q0", "q1", "q2", "q3"}
+    for key in ("encode_corpus_s", "index_build_s", "search_ms_per_query_p50"):
+        assert saved["timing"][key] >= 0.0
+    run = (out / "run.tsv").read_text().splitlines()
+    assert len(run) == 4 * 12 and run[0].split()[3] == "1"
+    assert "AlignerConfig.projection = 'identity'" in (out / "config.gin").read_text()
+
+    # Second run: ScaNN token search on the same store (reused, not re-encoded).
+    _parse("eval/zero_shot.gin", bindings=["SearchConfig.k_prime = 50"])
+    report2 = evaluation.evaluate(
+        dataset_dir=str(toy), output_dir=str(tmp_path / "scann"), index_dir=str(tmp_path / "index")
+    )
+    assert report2["timing"]["index_reused"] is True
+    assert report2["config"]["search"] == "scann" and report2["config"]["k_prime"] == 50
+    assert report2["metrics"]["ndcg@10"] == pytest.approx(saved["metrics"]["ndcg@10"], abs=0.05)
+
+
+def test_store_of_another_model_is_refused(toy, tmp_path):
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    evaluation.evaluate(
+        dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(tmp_path / "index")
+    )
+    manifest = json.loads((tmp_path / "index" / ts.MANIFEST).read_text())
+    assert manifest["model"]["projection"] == "identity"
+    assert manifest["counts"]["num_docs"] == 12
+    # Another model (here: the same backbone with a random 128-d projection) must not reuse it.
+    _parse(
+        "eval/zero_shot.gin",
+        "eval/exhaustive.gin",
+        bindings=["AlignerConfig.projection = 'dense'"],
+    )
+    with pytest.raises(ts.IndexIntegrityError, match="built with fingerprint"):
+        evaluation.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(tmp_path / "index")
+        )
+
+
+def test_interrupted_store_is_completed_not_rebuilt(toy, tmp_path):
+    """A store whose manifest is missing (killed job) is resumed shard by shard."""
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    index = tmp_path / "index"
+    evaluation.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    checksums = {p.name: ts.sha256_file(p) for p in sorted(index.glob("shard-*"))}
+    (index / ts.MANIFEST).unlink()
+    (index / "shard-00002.json").unlink()  # the last shard never committed
+    assert not indexing.store_is_complete_for(index, {})
+    evaluation.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index))
+    assert {p.name: ts.sha256_file(p) for p in sorted(index.glob("shard-*"))} == checksums
+    assert json.loads((index / ts.MANIFEST).read_text())["counts"]["num_shards"] == 3
+
+
+def _run_binary(*args, cwd=REPO):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run(
+        [sys.executable, "-m", "aligner_jax.evaluate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_binary_reports_bad_input_with_file_and_line(tmp_path):
+    data = write_toy_beir(tmp_path / "data")
+    corpus = data / "corpus.jsonl"
+    lines = corpus.read_text().splitlines()
+    lines[2] = '{"_id": "d2", "text": broken'
+    corpus.write_text("\n".join(lines) + "\n")
+    proc = _run_binary(
+        "--gin_file=eval/zero_shot.gin", f"--dataset_dir={data}", f"--output_dir={tmp_path / 'o'}"
+    )
+    assert proc.returncode != 0
+    assert "corpus.jsonl:3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_binary_flag_errors(tmp_path):
+    proc = _run_binary(
+        "--gin_file=eval/zero_shot.gin",
+        f"--dataset_dir={tmp_path}",
+        f"--output_dir={tmp_path / 'o'}",
+    )
+    assert proc.returncode != 0
+    assert "corpus.jsonl" in proc.stderr  # says what a BEIR folder must hold
+    data = write_toy_beir(tmp_path / "data")
+    proc = _run_binary(
+        "--gin_file=eval/zero_shot.gin",
+        "--gin.SearchConfig.backend='faiss'",
+        f"--dataset_dir={data}",
+        f"--output_dir={tmp_path / 'o'}",
+    )
+    assert proc.returncode != 0
+    assert "SearchConfig.backend='faiss'" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr

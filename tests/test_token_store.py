@@ -1,0 +1,109 @@
+"""Token store: shards, manifest, exact round trip, integrity checks, pruning."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from index_utils import random_documents, write_store
+
+from aligner_jax import token_index as ti
+from aligner_jax import token_store as ts
+
+DIM = 16
+
+
+@pytest.fixture()
+def docs():
+    return random_documents(23, DIM, seed=1)
+
+
+def test_round_trip_across_shards(tmp_path, docs):
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=5)
+    assert store.num_docs == 23
+    assert store.doc_ids == [d.doc_id for d in docs]
+    assert store.num_tokens == sum(len(d.token_ids) for d in docs)
+    assert store.manifest["counts"]["num_shards"] == 5
+    for i in (0, 4, 5, 11, 22):  # first/last of shards and a middle one
+        v, s, t = store.document(i)
+        np.testing.assert_array_equal(v, docs[i].vectors)
+        np.testing.assert_allclose(s, docs[i].salience.astype(np.float16))
+        np.testing.assert_array_equal(t, docs[i].token_ids)
+    # Only real tokens are stored: bytes scale with tokens, not docs x max length.
+    assert store.vectors().shape == (store.num_tokens, DIM)
+
+
+def test_gather_padded_spans_shards(tmp_path, docs):
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)
+    picks = np.array([3, 4, 9, 22])
+    length = max(len(docs[i].token_ids) for i in picks) + 3
+    vec, mask, sal, ids = store.gather_padded(picks, length)
+    for row, i in enumerate(picks):
+        m = len(docs[i].token_ids)
+        assert mask[row].sum() == m and mask[row, :m].all()
+        np.testing.assert_array_equal(vec[row, :m], docs[i].vectors)
+        assert not vec[row, m:].any() and not ids[row, m:].any()
+    with pytest.raises(ValueError, match="tokens >"):
+        store.gather_padded(picks, 2)
+
+
+def test_truncated_shard_is_refused_naming_the_file(tmp_path, docs):
+    write_store(tmp_path / "idx", docs, DIM, shard_size=10)
+    victim = tmp_path / "idx" / "shard-00001.vectors.npy"
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-64])
+    with pytest.raises(ts.IndexIntegrityError, match=r"shard-00001\.vectors\.npy.*truncated"):
+        ts.TokenStore(tmp_path / "idx")
+
+
+def test_altered_shard_fails_checksum_only_when_asked(tmp_path, docs):
+    write_store(tmp_path / "idx", docs, DIM, shard_size=10)
+    victim = tmp_path / "idx" / "shard-00002.token_ids.npy"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # same size, different content
+    victim.write_bytes(bytes(data))
+    ts.TokenStore(tmp_path / "idx")  # sizes still match
+    with pytest.raises(ts.IndexIntegrityError, match=r"shard-00002\.token_ids\.npy: sha256"):
+        ts.TokenStore(tmp_path / "idx", verify_checksums=True)
+
+
+def test_missing_manifest_and_model_mismatch(tmp_path, docs):
+    with pytest.raises(ts.IndexIntegrityError, match="manifest.json does not exist"):
+        ts.TokenStore(tmp_path / "nothing")
+    store = write_store(tmp_path / "idx", docs, DIM, fingerprint="model-A")
+    with pytest.raises(ts.IndexIntegrityError, match="fingerprint='model-B'"):
+        ts.check_model_matches(
+            store.manifest, {"fingerprint": "model-B", "name": "B"}, tmp_path / "idx"
+        )
+    manifest = json.loads((tmp_path / "idx" / ts.MANIFEST).read_text())
+    manifest["counts"]["num_docs"] += 1
+    (tmp_path / "idx" / ts.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ts.IndexIntegrityError, match="counts"):
+        ts.TokenStore(tmp_path / "idx")
+
+
+def test_shard_marker_is_the_commit_point(tmp_path, docs):
+    entry = ts.write_shard(tmp_path, 0, docs[:3], DIM, stats={"truncated_docs": 1})
+    assert ts.read_shard_marker(tmp_path, 0) == entry
+    assert entry["stats"] == {"truncated_docs": 1}
+    assert ts.read_shard_marker(tmp_path, 1) is None
+    # A shard file that changed size after its marker makes the shard incomplete again.
+    (tmp_path / "shard-00000.salience.npy").write_bytes(b"x")
+    assert ts.read_shard_marker(tmp_path, 0) is None
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_prune_rows_keeps_top_beta_by_salience(tmp_path, docs):
+    store = write_store(tmp_path / "idx", docs, DIM)
+    rows = ti.prune_rows(store, 0.25)
+    for i in range(store.num_docs):
+        lo, hi = store.offsets[i], store.offsets[i + 1]
+        kept = rows[(rows >= lo) & (rows < hi)] - lo
+        m = hi - lo
+        assert len(kept) == max(1, int(np.ceil(0.25 * m)))
+        sal = store.salience(lo, hi).astype(np.float32)
+        assert sal[kept].min() >= np.sort(sal)[::-1][len(kept) - 1]
+    assert len(ti.prune_rows(store, 1.0)) == store.num_tokens
+    with pytest.raises(ValueError, match="beta_d"):
+        ti.prune_rows(store, 0.0)
