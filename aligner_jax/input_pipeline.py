@@ -63,28 +63,36 @@ def _local_batch_size(global_batch: int) -> int:
 
 
 def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Yields this process's slice of every global batch, from batch ``start_batch`` on."""
-    import tasks  # noqa: F401,PLC0415  (registers the tasks)
-    from tasks import features  # noqa: PLC0415
+    """Yields this process's slice of every global batch, from batch ``start_batch`` on.
 
-    try:
-        task = seqio.get_mixture_or_task(config.task)
-    except ValueError as e:
+    Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
+    int32 (0 = padding), with b = ``batch_size / process_count``.
+    """
+    import tasks  # noqa: PLC0415  (importing registers the tasks)
+
+    if config.task not in seqio.TaskRegistry.names() and config.task not in (
+        seqio.MixtureRegistry.names()
+    ):
         raise ValueError(
             f"DataConfig.task={config.task!r} is not a registered seqio task or mixture "
-            f"(registered: {sorted(seqio.TaskRegistry.names())})"
-        ) from e
+            f"(registered tasks: {sorted(seqio.TaskRegistry.names())})"
+        )
     shard = None
     if jax.process_count() > 1:
         shard = seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
-    ds = task.get_dataset(
-        sequence_length=config.feature_lengths,
-        split=config.split,
+    ds = seqio.get_dataset(
+        config.task,
+        config.feature_lengths,
+        tasks.AlignerFeatureConverter(),
+        dataset_split=config.split,
         shuffle=config.shuffle,
         seed=config.seed,
         num_epochs=None,
         shard_info=shard,
+        verbose=False,
     )
-    ds = features.convert_features(ds, config.feature_lengths)
     local = _local_batch_size(config.batch_size)
-    return features.batches_as_numpy(ds, local, skip_batches=start_batch)
+    ds = ds.batch(local, drop_remainder=True)
+    if start_batch:
+        ds = ds.skip(start_batch)
+    return ds.as_numpy_iterator()

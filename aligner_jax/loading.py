@@ -25,6 +25,10 @@ import numpy as np
 from aligner_jax import backbones, tokenization
 from aligner_jax.encoding import EncoderBundle
 from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.models import bert
+
+# ``BertConfig(...)`` in gin files (e.g. tiny test models): ``BACKBONE = @BertConfig()``.
+gin.external_configurable(bert.BertConfig, name="BertConfig", module="aligner_jax.models.bert")
 
 
 @gin.configurable

@@ -68,17 +68,29 @@ def cross_similarity(q: jax.Array, d: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------------
 
 
+# Floor of the normaliser Z in Eq. 1. With learned saliences (the LP gate of Eq. 4 puts weights
+# like exp(-500) on unselected tokens) Z can be positive but tiny; dividing by it is
+# ill-conditioned (the gradient s/Z - num/Z² overflows to inf - inf = NaN). Below the floor the
+# score goes smoothly to 0, as it is when nothing is aligned (Z = 0).
+MIN_NORMALIZER = 1e-6
+
+
+def normalized(numerator: jax.Array, z: jax.Array) -> jax.Array:
+    """numerator / Z of Eq. 1 with Z floored at ``MIN_NORMALIZER`` (0 when Z = 0)."""
+    return numerator / jnp.maximum(z, MIN_NORMALIZER)
+
+
 def aggregate(s: jax.Array, a: jax.Array) -> jax.Array:
     """sim(Q, D) = Σ_ij S_ij·A_ij / Σ_ij A_ij (Eq. 1, Z = Σ A); 0 where Σ A = 0.
 
     Entries of S where A = 0 are never read (they may be inf or NaN). Reduces the last two axes.
+    Z is floored at ``MIN_NORMALIZER`` for finite gradients (see there).
     """
     a = jnp.asarray(a)
     s = jnp.where(a != 0, s, 0.0)
     numerator = jnp.sum(s * a, axis=(-2, -1))
     z = jnp.sum(a, axis=(-2, -1))
-    nonzero = z != 0
-    return jnp.where(nonzero, numerator / jnp.where(nonzero, z, 1.0), 0.0)
+    return normalized(numerator, z)
 
 
 def factorized_alignment(
@@ -546,7 +558,5 @@ def topk_family_scores(
         w = jnp.where(rank < count, weight, 0.0)
         selected = jnp.where(w != 0, values, 0.0)
         numerator = jnp.sum(selected * w, axis=(-2, -1))
-        z = jnp.sum(w, axis=(-2, -1))
-        nonzero = z != 0
-        scores.append(jnp.where(nonzero, numerator / jnp.where(nonzero, z, 1.0), 0.0))
+        scores.append(normalized(numerator, jnp.sum(w, axis=(-2, -1))))
     return jnp.stack(scores)

@@ -1,307 +1,25 @@
-r"""Training binary (t5x style): ``python -m aligner_jax.train --gin_file=runs/... --gin.MODEL_DIR=...``.
+r"""Training binary (``aligner-train``), t5x style: a thin absl + gin wrapper of
+:func:`aligner_jax.trainer.train`.
 
-(console script ``aligner-train``). One gin-configurable function, :func:`train`, and an absl
-``main`` parsing ``--gin_file``, ``--gin_bindings``/``--gin.NAME=VALUE`` and
-``--gin_search_paths``. The same gin files run on one CPU device, on 8 forced host devices and on
-a TPU pod: the parameters carry logical axis names and a mesh with ``data`` and ``model`` axes
-(``train.num_partitions`` = model-parallel size) places them.
+  python -m aligner_jax.train --gin_file=runs/scifact_minilm.gin \\
+    --gin.MODEL_DIR="'/tmp/aligner_scifact'" --gin.TRAIN_STEPS=600
 
-Checkpoints (orbax, every ``CheckpointConfig.period`` steps, keeping ``keep``) hold the train
-state and the input pipeline position; a restarted job restores the newest one and continues with
-exactly the batches and dropout randomness an uninterrupted job would have used. TensorBoard
-summaries (clu metric writers) report loss, accuracy, learning rate, steps/s and tokens/s. A NaN
-or infinite loss stops the job with a clear message and no checkpoint of the bad state.
+Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
+``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--gin_search_paths``, and ``--multiprocess`` to call
+``jax.distributed.initialize()`` first (TPU pods, SLURM GPU clusters: see ``launch/``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-import flax
-import gin
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from absl import app, flags, logging
-from clu import metric_writers
-from flax import linen as nn
-from jax.sharding import NamedSharding, PartitionSpec
+from absl import app, flags
 
-from aligner_jax import checkpointing, gin_utils, input_pipeline, optimizers, partitioning
-from aligner_jax import loading as loading_lib
-from aligner_jax.models.aligner_model import AlignerModel
+from aligner_jax import gin_utils, trainer
 
 FLAGS = flags.FLAGS
-TRAIN_LOG = "train_log.jsonl"
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array
-    params: Any
-    opt_state: Any
-
-
-class NonFiniteLossError(FloatingPointError):
-    pass
-
-
-def _state_specs(model: AlignerModel, tx: optax.GradientTransformation):
-    boxed_params = model.init_abstract()
-    boxed_opt = jax.eval_shape(tx.init, boxed_params)
-    return TrainState(
-        step=PartitionSpec(),
-        params=nn.get_partition_spec(boxed_params),
-        opt_state=nn.get_partition_spec(boxed_opt),
-    )
-
-
-def _with_shardings(abstract, shardings):
-    return jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
-    )
-
-
-@gin.configurable
-def train(
-    model_dir: str = gin.REQUIRED,
-    model: AlignerModel = gin.REQUIRED,
-    num_train_steps: int = gin.REQUIRED,
-    data: input_pipeline.DataConfig | None = None,
-    learning_rate: Any = 1e-4,
-    optimizer_fn=optimizers.create_optimizer,
-    checkpoint: checkpointing.CheckpointConfig | None = None,
-    backbone_weights: str | None = "minilm",
-    seed: int = 0,
-    num_partitions: int = 1,
-    summary_period: int = 10,
-    stop_after_steps: int | None = None,
-) -> dict:
-    """Trains ``model`` on ``data`` for ``num_train_steps`` steps; returns the last metrics.
-
-    Args:
-      model_dir: checkpoints, summaries, ``train_log.jsonl`` and ``config.gin`` go here.
-      model: an ``AlignerModel`` (gin: ``train.model = @AlignerModel()``).
-      num_train_steps: total optimizer steps (a restarted job stops at the same total).
-      data: the input pipeline (task, batch size, feature lengths, seed).
-      learning_rate: a float or an optax schedule (gin: ``@warmup_linear_decay()``).
-      optimizer_fn: called as ``optimizer_fn(learning_rate=...)`` (gin: ``create_optimizer``).
-      checkpoint: period, how many to keep, what to restore.
-      backbone_weights: initial backbone weights when starting fresh: ``'minilm'`` (the bundled
-        model), ``'t5x:/path/checkpoint_N'`` (a T5X T5 v1.1 checkpoint) or ``'random'``.
-      seed: parameter init, dropout and data order seed.
-      num_partitions: size of the mesh's ``model`` axis (tensor parallelism).
-      summary_period: steps between summaries / log lines.
-      stop_after_steps: stop this run after that many steps (tests, time-boxed jobs); a later
-        run resumes from the checkpoints.
-    """
-    data = data or input_pipeline.DataConfig()
-    checkpoint = checkpoint or checkpointing.CheckpointConfig()
-    model_dir = Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    mesh = partitioning.create_mesh(num_partitions)
-    rules = partitioning.standard_logical_axis_rules()
-    tx = optimizer_fn(learning_rate=learning_rate)
-
-    with mesh, nn.logical_axis_rules(rules):
-        state_shardings = nn.logical_to_mesh_sharding(_state_specs(model, tx), mesh, rules)
-        batch_sharding = NamedSharding(mesh, PartitionSpec(partitioning.DATA_AXIS))
-
-        def init_state(rng):
-            params = nn.meta.unbox(model.init(rng))
-            return TrainState(
-                step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)
-            )
-
-        abstract_state = _with_shardings(
-            jax.eval_shape(init_state, jax.random.PRNGKey(seed)), state_shardings
-        )
-        mngr = checkpointing.manager(model_dir, checkpoint)
-        state, start_step = _restore_or_init(
-            mngr,
-            checkpoint,
-            abstract_state,
-            init_state,
-            state_shardings,
-            model,
-            tx,
-            backbone_weights,
-            seed,
-            data,
-            num_train_steps,
-        )
-        base_rng = jax.random.PRNGKey(seed + 1)
-
-        def train_step(state: TrainState, batch):
-            rng = jax.random.fold_in(base_rng, state.step)
-            grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
-            (_, metrics), grads = grad_fn(state.params, batch, rng)
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
-            metrics["grad_norm"] = optax.global_norm(grads)
-            return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-        step_fn = jax.jit(
-            train_step,
-            in_shardings=(state_shardings, batch_sharding),
-            out_shardings=(state_shardings, None),
-            donate_argnums=(0,),
-        )
-        batches = input_pipeline.train_batches(data, start_batch=start_step)
-        writer = metric_writers.create_default_writer(
-            str(model_dir), just_logging=jax.process_index() > 0, asynchronous=False
-        )
-        if start_step == 0:
-            writer.write_hparams(_hparams(model, data, num_train_steps, seed, num_partitions))
-        log_file = open(model_dir / TRAIN_LOG, "a")  # noqa: SIM115 (closed below)
-        (model_dir / "config.gin").write_text(gin.operative_config_str())
-        last_saved = start_step
-        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-        metrics_host: dict[str, float] = {}
-        end = (
-            num_train_steps
-            if stop_after_steps is None
-            else min(num_train_steps, start_step + stop_after_steps)
-        )
-        logging.info("training steps %d..%d of %d on %s", start_step, end, num_train_steps, mesh)
-        try:
-            for step in range(start_step, end):
-                local = next(batches)
-                window_tokens += int(sum(np.count_nonzero(v) for v in local.values()))
-                batch = {
-                    k: jax.make_array_from_process_local_data(batch_sharding, v)
-                    for k, v in local.items()
-                }
-                state, metrics = step_fn(state, batch)
-                metrics_host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                window_steps += 1
-                if not np.isfinite(metrics_host["total_loss"]):
-                    raise NonFiniteLossError(
-                        f"training loss is {metrics_host['total_loss']} at step {step}: stopping "
-                        f"without saving this state. The last checkpoint is step {last_saved} in "
-                        f"{checkpointing.checkpoint_dir(model_dir)}; lower the learning rate "
-                        "(--gin.train.learning_rate=...), check the data, or use float32."
-                    )
-                lr = optimizers.learning_rate_at(learning_rate, step)
-                log_file.write(json.dumps({"step": step + 1, "lr": lr, **metrics_host}) + "\n")
-                log_file.flush()
-                done = step + 1
-                if done % summary_period == 0 or done == end:
-                    elapsed = time.perf_counter() - window_start
-                    scalars = dict(metrics_host)
-                    scalars.update(
-                        learning_rate=lr,
-                        steps_per_sec=window_steps / elapsed,
-                        tokens_per_sec=window_tokens / elapsed,
-                    )
-                    writer.write_scalars(done, scalars)
-                    logging.info(
-                        "step %d/%d loss %.4f acc %.3f lr %.2e %.2f steps/s %.0f tokens/s",
-                        done,
-                        num_train_steps,
-                        scalars["loss"],
-                        scalars["accuracy"],
-                        lr,
-                        scalars["steps_per_sec"],
-                        scalars["tokens_per_sec"],
-                    )
-                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-                if done % checkpoint.period == 0 or done == num_train_steps:
-                    checkpointing.save(mngr, done, state, _data_state(data, done))
-                    last_saved = done
-        finally:
-            log_file.close()
-            mngr.wait_until_finished()
-            writer.flush()
-        if end == num_train_steps and last_saved != num_train_steps and end > start_step:
-            checkpointing.save(mngr, num_train_steps, state, _data_state(data, num_train_steps))
-            mngr.wait_until_finished()
-    return metrics_host
-
-
-def _data_state(data: input_pipeline.DataConfig, batches_consumed: int) -> dict:
-    return {"batches_consumed": batches_consumed, "pipeline": data.identity()}
-
-
-def _hparams(model, data, steps, seed, partitions) -> dict:
-    cfg = model.config
-    return {
-        "projection": cfg.projection,
-        "salience": cfg.salience,
-        "objective": model.loss.objective,
-        "alignment": model.loss.alignment,
-        "temperature": model.loss.temperature,
-        "task": data.task,
-        "batch_size": data.batch_size,
-        "num_train_steps": steps,
-        "seed": seed,
-        "num_partitions": partitions,
-    }
-
-
-def _restore_or_init(
-    mngr,
-    checkpoint,
-    abstract_state,
-    init_state,
-    state_shardings,
-    model,
-    tx,
-    backbone_weights,
-    seed,
-    data,
-    num_train_steps,
-):
-    """Restores the newest (or a given) checkpoint, or initialises a fresh state."""
-    latest = mngr.latest_step()
-    if checkpoint.restore == "none" and latest is not None:
-        raise ValueError(
-            f"{checkpointing.checkpoint_dir(mngr.directory.parent)} already holds checkpoints "
-            "but --gin.CheckpointConfig.restore='none': use another MODEL_DIR or restore='latest'"
-        )
-    if checkpoint.restore not in ("latest", "none"):
-        source = checkpointing.manager(Path(checkpoint.restore), checkpointing.CheckpointConfig())
-        step = source.latest_step()
-        if step is None:
-            raise FileNotFoundError(
-                f"CheckpointConfig.restore={checkpoint.restore!r}: no checkpoint"
-            )
-        state, _ = checkpointing.restore(source, step, abstract_state)
-        logging.info("initialised from %s step %d (data from the start)", checkpoint.restore, step)
-        return state, 0
-    if checkpoint.restore == "latest" and latest is not None:
-        state, data_state = checkpointing.restore(mngr, latest, abstract_state)
-        if data_state.get("pipeline") != data.identity():
-            raise ValueError(
-                f"{mngr.directory}/{latest}: the checkpoint was written with another input "
-                f"pipeline {data_state.get('pipeline')} than now {data.identity()}; resume with the "
-                "same task/seed/batch size or use another MODEL_DIR"
-            )
-        start = int(data_state["batches_consumed"])
-        logging.info("resumed from step %d (%d batches consumed)", latest, start)
-        return state, start
-    state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.PRNGKey(seed))
-    if backbone_weights and backbone_weights != "random":
-        loaded = loading_lib.load_backbone_params(backbone_weights, model.config.backbone, seed)
-        loading_lib._check_tree(state.params["backbone"], loaded, f"backbone {backbone_weights!r}")
-        params = dict(state.params)
-        params["backbone"] = jax.device_put(
-            jax.tree_util.tree_map(jnp.asarray, loaded), state_shardings.params["backbone"]
-        )
-        state = jax.jit(
-            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
-            out_shardings=state_shardings,
-        )(params)
-        logging.info("backbone initialised from %s", backbone_weights)
-    return state, 0
-
-
 flags.DEFINE_bool(
     "multiprocess", False, "Call jax.distributed.initialize() (TPU pods, SLURM GPU clusters)."
 )
@@ -314,9 +32,13 @@ def main(argv: Sequence[str]) -> None:
         jax.distributed.initialize()
     gin_utils.parse_gin_flags()
     try:
-        train()
-    except (NonFiniteLossError, ValueError, FileNotFoundError) as e:
+        trainer.train()
+    except (trainer.NonFiniteLossError, ValueError, FileNotFoundError) as e:
         sys.exit(f"aligner-train: error: {e}")
+    except RuntimeError as e:
+        if "Required bindings" in str(e) or "gin.REQUIRED" in str(e):
+            sys.exit(f"aligner-train: error: {e} (set them with --gin.NAME=VALUE)")
+        raise
 
 
 def console_entry() -> None:

@@ -79,15 +79,15 @@ def beir_train_source(
       unknown_qrels: "error" or "skip" judgments naming unknown queries/documents.
       cache_file: optional JSON file keeping the mined negatives between processes.
     """
-    folder = bindings.require_directory(
-        f"{_BINDING}.dataset_dir", dataset_dir, "/data/beir/scifact"
-    )
     num_negatives = bindings.check_int(f"{_BINDING}.num_negatives", num_negatives, 0)
     depth = bindings.check_int(f"{_BINDING}.depth", depth, max(1, num_negatives))
     seed = bindings.check_int(f"{_BINDING}.seed", seed, 0)
     bindings.check_choice(f"{_BINDING}.unknown_qrels", unknown_qrels, beir.UNKNOWN_QRELS_MODES)
     if qrels_split is not None and (not isinstance(qrels_split, str) or not qrels_split):
         raise ValueError(f"{_BINDING}.qrels_split={qrels_split!r}: expected a split name or None.")
+    folder = bindings.require_directory(
+        f"{_BINDING}.dataset_dir", dataset_dir, "/data/beir/scifact"
+    )
     return BeirTrainConfig(
         dataset_dir=str(folder),
         qrels_split=qrels_split,

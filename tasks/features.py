@@ -40,6 +40,8 @@ DEFAULT_QUERY_LENGTH = 64
 DEFAULT_DOC_LENGTH = 256
 DEFAULT_TASK_FEATURE_LENGTHS = {"query": DEFAULT_QUERY_LENGTH, "doc": DEFAULT_DOC_LENGTH}
 PAD_ID = seqio.vocabularies.PAD_ID
+# Examples per tokenizer call in the task preprocessor.
+TOKENIZE_BATCH_SIZE = 64
 
 
 def output_features(
@@ -127,6 +129,7 @@ def tokenize_query_and_documents(
     dataset: tf.data.Dataset,
     output_features: Mapping[str, seqio.Feature],
     sequence_length: Mapping[str, int | None] | None = None,
+    batch_size: int = TOKENIZE_BATCH_SIZE,
 ) -> tf.data.Dataset:
     """seqio preprocessor: text ``query``/``positive``/``negatives`` → framed ``query``/``doc``.
 
@@ -134,6 +137,10 @@ def tokenize_query_and_documents(
     int32 tensor. Sequences are truncated to ``sequence_length["query"]`` / ``["doc"]`` (when
     given) with the framing tokens kept. Copies of the texts are kept as ``query_pretokenized``,
     ``positive_pretokenized`` and ``negatives_pretokenized``.
+
+    Examples are tokenized ``batch_size`` at a time (one tokenizer call for the queries and one
+    for the documents of the batch, so the Rust tokenizer runs them in parallel) and unbatched
+    again; the order of examples is unchanged.
     """
     spec = dataset.element_spec
     for key, rank in (("query", 0), ("positive", 0), ("negatives", 1)):
@@ -166,19 +173,34 @@ def tokenize_query_and_documents(
     _token_budget("query", query_length, *query_frame)
     _token_budget("doc", doc_length, *doc_frame)
 
-    def tokenize(example):
-        out = {k: v for k, v in example.items() if k not in ("query", "positive", "negatives")}
-        out["query_pretokenized"] = example["query"]
-        out["positive_pretokenized"] = example["positive"]
-        out["negatives_pretokenized"] = example["negatives"]
+    def as_rows(ids) -> tf.RaggedTensor:
+        """Tokenizer output for a [b] (or [b, D]) string tensor as rows [b (or b·D), None]."""
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        if ids.shape.rank == 3:
+            ids = ids.merge_dims(0, 1)
+        return ids
+
+    def tokenize(batch):
+        texts = ("query", "positive", "negatives")
+        out = {k: v for k, v in batch.items() if k not in texts}
+        for key in texts:
+            out[f"{key}_pretokenized"] = batch[key]
         out["query"] = frame_tokens_tf(
-            query_vocab.encode_tf(example["query"]), query_length, *query_frame
+            as_rows(query_vocab.encode_tf(batch["query"])), query_length, *query_frame
         )
-        texts = tf.concat([example["positive"][None], example["negatives"]], axis=0)
-        out["doc"] = frame_tokens_tf(doc_vocab.encode_tf(texts), doc_length, *doc_frame)
+        documents = tf.concat([batch["positive"][:, None], batch["negatives"]], axis=1)
+        rows = frame_tokens_tf(as_rows(doc_vocab.encode_tf(documents)), doc_length, *doc_frame)
+        docs_per_example = 1 + num_negatives if num_negatives is not None else None
+        width = docs_per_example or tf.shape(documents, out_type=tf.int64)[1]
+        out["doc"] = tf.RaggedTensor.from_uniform_row_length(rows, width, validate=False)
         return out
 
-    return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return (
+        dataset.batch(batch_size)
+        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .unbatch()
+    )
 
 
 class AlignerFeatureConverter(seqio.FeatureConverter):
@@ -242,7 +264,8 @@ def batches_as_numpy(ds: tf.data.Dataset, batch_size: int) -> Iterator[dict[str,
     """Yields ``{name: numpy array}`` batches of exactly ``batch_size`` examples (remainder dropped).
 
     ``ds`` holds unbatched fixed-shape examples, e.g. the output of ``AlignerFeatureConverter``:
-    batches are then ``query_tokens [B, Lq]`` and ``doc_tokens [B, 1+N, Ld]`` int32.
+    batches are then ``query_tokens [B, Lq]`` and ``doc_tokens [B, 1+N, Ld]`` int32. The
+    arguments are checked when called (not at the first ``next``).
     """
     if (
         isinstance(batch_size, bool)
@@ -256,4 +279,4 @@ def batches_as_numpy(ds: tf.data.Dataset, batch_size: int) -> Iterator[dict[str,
                 f"batches_as_numpy: feature {name!r} has shape {spec.shape}; batches need fixed "
                 "shapes. Convert the task dataset with AlignerFeatureConverter first."
             )
-    yield from ds.batch(int(batch_size), drop_remainder=True).as_numpy_iterator()
+    return ds.batch(int(batch_size), drop_remainder=True).as_numpy_iterator()

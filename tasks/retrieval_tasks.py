@@ -1,12 +1,11 @@
 """The registered seqio tasks of ALIGNER training (imported by ``import tasks``).
 
-=========================  ==========================================  =========================
-task                       data                                        gin binding of its data
-=========================  ==========================================  =========================
-``msmarco_triples``        MS MARCO training triples (text or ids)     ``msmarco_train_source``
-``beir_train_bm25``        a BEIR qrels split + BM25 hard negatives    ``beir_train_source``
-``selfsup_pseudo_queries`` any corpus: title→text / inverse cloze       ``selfsup_train_source``
-=========================  ==========================================  =========================
+* ``msmarco_triples``: MS MARCO training triples, text or id form (``msmarco_train_source``);
+* ``beir_train_bm25``: a BEIR qrels split with BM25 hard negatives (``beir_train_source``);
+* ``selfsup_pseudo_queries``: any corpus, title → text or inverse cloze
+  (``selfsup_train_source``).
+
+The gin-configurable function in brackets locates each task's data.
 
 Each task's source gives text examples ``query``, ``positive`` and ``negatives`` (``[N]``); its
 preprocessor frames them into the output features ``query`` and ``doc`` (positive first; see

@@ -33,9 +33,9 @@ from tasks import bindings, negatives, sources
 _BINDING = "selfsup_train_source"
 NEGATIVE_KINDS = ("bm25", "random")
 _STREAM_SENTENCE = 2
-# A sentence ends at . ! or ? (optionally followed by a closing quote or bracket) before
+# A sentence ends at . ! or ? (optionally followed by one closing quote or bracket) before
 # whitespace; good enough for pseudo-queries, no language model needed.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,13 @@ def selfsup_train_source(
       max_documents: use only the first documents of the corpus (None: all).
       use_titles: title → text pairs for titled documents (False: inverse cloze for all).
     """
+    num_negatives = bindings.check_int(f"{_BINDING}.num_negatives", num_negatives, 0)
+    bindings.check_choice(f"{_BINDING}.negatives", negatives, NEGATIVE_KINDS)
+    depth = bindings.check_int(f"{_BINDING}.depth", depth, max(1, num_negatives))
+    seed = bindings.check_int(f"{_BINDING}.seed", seed, 0)
+    max_documents = bindings.check_int(
+        f"{_BINDING}.max_documents", max_documents, 1, allow_none=True
+    )
     if corpus_file:
         path = bindings.require_file(
             f"{_BINDING}.corpus_file", corpus_file, "/data/beir/cisi/corpus.jsonl"
@@ -95,13 +102,6 @@ def selfsup_train_source(
             f"{bindings.flag(_BINDING + '.dataset_dir', '/data/beir/cisi')}, or "
             f"{_BINDING}.corpus_file."
         )
-    num_negatives = bindings.check_int(f"{_BINDING}.num_negatives", num_negatives, 0)
-    bindings.check_choice(f"{_BINDING}.negatives", negatives, NEGATIVE_KINDS)
-    depth = bindings.check_int(f"{_BINDING}.depth", depth, max(1, num_negatives))
-    seed = bindings.check_int(f"{_BINDING}.seed", seed, 0)
-    max_documents = bindings.check_int(
-        f"{_BINDING}.max_documents", max_documents, 1, allow_none=True
-    )
     return SelfSupConfig(
         corpus_file=str(path),
         num_negatives=num_negatives,

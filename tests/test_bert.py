@@ -124,6 +124,44 @@ def test_padding_invariance(minilm, minilm_batch, minilm_hidden):
         np.testing.assert_allclose(bucketed[i], minilm_hidden[i, : len(seq)], atol=2e-5)
 
 
+def test_iter_encoded_batches_streams_all_sequences_in_any_concurrency():
+    params = _tiny_params(2)
+    encode = backbones.make_encode_fn(TINY)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 64, size=n).astype(np.int32) for n in [3, 12, 5, 9, 1, 12, 7, 2]]
+    runs = {}
+    for workers in (1, 3):
+        stream = list(
+            backbones.iter_encoded_batches(
+                encode,
+                params,
+                seqs,
+                (4, 8, 12),
+                max_tokens_per_batch=16,
+                concurrent_batches=workers,
+            )
+        )
+        runs[workers] = stream
+        seen = np.concatenate([indices for indices, _ in stream])
+        assert sorted(seen.tolist()) == list(range(len(seqs)))
+        for indices, vectors in stream:
+            for i, v in zip(indices, vectors, strict=True):
+                assert v.shape == (len(seqs[i]), 16) and v.dtype == np.float32
+    # Same batches in the same order, same numbers, whatever the number of batches in flight.
+    for (i1, v1), (i3, v3) in zip(runs[1], runs[3], strict=True):
+        np.testing.assert_array_equal(i1, i3)
+        for a, b in zip(v1, v3, strict=True):
+            np.testing.assert_array_equal(a, b)
+    collected = backbones.encode_sequences(encode, params, seqs, (4, 8, 12), 16)
+    direct_ids, direct_mask = tokenization.pad_batch(seqs, 12)
+    direct = np.asarray(encode(params, direct_ids, direct_mask))
+    for i, seq in enumerate(seqs):
+        np.testing.assert_allclose(collected[i], direct[i, : len(seq)], atol=1e-5)
+    assert backbones.encode_sequences(encode, params, []) == []
+    with pytest.raises(ValueError, match="concurrent_batches=0"):
+        backbones.encode_sequences(encode, params, seqs, concurrent_batches=0)
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -131,16 +169,19 @@ def test_tiny_bert_runs_and_jits():
     params = _tiny_params()
     ids, mask = _tiny_inputs()
     model = BertEncoder(TINY)
-    eager = model.apply({"params": params}, ids, mask)
-    jitted = jax.jit(lambda p, i, m: model.apply({"params": p}, i, m))(params, ids, mask)
-    assert eager.shape == (2, 7, 16) and eager.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), atol=1e-5)
-    assert np.all(np.isfinite(eager))
-    assert np.all(np.asarray(eager)[~mask] == 0.0)
+    encode = jax.jit(lambda p, i, m: model.apply({"params": p}, i, m))
+    out = encode(params, ids, mask)
+    assert out.shape == (2, 7, 16) and out.dtype == jnp.float32
+    out = np.asarray(out)
+    assert np.all(np.isfinite(out))
+    assert np.all(out[~mask] == 0.0)
     # Post-LayerNorm with unit scale and zero bias at init: every real token has mean 0, std 1.
-    real = np.asarray(eager)[mask]
+    real = out[mask]
     np.testing.assert_allclose(real.mean(-1), 0.0, atol=1e-5)
     np.testing.assert_allclose(real.std(-1), 1.0, atol=1e-3)
+    # An all-padding filler row (as length_buckets adds) stays finite and zero.
+    filler = np.asarray(encode(params, np.zeros_like(ids), np.zeros_like(mask)))
+    assert np.all(filler == 0.0)
 
 
 def test_padding_invariance_tiny_and_token_types():

@@ -44,8 +44,14 @@ class AlignerConfig:
       salience: ``lp`` (Eq. 3–5), ``relu``, ``hard_topk``, ``l1`` (ablations) or ``none``.
       alpha_q, alpha_d: sparsity ratios of the LP gate, k = ceil(α·m) (paper: 50%, 40%).
       epsilon: entropy weight ε of Eq. 4 (paper: 0.002).
-      lp_iters: iterations of Eq. 5.
+      lp_iters: iterations of Eq. 5 applied after the solver's exact initialisation at the
+        fixed point (see ``salience.entropic_top_k``; the paper's zero initialisation needs
+        thousands of iterations at ε = 0.002 to reach Σλ = k).
+      lp_init: ``exact`` (default), ``threshold`` (hard top-k threshold) or ``zero`` (the
+        paper's a = b = 0) initialisation of the Eq. 5 iterations.
       query_maxlen, doc_maxlen: token budgets (defaults 64 and 256).
+      dtype: activation (compute) dtype of the backbone, ``float32`` or ``bfloat16``;
+        parameters stay float32 and token vectors / saliences are computed in float32.
     """
 
     backbone: Any = None
@@ -55,9 +61,11 @@ class AlignerConfig:
     alpha_q: float = 0.5
     alpha_d: float = 0.4
     epsilon: float = 0.002
-    lp_iters: int = 50
+    lp_iters: int = 2
+    lp_init: str = "exact"
     query_maxlen: int = 64
     doc_maxlen: int = 256
+    dtype: str = "float32"
 
     def __post_init__(self):
         if self.projection not in PROJECTIONS:
@@ -68,6 +76,8 @@ class AlignerConfig:
             raise ValueError(
                 f"AlignerConfig.salience={self.salience!r}: choose one of {SALIENCE_METHODS}"
             )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"AlignerConfig.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'")
         for name in ("alpha_q", "alpha_d"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
@@ -90,12 +100,15 @@ def backbone_hidden_size(backbone_config) -> int:
     raise TypeError(f"unknown backbone config {type(backbone_config).__name__}")
 
 
-def build_backbone(backbone_config, name: str = "backbone") -> nn.Module:
+def build_backbone(backbone_config, dtype: str = "float32", name: str = "backbone") -> nn.Module:
+    """The backbone module for a ``BertConfig`` or ``T5Config``, computing in ``dtype``."""
     from aligner_jax.models import bert, t5  # noqa: PLC0415
 
     if isinstance(backbone_config, bert.BertConfig):
-        return bert.BertEncoder(backbone_config, name=name)
+        return bert.BertEncoder(backbone_config, dtype=jnp.dtype(dtype), name=name)
     if isinstance(backbone_config, t5.T5Config):
+        if backbone_config.dtype != dtype:
+            backbone_config = dataclasses.replace(backbone_config, dtype=dtype)
         return t5.T5Encoder(backbone_config, name=name)
     raise TypeError(
         f"AlignerConfig.backbone: expected a BertConfig or T5Config, got "
@@ -104,9 +117,11 @@ def build_backbone(backbone_config, name: str = "backbone") -> nn.Module:
 
 
 def l2_normalize(x: jax.Array, mask: jax.Array, eps: float = 1e-12) -> jax.Array:
-    x = x.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-    return jnp.where(mask[..., None], x / jnp.maximum(norm, eps), 0.0)
+    """x / ||x|| on real tokens, 0 on padding; NaN-free gradients even for all-zero vectors."""
+    x = jnp.where(mask[..., None], x.astype(jnp.float32), 0.0)
+    sum_sq = jnp.sum(x * x, axis=-1, keepdims=True)
+    # max() inside the sqrt: the gradient of sqrt at 0 is infinite (and 0 · inf = NaN).
+    return x * jax.lax.rsqrt(jnp.maximum(sum_sq, eps * eps))
 
 
 class SalienceHead(nn.Module):
@@ -135,7 +150,7 @@ class AlignerEncoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.backbone = build_backbone(cfg.backbone)
+        self.backbone = build_backbone(cfg.backbone, cfg.dtype)
         if cfg.projection == "dense":
             self.projection = nn.DenseGeneral(
                 cfg.projection_dim,
@@ -177,6 +192,7 @@ class AlignerEncoder(nn.Module):
             alpha=alpha,
             epsilon=cfg.epsilon,
             num_iters=cfg.lp_iters,
+            init=cfg.lp_init,
         )
         return vectors, jnp.where(mask, u, 0.0)
 
