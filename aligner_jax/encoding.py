@@ -69,9 +69,26 @@ class EncoderBundle:
         return aligner_lib.AlignerEncoder(self.config)
 
     def fingerprint(self) -> str:
-        """sha256 over the architecture and every parameter's bytes (identifies the model)."""
+        """sha256 over every parameter's bytes and the settings that shape document vectors.
+
+        Two bundles with the same fingerprint encode documents identically, so a token store
+        built by one can be searched by the other (query-side settings such as
+        ``query_maxlen`` or ``alpha_q`` may differ).
+        """
         if self._fingerprint is None:
-            digest = hashlib.sha256(repr(self.config).encode())
+            cfg = self.config
+            doc_side = (
+                repr(cfg.backbone),
+                cfg.projection,
+                cfg.projection_dim if cfg.projection == "dense" else None,
+                cfg.salience,
+                (cfg.alpha_d, cfg.epsilon, cfg.lp_iters, cfg.lp_init)
+                if cfg.salience == "lp"
+                else None,
+                cfg.doc_maxlen,
+                cfg.dtype,
+            )
+            digest = hashlib.sha256(repr(doc_side).encode())
             leaves = jax.tree_util.tree_flatten_with_path(self.params)[0]
             for path, leaf in leaves:
                 digest.update(jax.tree_util.keystr(path).encode())

@@ -8,7 +8,7 @@ r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
-``--index_dir``, ``--unknown_qrels``, ``--verify_checksums``.
+``--index_dir``, ``--unknown_qrels``, ``--verify_checksums``, ``--adapt``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ flags.DEFINE_enum(
     "unknown_qrels", "error", ["error", "skip"], "qrels naming unknown queries/documents."
 )
 flags.DEFINE_bool("verify_checksums", False, "Verify every index file's sha256 when loading.")
+flags.DEFINE_bool(
+    "adapt",
+    False,
+    "Also run few-shot alignment adaptation (§4.1): writes adaptation.json and adaptation.md.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -48,6 +53,7 @@ def main(argv: Sequence[str]) -> None:
             index_dir=FLAGS.index_dir,
             unknown_qrels=FLAGS.unknown_qrels,
             verify_checksums=FLAGS.verify_checksums,
+            adapt=FLAGS.adapt,
         )
     except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
         # A user-fixable problem: one clear line, no traceback.

@@ -541,7 +541,12 @@ def topk_family_scores(
     if max_count == 0:
         return jnp.zeros((len(strategies),) + s.shape[:-2], out_dtype)
 
-    values, index = jax.lax.top_k(_selection_scores(s, pair), max_count)  # [..., n, K]
+    selection = _selection_scores(s, pair)
+    if max_count == 1:  # top-1 (ColBERT): a max/argmax reduction, much cheaper than a sort
+        index = jnp.argmax(selection, axis=-1)[..., None]
+        values = jnp.take_along_axis(selection, index, axis=-1)
+    else:
+        values, index = jax.lax.top_k(selection, max_count)  # [..., n, K]
     weight = jnp.broadcast_to(q_full[..., None], values.shape).astype(out_dtype)
     if u_q is not None:
         weight = weight * _masked_salience(u_q, q_full, q_full.shape)[..., None]

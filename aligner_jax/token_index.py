@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,19 +145,27 @@ class TokenIndex:
         self.searcher = searcher
         self.scann_config = scann_config or ScannConfig()
         self.build_seconds = build_seconds
+        self._scann_bytes: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return len(self.rows)
 
     def nbytes(self) -> int:
-        """Bytes of the token index itself (vectors searched + row→doc map), as stored."""
-        vec_bytes = self.num_tokens * self.store.dim * np.dtype(ts.VECTOR_DTYPE).itemsize
+        """Bytes of the token index as stored: the row→document map plus, for ScaNN, its
+        serialized assets (partition centroids, hashed codes, reordering vectors), or, for the
+        exact backend, the float16 vectors it scans."""
         if self.backend == "scann":
-            # Asymmetric hashing codes (4 bits per block of dimensions_per_block) + reorder floats.
-            blocks = math.ceil(self.store.dim / self.scann_config.dimensions_per_block)
-            vec_bytes = self.num_tokens * (blocks / 2 + self.store.dim * 4)
-        return int(vec_bytes + self.row_docs.nbytes)
+            if self._scann_bytes is None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    self.searcher.serialize(tmp)
+                    self._scann_bytes = sum(
+                        p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file()
+                    )
+            index_bytes = self._scann_bytes
+        else:
+            index_bytes = self.num_tokens * self.store.dim * np.dtype(ts.VECTOR_DTYPE).itemsize
+        return int(index_bytes + self.row_docs.nbytes)
 
     @classmethod
     def build(

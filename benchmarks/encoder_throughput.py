@@ -47,26 +47,39 @@ _DATASET_DIR = flags.DEFINE_string(
     str(REPO.parent / "shared" / "data" / "beir" / "scifact"),
     "BEIR folder whose corpus.jsonl is encoded.",
 )
-_LIMIT = flags.DEFINE_integer("limit", None, "Encode only the first N documents.")
-_MAX_LENGTH = flags.DEFINE_integer("max_length", tokenization.DEFAULT_DOC_MAXLEN, "Max tokens.")
+_LIMIT = flags.DEFINE_integer("limit", None, "Encode only the first N documents.", lower_bound=1)
+_MAX_LENGTH = flags.DEFINE_integer(
+    "max_length", tokenization.DEFAULT_DOC_MAXLEN, "Max tokens per doc.", lower_bound=2
+)
 _BUCKET_STEP = flags.DEFINE_integer(
-    "bucket_step", tokenization.DEFAULT_BUCKET_STEP, "Bucket boundaries: multiples of this."
+    "bucket_step",
+    tokenization.DEFAULT_BUCKET_STEP,
+    "Bucket boundaries: multiples of this.",
+    lower_bound=1,
 )
 _MAX_TOKENS = flags.DEFINE_integer(
     "max_tokens_per_batch",
     tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
     "JAX batch budget: rows x padded length.",
+    lower_bound=1,
 )
 _CONCURRENT = flags.DEFINE_integer(
     "concurrent_batches",
     None,
     "JAX batches in flight at once (default: one per usable core on CPU).",
+    lower_bound=1,
 )
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "JAX compute dtype.")
-_TORCH_BATCH = flags.DEFINE_integer("torch_batch_size", 32, "sentence-transformers batch size.")
-_ROUNDS = flags.DEFINE_integer("rounds", 4, "Interleave JAX and PyTorch over this many chunks.")
+_TORCH_BATCH = flags.DEFINE_integer(
+    "torch_batch_size", 32, "sentence-transformers batch size.", lower_bound=1
+)
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 4, "Interleave JAX and PyTorch over this many chunks.", lower_bound=1
+)
 _SKIP_TORCH = flags.DEFINE_bool("skip_torch", False, "Time only the JAX encoder.")
-_CHECK_DOCS = flags.DEFINE_integer("check_docs", 8, "Docs whose vectors are compared.")
+_CHECK_DOCS = flags.DEFINE_integer(
+    "check_docs", 8, "Docs whose vectors are compared.", lower_bound=1
+)
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", str(REPO / "benchmarks" / "results"), "Where the JSON and Markdown go."
 )
@@ -106,7 +119,9 @@ class JaxEncoder:
 
     def __init__(self, dtype, max_length, step, max_tokens, concurrent_batches):
         self.config, self.params, self.tokenizer = backbones.load_minilm()
-        self.concurrent_batches = concurrent_batches or backbones.default_concurrent_batches()
+        if concurrent_batches is None:
+            concurrent_batches = backbones.default_concurrent_batches()
+        self.concurrent_batches = concurrent_batches
         self.encode_fn = backbones.make_encode_fn(self.config, dtype=dtype)
         self.max_length = max_length
         self.boundaries = tokenization.default_bucket_boundaries(max_length, step)
