@@ -1,0 +1,48 @@
+r"""Pruning / alignment sweep binary (``aligner-sweep``): a thin absl + gin wrapper of
+:func:`aligner_jax.sweeps.sweep`.
+
+  python -m aligner_jax.sweep --gin_file=models/minilm.gin --gin_file=sweeps/pruning.gin \
+    --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
+    --dataset_dir=../shared/data/beir/scifact --output_dir=benchmarks/results/sweep_scifact
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from aligner_jax import beir, gin_utils, sweeps
+from aligner_jax import token_store as ts
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
+flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
+flags.DEFINE_string("output_dir", None, "Where sweep.json, sweep.md and the PNG plots go.")
+flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.dataset_dir or not FLAGS.output_dir:
+        raise app.UsageError("--dataset_dir and --output_dir are required")
+    gin_utils.parse_gin_flags()
+    try:
+        sweeps.sweep(
+            dataset_dir=FLAGS.dataset_dir,
+            output_dir=FLAGS.output_dir,
+            split=FLAGS.split,
+            index_dir=FLAGS.index_dir,
+        )
+    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"aligner-sweep: error: {e}")
+
+
+def console_entry() -> None:
+    gin_utils.run(main)
+
+
+if __name__ == "__main__":
+    console_entry()
