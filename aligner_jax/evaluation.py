@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from aligner_jax import adaptation as adaptation_lib
-from aligner_jax import beir, indexing, metrics, scoring
+from aligner_jax import beir, flops, indexing, metrics, scoring
 from aligner_jax import loading as loading_lib
 from aligner_jax import search as search_lib
 from aligner_jax import token_index as ti
@@ -196,6 +196,7 @@ def evaluate(
             "refine_ms_per_query_p50": percentile(out.refine_ms, 50),
         },
         "candidates_per_query_median": float(np.median(out.num_candidates)),
+        "scoring_flops": flops.run_flops(out.costs, store.dim, search_config.k_prime),
         "index_bytes": {
             "refinement_store": store.nbytes(),
             "token_index": token_index.nbytes() if token_index else 0,

@@ -23,8 +23,8 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax import flops, scoring, xtr
 from aligner_jax import refine as refine_lib
-from aligner_jax import scoring, xtr
 from aligner_jax import token_index as ti
 from aligner_jax import token_store as ts
 from aligner_jax.encoding import EncodedText
@@ -88,6 +88,7 @@ class SearchOutput:
     token_search_ms: list[float]
     refine_ms: list[float]
     num_candidates: list[int]
+    costs: list[flops.QueryCost] = dataclasses.field(default_factory=list)
 
     @property
     def search_ms(self) -> list[float]:
@@ -155,7 +156,8 @@ class Searcher:
         if cfg.refine == "xtr":
             names = ["xtr"]
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
-        token_ms, refine_ms, num_candidates = [], [], []
+        token_ms, refine_ms, num_candidates, costs = [], [], [], []
+        doc_lengths = self.store.doc_lengths
         qb = max(1, cfg.query_batch_size)
         start_all = time.perf_counter()
         for lo in range(0, len(queries), qb):
@@ -176,8 +178,21 @@ class Searcher:
                 scores = self.refiner.score(qbatch, cands, strategies)
                 scored = list(zip(cands, scores, strict=True))
             t2 = time.perf_counter()
-            for qid, (cands, scores) in zip(batch_ids, scored, strict=True):
+            for q, qid, (cands, scores), (_, _, hit_docs) in zip(
+                batch, batch_ids, scored, found, strict=True
+            ):
                 num_candidates.append(len(cands))
+                costs.append(
+                    flops.QueryCost(
+                        query_tokens=len(q.token_ids),
+                        searched_tokens=len(q.token_ids)
+                        if hit_docs is None
+                        else int(hit_docs.shape[0]),
+                        candidates=len(cands),
+                        candidate_doc_tokens=int(doc_lengths[cands].sum()),
+                        retrieved_hits=0 if hit_docs is None else int((hit_docs >= 0).sum()),
+                    )
+                )
                 for s, name in enumerate(names):
                     results[name][qid] = self._rank(cands, scores[s])
             token_ms += [1000.0 * (t1 - t0) / len(batch)] * len(batch)
@@ -192,7 +207,7 @@ class Searcher:
                     done / elapsed,
                     int(np.median(num_candidates)),
                 )
-        return SearchOutput(results, token_ms, refine_ms, num_candidates)
+        return SearchOutput(results, token_ms, refine_ms, num_candidates, costs)
 
     def _xtr_scores(self, token_scores, token_docs, n_query_tokens):
         cands, scores = xtr.xtr_inference_scores_numpy(token_scores, token_docs)
