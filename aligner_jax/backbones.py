@@ -333,7 +333,8 @@ def iter_encoded_batches(
     ``default_concurrent_batches()``), at most twice that many are buffered.
 
     Args:
-      encode_fn: ``make_encode_fn(config)`` or any jitted ``(params, ids, mask) -> [B, L, H]``.
+      encode_fn: ``make_encode_fn(config)`` or any jitted ``(params, ids, mask) -> [B, L, H]``
+        (or a tuple of ``[B, L, ...]`` arrays: each sequence then gets a tuple of slices).
       params: its parameters.
       sequences: token id arrays (``Tokenizer.encode_batch``).
       boundaries: bucket lengths; multiples of 32 up to the longest sequence by default.
@@ -352,11 +353,17 @@ def iter_encoded_batches(
         [len(s) for s in sequences], boundaries, max_tokens_per_batch
     )
 
-    def encode_batch(batch: tokenization.BucketBatch) -> tuple[np.ndarray, list[np.ndarray]]:
+    def encode_batch(batch: tokenization.BucketBatch) -> tuple[np.ndarray, list]:
         members = [sequences[i] for i in batch.indices]
         ids, mask = tokenization.pad_batch(members, batch.length, pad_id, batch_size=batch.rows)
-        hidden = np.asarray(encode_fn(params, ids, mask), dtype=np.float32)
-        # Copies, so no view pins the whole padded batch in memory.
+        outputs = encode_fn(params, ids, mask)
+        if isinstance(outputs, tuple):  # several per-token outputs, e.g. (vectors, salience)
+            arrays = [np.asarray(o, dtype=np.float32) for o in outputs]
+            # Copies, so no view pins the whole padded batch in memory.
+            return batch.indices, [
+                tuple(a[row, : len(m)].copy() for a in arrays) for row, m in enumerate(members)
+            ]
+        hidden = np.asarray(outputs, dtype=np.float32)
         return batch.indices, [hidden[row, : len(m)].copy() for row, m in enumerate(members)]
 
     if workers == 1:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax import tokenization
+from aligner_jax import backbones, tokenization
 from aligner_jax.models import aligner as aligner_lib
 
 
@@ -33,11 +33,14 @@ class EncodingConfig:
       max_tokens_per_batch: padded tokens (rows × bucket length) per batch. Small batches are
         fastest on CPU (cache-resident activations: 1024 measured best on 2 cores, see
         benchmarks/encoder_throughput.py); use several thousand on accelerators.
+      concurrent_batches: batches in flight at once (None: one per CPU core on CPU, else 1;
+        XLA:CPU runs each fused op on one thread, so two batches use two cores).
       log_every_s: progress logging period.
     """
 
     bucket_multiple: int = tokenization.DEFAULT_BUCKET_STEP
     max_tokens_per_batch: int = 1024
+    concurrent_batches: int | None = None
     log_every_s: float = 20.0
 
     def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
@@ -153,42 +156,41 @@ class Encoder:
     def encode_token_ids(
         self, token_ids: Sequence[np.ndarray], kind: str, desc: str | None = None
     ) -> Iterator[tuple[int, EncodedText]]:
-        """Yields ``(position, EncodedText)`` bucket by bucket (not in input order)."""
+        """Yields ``(position, EncodedText)`` batch by batch (length buckets, not input order).
+
+        Batches come from ``tokenization.length_buckets`` and run through
+        ``backbones.iter_encoded_batches`` (several batches in flight on CPU, where XLA runs
+        each fused op on one thread).
+        """
         cfg = self.config
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         if len(lengths) and lengths.min() == 0:
             raise ValueError("encode: a text produced no tokens (empty tokenisation)")
-        batches = tokenization.length_buckets(
-            lengths,
-            cfg.bucket_lengths(self.bundle.config.maxlen(kind)),
-            cfg.max_tokens_per_batch,
-        )
+
+        def encode_fn(params, ids, mask):
+            return self._run(params, ids, mask, kind)
+
         total_tokens, done_docs, done_tokens = int(lengths.sum()), 0, 0
         start = last_log = time.perf_counter()
-        for batch in batches:
-            rows = batch.rows + (-batch.rows) % self._data_parallel
-            ids = np.zeros((rows, batch.length), dtype=np.int32)
-            mask = np.zeros((rows, batch.length), dtype=bool)
-            for row, i in enumerate(batch.indices):
-                ids[row, : lengths[i]] = token_ids[i]
-                mask[row, : lengths[i]] = True
-            # Fill unused rows with a copy of the first text: no all-padding rows (a salience
-            # gate over zero tokens is undefined) and a fixed shape per bucket.
-            ids[len(batch.indices) :] = ids[0]
-            mask[len(batch.indices) :] = mask[0]
-            vectors, salience = self._run(ids, mask, kind)
-            for row, i in enumerate(batch.indices):
-                m = int(lengths[i])
+        for indices, outputs in backbones.iter_encoded_batches(
+            encode_fn,
+            self._params,
+            token_ids,
+            boundaries=cfg.bucket_lengths(self.bundle.config.maxlen(kind)),
+            max_tokens_per_batch=cfg.max_tokens_per_batch,
+            concurrent_batches=cfg.concurrent_batches,
+        ):
+            for i, (vectors, salience) in zip(indices, outputs, strict=True):
                 yield (
                     int(i),
                     EncodedText(
                         token_ids=np.asarray(token_ids[i], dtype=np.int32),
-                        vectors=vectors[row, :m],
-                        salience=salience[row, :m],
+                        vectors=vectors,
+                        salience=salience,
                     ),
                 )
-            done_docs += len(batch.indices)
-            done_tokens += int(lengths[batch.indices].sum())
+            done_docs += len(indices)
+            done_tokens += int(lengths[indices].sum())
             now = time.perf_counter()
             if desc and now - last_log >= cfg.log_every_s:
                 last_log = now
@@ -203,10 +205,15 @@ class Encoder:
                     100.0 * done_tokens / max(total_tokens, 1),
                 )
 
-    def _run(self, ids: np.ndarray, mask: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, params, ids: np.ndarray, mask: np.ndarray, kind: str):
+        rows = ids.shape[0]
+        pad = (-rows) % self._data_parallel
+        if pad:  # the batch must split evenly over the mesh's data axis
+            ids = np.concatenate([ids, np.zeros((pad, ids.shape[1]), ids.dtype)])
+            mask = np.concatenate([mask, np.zeros((pad, mask.shape[1]), mask.dtype)])
         ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
         if self.mesh is not None:
             ids_j = jax.device_put(ids_j, self._batch_sharding)
             mask_j = jax.device_put(mask_j, self._batch_sharding)
-        vectors, salience = self._forward(self._params, ids_j, mask_j, kind)
-        return np.asarray(vectors, dtype=np.float32), np.asarray(salience, dtype=np.float32)
+        vectors, salience = self._forward(params, ids_j, mask_j, kind)
+        return np.asarray(vectors)[:rows], np.asarray(salience)[:rows]

@@ -193,6 +193,24 @@ def build_token_store(
     )
 
 
+def format_summary(summary: IndexingSummary) -> str:
+    """The one-screen end-of-job summary."""
+    rate = summary.num_tokens / summary.encode_seconds if summary.encode_seconds else 0.0
+    state = "complete" if summary.complete else "INCOMPLETE (other processes' shards missing)"
+    return "\n".join(
+        [
+            "=" * 72,
+            f"aligner-index: {summary.directory} — {state}",
+            f"documents {summary.num_docs}, tokens {summary.num_tokens}, shards "
+            f"{summary.num_shards} ({summary.shards_written} written now, "
+            f"{summary.shards_skipped} already complete)",
+            f"encoding {summary.encode_seconds:.1f}s ({rate:.0f} tokens/s); truncated documents "
+            f"{summary.truncated_docs}, empty documents {summary.empty_docs}",
+            "=" * 72,
+        ]
+    )
+
+
 def _sum_stats(directory: Path, num_shards: int) -> dict:
     totals = {"truncated_docs": 0, "empty_docs": 0}
     for i in range(num_shards):
@@ -238,3 +256,51 @@ def store_is_complete_for(directory: Path, model_info: dict) -> bool:
         return False
     ts.check_model_matches(manifest, model_info, directory)
     return True
+
+
+@gin.configurable
+def index_corpus(
+    corpus: str,
+    index_dir: str,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    config: IndexingConfig | None = None,
+    encoding_config=None,
+) -> IndexingSummary:
+    """The ``aligner-index`` job: stream ``corpus`` (a BEIR corpus.jsonl) into a token store.
+
+    Each process (``jax.process_index()`` of ``jax.process_count()`` by default) encodes its own
+    shards; every process finalises the manifest once all shards exist, so the last one to
+    finish completes the index. Re-running resumes after the last complete shard.
+    """
+    import jax  # noqa: PLC0415
+
+    from aligner_jax import loading  # noqa: PLC0415
+    from aligner_jax.encoding import Encoder, EncodingConfig  # noqa: PLC0415
+
+    config = config or IndexingConfig()
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"--process_index={process_index} must be in [0, --process_count={process_count})"
+        )
+    corpus_path = Path(corpus)
+    if not corpus_path.is_file():
+        raise FileNotFoundError(f"--corpus={corpus}: no such file (a BEIR corpus.jsonl)")
+    bundle = loading.load_encoder()
+    encoder = Encoder(bundle, encoding_config or EncodingConfig())
+    info = {
+        "path": str(corpus_path.resolve()),
+        "bytes": corpus_path.stat().st_size,
+        "sha256": ts.sha256_file(corpus_path),
+    }
+    return build_token_store(
+        beir.iter_corpus(corpus_path),
+        encoder,
+        index_dir,
+        config=config,
+        process_index=process_index,
+        process_count=process_count,
+        corpus_info=info,
+    )

@@ -30,6 +30,7 @@ from absl import logging
 from aligner_jax import token_store as ts
 
 BACKENDS = ("scann", "exact")
+REORDER_DTYPES = ("float32", "bfloat16", "int8")
 
 
 def _import_scann():
@@ -44,9 +45,14 @@ def _import_scann():
 class ScannConfig:
     """ScaNN settings. ``None`` fields are derived from the index size by the formulas below.
 
-    num_leaves = clip(round(sqrt(T)), 1, T // min_partition_size) for T indexed tokens;
+    num_leaves = clip(round(sqrt(T)), 1, T // min_partition_size) for T indexed tokens of a part;
     num_leaves_to_search = max(ceil(leaves_to_search_fraction * num_leaves), 1);
     reorder_k = max(reorder_factor * k′, k′) (asserted ≥ k′ at search time).
+
+    An index of more than ``max_tokens_per_part`` tokens is built as several ScaNN indexes over
+    consecutive groups of shards (bounded build memory); search queries every part for k′
+    neighbours and merges them by score (exact merge of the parts' top-k′ lists).
+    ``reorder_dtype`` stores the reordering vectors in float32, bfloat16 or int8.
     """
 
     num_leaves: int | None = None
@@ -57,7 +63,15 @@ class ScannConfig:
     training_sample_size: int = 250_000
     min_partition_size: int = 50
     reorder_factor: float = 2.0
+    reorder_dtype: str = "float32"
     training_threads: int = 0
+    max_tokens_per_part: int = 8_000_000
+
+    def __post_init__(self):
+        if self.reorder_dtype not in REORDER_DTYPES:
+            raise ValueError(
+                f"ScannConfig.reorder_dtype={self.reorder_dtype!r}: choose one of {REORDER_DTYPES}"
+            )
 
     def leaves(self, num_tokens: int) -> int:
         if self.num_leaves is not None:
@@ -120,11 +134,60 @@ def _scores_chunk(queries, chunk):
     return jnp.dot(queries, chunk.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
 
 
+def _part_bounds(store: ts.TokenStore, rows: np.ndarray, max_tokens: int) -> list[slice]:
+    """Splits the sorted index rows into consecutive groups of whole shards of ≤ max_tokens."""
+    if len(rows) <= max_tokens:
+        return [slice(0, len(rows))]
+    shard_of = np.searchsorted(store._shard_token_starts, rows, side="right") - 1
+    bounds, start = [], 0
+    counts = np.bincount(shard_of, minlength=len(store._shard_token_starts))
+    current = 0
+    pos = 0
+    for count in counts:
+        if current and current + count > max_tokens:
+            bounds.append(slice(start, pos))
+            start, current = pos, 0
+        current += int(count)
+        pos += int(count)
+    bounds.append(slice(start, pos))
+    return [b for b in bounds if b.stop > b.start]
+
+
+def _build_scann(data: np.ndarray, k_prime: int, config: ScannConfig):
+    scann = _import_scann()
+    n = len(data)
+    leaves = config.leaves(n)
+    builder = scann.builder(data, k_prime, "dot_product")
+    if leaves > 1:
+        builder = builder.tree(
+            num_leaves=leaves,
+            num_leaves_to_search=config.leaves_to_search(leaves),
+            training_sample_size=min(config.training_sample_size, n),
+            min_partition_size=min(config.min_partition_size, n),
+        )
+    from scann.scann_ops.py.scann_builder import ReorderType  # noqa: PLC0415
+
+    quantize = {
+        "float32": ReorderType.FLOAT32,
+        "bfloat16": ReorderType.BFLOAT16,
+        "int8": ReorderType.INT8,
+    }[config.reorder_dtype]
+    builder = builder.score_ah(
+        config.dimensions_per_block,
+        anisotropic_quantization_threshold=config.anisotropic_quantization_threshold,
+        training_sample_size=min(config.training_sample_size, n),
+    ).reorder(config.reorder_k(k_prime), quantize=quantize)
+    builder.set_n_training_threads(config.training_threads)
+    return builder.build(), leaves
+
+
 class TokenIndex:
     """Token MIPS over (a salience-pruned subset of) a token store.
 
     ``search(queries, k)`` → ``(scores [n, k] float32, docs [n, k] int32, rows [n, k] int64)``,
     sorted by decreasing score, padded with score -inf / doc -1 when fewer than k tokens exist.
+    A ScaNN index may consist of several parts (see :class:`ScannConfig`); their results are
+    merged.
     """
 
     def __init__(
@@ -132,7 +195,8 @@ class TokenIndex:
         store: ts.TokenStore,
         backend: str,
         rows: np.ndarray,
-        searcher=None,
+        searchers: list | None = None,
+        part_bounds: list[slice] | None = None,
         scann_config: ScannConfig | None = None,
         build_seconds: float = 0.0,
     ):
@@ -142,7 +206,8 @@ class TokenIndex:
         self.backend = backend
         self.rows = rows
         self.row_docs = _row_to_doc(store, rows)
-        self.searcher = searcher
+        self.searchers = searchers or []
+        self.part_bounds = part_bounds or [slice(0, len(rows))]
         self.scann_config = scann_config or ScannConfig()
         self.build_seconds = build_seconds
         self._scann_bytes: int | None = None
@@ -151,17 +216,22 @@ class TokenIndex:
     def num_tokens(self) -> int:
         return len(self.rows)
 
+    @property
+    def num_parts(self) -> int:
+        return len(self.part_bounds)
+
     def nbytes(self) -> int:
         """Bytes of the token index as stored: the row→document map plus, for ScaNN, its
         serialized assets (partition centroids, hashed codes, reordering vectors), or, for the
         exact backend, the float16 vectors it scans."""
         if self.backend == "scann":
             if self._scann_bytes is None:
-                with tempfile.TemporaryDirectory() as tmp:
-                    self.searcher.serialize(tmp)
-                    self._scann_bytes = sum(
-                        p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file()
-                    )
+                total = 0
+                for searcher in self.searchers:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        searcher.serialize(tmp)
+                        total += sum(p.stat().st_size for p in Path(tmp).rglob("*") if p.is_file())
+                self._scann_bytes = total
             index_bytes = self._scann_bytes
         else:
             index_bytes = self.num_tokens * self.store.dim * np.dtype(ts.VECTOR_DTYPE).itemsize
@@ -176,55 +246,47 @@ class TokenIndex:
         scann_config: ScannConfig | None = None,
         k_prime: int = 4000,
     ) -> TokenIndex:
+        if backend not in BACKENDS:
+            raise ValueError(f"search backend {backend!r}: choose one of {BACKENDS}")
         start = time.perf_counter()
         rows = prune_rows(store, beta_d)
         if len(rows) == 0:
             raise ValueError(f"{store.directory}: the index holds no tokens to search")
-        searcher = None
         config = scann_config or ScannConfig()
+        searchers, bounds = [], [slice(0, len(rows))]
         if backend == "scann":
-            scann = _import_scann()
-            data = _gather_rows(store, rows)
-            leaves = config.leaves(len(rows))
-            builder = scann.builder(data, k_prime, "dot_product")
-            if leaves > 1:
-                builder = builder.tree(
-                    num_leaves=leaves,
-                    num_leaves_to_search=config.leaves_to_search(leaves),
-                    training_sample_size=min(config.training_sample_size, len(rows)),
-                    min_partition_size=min(config.min_partition_size, len(rows)),
+            bounds = _part_bounds(store, rows, config.max_tokens_per_part)
+            for i, part in enumerate(bounds):
+                data = _gather_rows(store, rows[part])
+                searcher, leaves = _build_scann(data, k_prime, config)
+                del data
+                searchers.append(searcher)
+                logging.info(
+                    "ScaNN token index part %d/%d: %d tokens, %d leaves (search %d), "
+                    "reorder %d (%s); %.1fs so far",
+                    i + 1,
+                    len(bounds),
+                    part.stop - part.start,
+                    leaves,
+                    config.leaves_to_search(leaves),
+                    config.reorder_k(k_prime),
+                    config.reorder_dtype,
+                    time.perf_counter() - start,
                 )
-            builder = builder.score_ah(
-                config.dimensions_per_block,
-                anisotropic_quantization_threshold=config.anisotropic_quantization_threshold,
-                training_sample_size=min(config.training_sample_size, len(rows)),
-            ).reorder(config.reorder_k(k_prime))
-            builder.set_n_training_threads(config.training_threads)
-            searcher = builder.build()
-            del data
-            logging.info(
-                "ScaNN token index: %d tokens, %d leaves (search %d), reorder %d, built in %.1fs",
-                len(rows),
-                leaves,
-                config.leaves_to_search(leaves),
-                config.reorder_k(k_prime),
-                time.perf_counter() - start,
-            )
-        elif backend != "exact":
-            raise ValueError(f"search backend {backend!r}: choose one of {BACKENDS}")
-        return cls(store, backend, rows, searcher, config, time.perf_counter() - start)
+        return cls(store, backend, rows, searchers, bounds, config, time.perf_counter() - start)
 
     def save(self, directory: Path) -> None:
         """Saves the token index beside the store (ScaNN assets + pruning rows + settings)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / "rows.npy", self.rows)
-        if self.searcher is not None:
-            (directory / "scann").mkdir(exist_ok=True)
-            self.searcher.serialize(str(directory / "scann"))
+        for i, searcher in enumerate(self.searchers):
+            (directory / f"scann-{i:03d}").mkdir(exist_ok=True)
+            searcher.serialize(str(directory / f"scann-{i:03d}"))
         meta = {
             "backend": self.backend,
             "num_tokens": self.num_tokens,
+            "parts": [[b.start, b.stop] for b in self.part_bounds],
             "scann_config": dataclasses.asdict(self.scann_config),
             "store_fingerprint": self.store.manifest["model"].get("fingerprint"),
         }
@@ -239,27 +301,40 @@ class TokenIndex:
                 f"{directory}: token index was built from another token store; rebuild it"
             )
         rows = np.load(directory / "rows.npy")
-        searcher = None
+        bounds = [slice(a, b) for a, b in meta["parts"]]
+        searchers = []
         if meta["backend"] == "scann":
-            searcher = _import_scann().load_searcher(str(directory / "scann"))
-        return cls(store, meta["backend"], rows, searcher, ScannConfig(**meta["scann_config"]))
+            scann = _import_scann()
+            searchers = [
+                scann.load_searcher(str(directory / f"scann-{i:03d}")) for i in range(len(bounds))
+            ]
+        config = ScannConfig(**meta["scann_config"])
+        return cls(store, meta["backend"], rows, searchers, bounds, config)
 
     def search(
         self, queries: np.ndarray, k: int, exact_chunk: int = 1 << 16
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         n = len(queries)
-        k_eff = min(k, self.num_tokens)
         if self.backend == "scann":
             reorder = self.scann_config.reorder_k(k)
             assert reorder >= k, f"ScaNN reorder_k={reorder} must be >= k'={k}"
-            idx, scores = self.searcher.search_batched(
-                queries, final_num_neighbors=k_eff, pre_reorder_num_neighbors=reorder
-            )
-            idx = np.asarray(idx, dtype=np.int64)
-            scores = np.asarray(scores, dtype=np.float32)
+            all_idx, all_scores = [], []
+            for searcher, part in zip(self.searchers, self.part_bounds, strict=True):
+                k_part = min(k, part.stop - part.start)
+                idx, scores = searcher.search_batched(
+                    queries, final_num_neighbors=k_part, pre_reorder_num_neighbors=reorder
+                )
+                idx = np.asarray(idx, dtype=np.int64)
+                all_idx.append(np.where(idx >= 0, idx + part.start, -1))
+                all_scores.append(np.where(idx >= 0, np.asarray(scores, np.float32), -np.inf))
+            idx, scores = np.concatenate(all_idx, axis=1), np.concatenate(all_scores, axis=1)
+            if len(self.searchers) > 1:  # merge the parts' lists into one top-k
+                order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+                idx = np.take_along_axis(idx, order, axis=1)
+                scores = np.take_along_axis(scores, order, axis=1)
         else:
-            idx, scores = self._exact(queries, k_eff, exact_chunk)
+            idx, scores = self._exact(queries, min(k, self.num_tokens), exact_chunk)
         out_scores = np.full((n, k), -np.inf, dtype=np.float32)
         out_docs = np.full((n, k), -1, dtype=np.int32)
         out_rows = np.full((n, k), -1, dtype=np.int64)

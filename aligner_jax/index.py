@@ -1,0 +1,61 @@
+r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token store.
+
+  python -m aligner_jax.index --gin_file=models/minilm.gin \
+    --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
+    --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
+    --gin.IndexingConfig.shard_size=500
+
+Reads the corpus as a stream and writes fixed-size shards atomically; a killed job re-run with
+the same flags resumes after its last complete shard. On N hosts run the same command on each
+(``--multiprocess`` for jax.distributed, or ``--process_index``/``--process_count``): each encodes
+its own shards, and the manifest is written when the last shard is done. ``aligner-eval
+--index_dir=...`` then searches the store (it builds the ScaNN token index over all shards).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+import jax
+from absl import app, flags
+
+from aligner_jax import beir, gin_utils, indexing
+from aligner_jax import token_store as ts
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("corpus", None, "A BEIR corpus.jsonl to index.")
+flags.DEFINE_string("index_dir", None, "Output folder of the token store (resumable).")
+flags.DEFINE_integer("process_index", None, "This process's index (default: jax.process_index()).")
+flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
+flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() first.")
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.corpus or not FLAGS.index_dir:
+        raise app.UsageError("--corpus and --index_dir are required")
+    if FLAGS.multiprocess:
+        jax.distributed.initialize()
+    gin_utils.parse_gin_flags()
+    try:
+        summary = indexing.index_corpus(
+            corpus=FLAGS.corpus,
+            index_dir=FLAGS.index_dir,
+            process_index=FLAGS.process_index,
+            process_count=FLAGS.process_count,
+        )
+    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"aligner-index: error: {e}")
+    print(indexing.format_summary(summary))
+    print(json.dumps(summary.as_dict()))
+
+
+def console_entry() -> None:
+    gin_utils.run(main)
+
+
+if __name__ == "__main__":
+    console_entry()
