@@ -144,6 +144,8 @@ def build_token_store(
             skipped += 1
             total_tokens += marker["num_tokens"]
             continue
+        for stale in directory.glob(f".{ts.shard_name(shard_index)}.*.tmp"):
+            stale.unlink()  # left by a write that was killed before its rename
         t0 = time.perf_counter()
         texts = [beir.document_text(d) for d in docs]
         token_ids = encoder.tokenize(texts, "doc")

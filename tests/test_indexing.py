@@ -1,0 +1,150 @@
+"""The indexing job: streaming shards, exact resume after SIGKILL, many processes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fixtures import write_beir_fixture
+from index_utils import random_documents, write_store
+
+from aligner_jax import token_index as ti
+from aligner_jax import token_store as ts
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega rho tau phi".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(1)
+    docs = {
+        f"d{i}": {"title": f"doc {i}", "text": " ".join(rng.choices(WORDS, k=rng.randint(3, 60)))}
+        for i in range(60)
+    }
+    docs["d7"] = {"title": "", "text": ""}  # an empty document is kept and counted
+    docs["d8"] = {"title": "long", "text": " ".join(["omega"] * 400)}  # truncated
+    queries = {"q0": "alpha beta"}
+    folder = write_beir_fixture(tmp_path_factory.mktemp("c"), docs, queries, {"q0": {"d0": 1}})
+    return folder / "corpus.jsonl"
+
+
+def _index_cmd(corpus, index_dir, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "aligner_jax.index",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin_file=index/default.gin",
+        "--gin.IndexingConfig.shard_size=6",
+        f"--corpus={corpus}",
+        f"--index_dir={index_dir}",
+        *extra,
+    ]
+
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+
+
+def _checksums(index_dir: Path) -> dict[str, str]:
+    manifest = json.loads((index_dir / ts.MANIFEST).read_text())
+    return {
+        meta["path"]: meta["sha256"] for s in manifest["shards"] for meta in s["files"].values()
+    }
+
+
+def _run(cmd, timeout=600):
+    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
+    reference = _run(_index_cmd(corpus, tmp_path / "ref"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    summary = json.loads(reference.stdout.strip().splitlines()[-1])
+    assert summary["complete"] and summary["num_docs"] == 60 and summary["num_shards"] == 10
+    assert summary["empty_docs"] == 1 and summary["truncated_docs"] >= 1
+    store = ts.TokenStore(tmp_path / "ref", verify_checksums=True)
+    assert store.num_docs == 60 and store.doc_ids[:3] == ["d0", "d1", "d2"]
+
+    target = tmp_path / "killed"
+    rng = random.Random(os.getpid())
+    for _ in range(2):  # killed twice at random points, then run to the end
+        proc = subprocess.Popen(
+            _index_cmd(corpus, target),
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wanted = len(list(target.glob("shard-*.json"))) + rng.randint(1, 3)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if len(list(target.glob("shard-*.json"))) >= wanted:
+                time.sleep(rng.uniform(0.0, 0.3))  # maybe in the middle of the next shard
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        proc.wait(timeout=60)
+        assert not (target / ts.MANIFEST).exists() or proc.returncode == 0
+    finished = _run(_index_cmd(corpus, target))
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert _checksums(target) == _checksums(tmp_path / "ref")
+    assert not list(target.glob(".*.tmp"))  # temporary files of killed writes are cleaned up
+
+
+def test_two_processes_split_the_shards(corpus, tmp_path):
+    first = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=0", "--process_count=2"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "INCOMPLETE" in first.stdout and not (tmp_path / "mp" / ts.MANIFEST).exists()
+    assert sorted(p.name for p in (tmp_path / "mp").glob("shard-*.json")) == [
+        f"shard-{i:05d}.json" for i in range(0, 10, 2)
+    ]
+    second = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=1", "--process_count=2"))
+    assert second.returncode == 0, second.stderr[-2000:]
+    store = ts.TokenStore(tmp_path / "mp", verify_checksums=True)
+    assert store.num_docs == 60 and store.manifest["counts"]["num_shards"] == 10
+
+
+def test_bad_corpus_and_flags_name_the_problem(tmp_path):
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"_id": "a", "text": "fine"}\n{"_id": "a", "text": "again"}\n')
+    proc = _run(_index_cmd(bad, tmp_path / "i"))
+    assert proc.returncode != 0
+    assert f"{bad}:2" in proc.stderr and "duplicate" in proc.stderr
+    proc = _run(_index_cmd(tmp_path / "missing.jsonl", tmp_path / "i2"))
+    assert proc.returncode != 0 and "--corpus=" in proc.stderr
+    proc = _run(_index_cmd(bad, tmp_path / "i3", "--process_index=2", "--process_count=2"))
+    assert proc.returncode != 0 and "--process_index=2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_settings_change_in_the_same_index_dir_is_refused(corpus, tmp_path):
+    assert _run(_index_cmd(corpus, tmp_path / "i")).returncode == 0
+    proc = _run(_index_cmd(corpus, tmp_path / "i", "--gin.IndexingConfig.shard_size=7"))
+    assert proc.returncode != 0 and "index_config.json" in proc.stderr
+
+
+def test_scann_index_in_parts_matches_one_index(tmp_path):
+    docs = random_documents(30, 16, seed=9, min_len=20, max_len=40)
+    store = write_store(tmp_path / "s", docs, 16, shard_size=10)
+    config = ti.ScannConfig(num_leaves=4, num_leaves_to_search=4, max_tokens_per_part=400)
+    parts = ti.TokenIndex.build(store, "scann", scann_config=config, k_prime=20)
+    assert parts.num_parts >= 2
+    exact = ti.TokenIndex.build(store, "exact")
+    q = np.stack([d.vectors[0].astype(np.float32) for d in docs[:5]])
+    s_parts, _, r_parts = parts.search(q, 20)
+    _, _, r_exact = exact.search(q, 20)
+    assert np.all(np.diff(s_parts, axis=1) <= 1e-6)  # merged lists stay sorted
+    recall = np.mean([len(set(a) & set(b)) / 20 for a, b in zip(r_parts, r_exact, strict=True)])
+    assert recall > 0.9
+    parts.save(tmp_path / "ti")
+    loaded = ti.TokenIndex.load(store, tmp_path / "ti")
+    np.testing.assert_array_equal(loaded.search(q, 20)[2], r_parts)
