@@ -195,8 +195,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
-        "# Token index scaling (synthetic 128-d token vectors, ScaNN, k′=%d, 32 query tokens)"
-        % args.k_prime,
+        f"# Token index scaling (synthetic 128-d token vectors, ScaNN, k′={args.k_prime}, "
+        "32 query tokens)",
         "",
         "| tokens | parts | build s | peak RSS GiB | index GiB | search ms/query p50 | candidate recall |",
         "|---|---|---|---|---|---|---|",
