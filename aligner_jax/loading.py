@@ -39,9 +39,12 @@ def minilm_backbone():
 
 @gin.configurable
 def load_tokenizer(name: str = "minilm"):
-    """``'minilm'`` (the bundled WordPiece tokenizer) or a path to a tokenizer.json."""
+    """``'minilm'`` (the bundled WordPiece tokenizer), ``'sentencepiece:/path/spiece.model'``
+    (T5) or a path to a Hugging Face tokenizer.json."""
     if name == "minilm":
         return tokenization.Tokenizer(backbones.minilm_model_dir() / "tokenizer.json")
+    if name.startswith("sentencepiece:"):
+        return tokenization.SentencePieceTokenizer(name[len("sentencepiece:") :])
     return tokenization.Tokenizer(name)
 
 

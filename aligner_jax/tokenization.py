@@ -130,6 +130,48 @@ class Tokenizer:
         return int(token_id)
 
 
+class SentencePieceTokenizer:
+    """A T5 SentencePiece model behind the same API as :class:`Tokenizer` (for T5 backbones).
+
+    Sequences are ``pieces… </s>`` (T5 appends EOS and adds no prefix token), truncated to
+    ``max_length`` with EOS kept last; padding id 0 (T5's ``<pad>``).
+    """
+
+    def __init__(self, model_file: str | os.PathLike):
+        import sentencepiece  # noqa: PLC0415
+
+        self.path = os.fspath(model_file)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(
+                f"SentencePiece model {self.path} does not exist (load_encoder.tokenizer="
+                "'sentencepiece:/path/spiece.model')."
+            )
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=self.path)
+        self.pad_id = int(self._sp.pad_id()) if self._sp.pad_id() >= 0 else 0
+        self.eos_id = int(self._sp.eos_id())
+        self.vocab_size = int(self._sp.get_piece_size())
+
+    def encode_batch(
+        self, texts: Sequence[str], max_length: int = DEFAULT_DOC_MAXLEN
+    ) -> list[np.ndarray]:
+        if isinstance(texts, str):
+            raise TypeError("encode_batch expects a sequence of strings, got a single str.")
+        out = []
+        for ids in self._sp.encode(list(texts)):
+            ids = list(ids)[: max_length - 1] + [self.eos_id]
+            out.append(np.asarray(ids, dtype=np.int32))
+        return out
+
+    def encode(self, text: str, max_length: int = DEFAULT_DOC_MAXLEN) -> np.ndarray:
+        return self.encode_batch([text], max_length)[0]
+
+    def id_to_token(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+    def ids_to_tokens(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        return [self.id_to_token(i) for i in ids]
+
+
 def merge_wordpieces(tokens: Sequence[str]) -> list[tuple[str, list[int]]]:
     """Groups WordPiece tokens into words: ``##`` continuation pieces join the preceding word.
 

@@ -108,11 +108,13 @@ def train(
         state_shardings = nn.logical_to_mesh_sharding(_state_specs(model, tx), mesh, rules)
         batch_sharding = NamedSharding(mesh, PartitionSpec(partitioning.DATA_AXIS))
 
-        def init_state(rng):
-            params = nn.meta.unbox(model.init(rng))
+        def state_from(params):
             return TrainState(
                 step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params)
             )
+
+        def init_state(rng):
+            return state_from(nn.meta.unbox(model.init(rng)))
 
         abstract_state = _with_shardings(
             jax.eval_shape(init_state, jax.random.PRNGKey(seed)), state_shardings
@@ -123,13 +125,12 @@ def train(
             checkpoint,
             abstract_state,
             init_state,
+            state_from,
             state_shardings,
             model,
-            tx,
             backbone_weights,
             seed,
             data,
-            num_train_steps,
         )
         base_rng = jax.random.PRNGKey(seed + 1)
 
@@ -245,15 +246,15 @@ def _restore_or_init(
     checkpoint,
     abstract_state,
     init_state,
+    state_from,
     state_shardings,
     model,
-    tx,
     backbone_weights,
     seed,
     data,
-    num_train_steps,
 ):
-    """Restores the newest (or a given) checkpoint, or initialises a fresh state."""
+    """Restores the newest (or a given) checkpoint, or initialises a fresh state (with the
+    backbone weights loaded from ``backbone_weights``)."""
     latest = mngr.latest_step()
     if checkpoint.restore == "none" and latest is not None:
         raise ValueError(
@@ -289,9 +290,6 @@ def _restore_or_init(
         params["backbone"] = jax.device_put(
             jax.tree_util.tree_map(jnp.asarray, loaded), state_shardings.params["backbone"]
         )
-        state = jax.jit(
-            lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)),
-            out_shardings=state_shardings,
-        )(params)
+        state = jax.jit(state_from, out_shardings=state_shardings)(params)
         logging.info("backbone initialised from %s", backbone_weights)
     return state, 0

@@ -217,3 +217,29 @@ def test_scifact_corpus_tokenizes_in_seconds(tok):
     assert len(seqs) == 5183
     assert max(len(s) for s in seqs) == 256 and min(len(s) for s in seqs) >= 3
     assert elapsed < 20.0, f"tokenizing SciFact took {elapsed:.1f}s"
+
+
+def test_sentencepiece_tokenizer_matches_the_t5_convention(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    texts = ["the cat sat on the mat", "a dog ran in the park", "cats and dogs"] * 10
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=40,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    tok = tokenization.SentencePieceTokenizer(tmp_path / "sp.model")
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    ids = tok.encode_batch(["the cat sat", "cats"], max_length=64)
+    assert list(ids[0]) == processor.encode("the cat sat") + [1]  # pieces then EOS, no BOS
+    short = tok.encode("the cat sat on the mat", max_length=3)
+    assert len(short) == 3 and short[-1] == 1  # truncated with EOS kept last
+    assert tok.pad_id == 0 and tok.ids_to_tokens([1]) == ["</s>"]
+    with pytest.raises(FileNotFoundError, match="sentencepiece:"):
+        tokenization.SentencePieceTokenizer(tmp_path / "missing.model")

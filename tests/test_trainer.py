@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from fixtures import write_beir_fixture
 
-from aligner_jax import gin_utils, trainer
+from aligner_jax import evaluation, gin_utils, trainer
+from aligner_jax import token_store as ts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,7 +120,8 @@ def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
 SHARDED_SCRIPT = """
 import json, sys
 import jax
-from aligner_jax import gin_utils, trainer, partitioning
+from aligner_jax import evaluation, gin_utils, trainer
+from aligner_jax import token_store as ts, partitioning
 gin_utils.parse_gin(["models/t5_tiny.gin", "models/aligner_t5.gin", "runs/train.gin"], json.loads(sys.argv[1]))
 assert jax.device_count() == 8, jax.devices()
 trainer.train()
@@ -206,6 +208,32 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
     ref, got = _losses(tmp_path / "ref"), _losses(resumed_dir)
     assert sorted(got) == list(range(1, steps + 1))
     assert got == ref  # bit-identical: same batches, same dropout, same restored state
+
+    # End to end: checkpoint -> token store -> evaluation, for both runs: identical indexes
+    # (same sha256 of every shard file) and identical metrics.
+    reports, stores = [], []
+    for model_dir in (tmp_path / "ref", resumed_dir):
+        gin.clear_config()
+        gin_utils.parse_gin(
+            ["models/bert_tiny.gin", "eval/exhaustive.gin"],
+            [f"load_encoder.checkpoint = {str(model_dir)!r}", "IndexingConfig.shard_size = 16"],
+        )
+        reports.append(
+            evaluation.evaluate(
+                dataset_dir=str(toy),
+                output_dir=str(model_dir / "eval"),
+                index_dir=str(model_dir / "index"),
+            )
+        )
+        stores.append(ts.TokenStore(model_dir / "index", verify_checksums=True))
+    assert reports[0]["config"]["model"].endswith("@12")  # the final checkpoint's step
+    assert reports[0]["metrics"] == reports[1]["metrics"]
+    assert reports[0]["config"]["model_fingerprint"] == reports[1]["config"]["model_fingerprint"]
+    files = [
+        {m["path"]: m["sha256"] for s in st.manifest["shards"] for m in s["files"].values()}
+        for st in stores
+    ]
+    assert files[0] == files[1] and len(files[0]) == 3 * 5
 
 
 def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):
