@@ -148,3 +148,32 @@ def test_scann_index_in_parts_matches_one_index(tmp_path):
     parts.save(tmp_path / "ti")
     loaded = ti.TokenIndex.load(store, tmp_path / "ti")
     np.testing.assert_array_equal(loaded.search(q, 20)[2], r_parts)
+
+
+def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tmp_path):
+    """IndexingConfig.store_beta_d keeps only each document's top tokens by salience on disk."""
+    import gin
+
+    from aligner_jax import beir, gin_utils, indexing, loading
+    from aligner_jax.encoding import Encoder
+
+    gin.clear_config()
+    try:
+        gin_utils.parse_gin(["models/bert_tiny.gin"])
+        encoder = Encoder(loading.load_encoder())
+    finally:
+        gin.clear_config()
+    docs = list(beir.iter_corpus(corpus))[:12]
+    full = indexing.build_token_store(docs, encoder, tmp_path / "full", indexing.IndexingConfig(5))
+    half = indexing.build_token_store(
+        docs, encoder, tmp_path / "half", indexing.IndexingConfig(5, store_beta_d=0.5)
+    )
+    assert full.complete and half.complete
+    a, b = ts.TokenStore(tmp_path / "full"), ts.TokenStore(tmp_path / "half")
+    np.testing.assert_array_equal(b.doc_lengths, np.ceil(0.5 * a.doc_lengths).astype(int))
+    for i in range(len(docs)):
+        va, sa, _ = a.document(i)
+        vb, sb, _ = b.document(i)
+        keep = np.sort(np.argsort(-sa.astype(np.float32), kind="stable")[: len(sb)])
+        np.testing.assert_array_equal(vb, va[keep])  # the most salient tokens, in text order
+    assert b.nbytes() < 0.7 * a.nbytes()

@@ -134,7 +134,9 @@ class AlignerModel:
             metrics["query_salience_nonzero"] = _nonzero_fraction(u_q, q_mask)
             metrics["doc_salience_nonzero"] = _nonzero_fraction(u_d, d_mask)
         if self.loss.l1_weight:
-            penalty = salience_lib.l1_penalty(u_q, q_mask) + salience_lib.l1_penalty(u_d, d_mask)
+            penalty = jnp.mean(salience_lib.l1_penalty(u_q, q_mask)) + jnp.mean(
+                salience_lib.l1_penalty(u_d, d_mask)
+            )
             metrics["l1_penalty"] = penalty
             loss = loss + self.loss.l1_weight * penalty
         metrics["total_loss"] = loss

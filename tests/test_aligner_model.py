@@ -1,0 +1,151 @@
+"""The ALIGNER model class: every objective / training alignment / salience ablation trains."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from aligner_jax import scoring
+from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.models import aligner_model, bert
+
+TINY = bert.BertConfig(
+    vocab_size=64,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def _batch(b=3, g=2, lq=6, ld=10, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(5, 64, size=(b, lq)).astype(np.int32)
+    d = rng.integers(5, 64, size=(b, g, ld)).astype(np.int32)
+    q[:, -2:] = 0  # padding
+    d[:, :, -3:] = 0
+    d[0, 1, 4:] = 0  # a short document
+    return {"query_tokens": jnp.asarray(q), "doc_tokens": jnp.asarray(d)}
+
+
+def _model(salience="lp", objective="aligner", alignment="top_k:1", dtype="float32", **loss):
+    config = aligner_lib.AlignerConfig(
+        backbone=TINY, projection_dim=8, salience=salience, epsilon=0.05, dtype=dtype
+    )
+    return aligner_model.AlignerModel(
+        config, aligner_model.LossConfig(objective=objective, alignment=alignment, **loss)
+    )
+
+
+@pytest.mark.parametrize(
+    "salience,objective,alignment,extra",
+    [
+        ("lp", "aligner", "top_k:1", {}),
+        ("lp", "aligner", "top_p:0.2", {}),
+        ("lp", "aligner", "differentiable:k=2,epsilon=0.1", {}),
+        ("relu", "aligner", "top_k:2", {}),
+        ("hard_topk", "aligner", "top_k:1", {}),
+        ("l1", "aligner", "top_k:1", {"l1_weight": 0.1}),
+        ("none", "aligner", "top_k:1", {"in_batch_negatives": False}),
+        ("none", "xtr", "top_k:1", {"k_train": 8}),
+    ],
+)
+def test_loss_and_gradients_are_finite(salience, objective, alignment, extra):
+    model = _model(salience, objective, alignment, **extra)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0)))
+    batch = _batch()
+    loss_fn = jax.jit(lambda p: model.loss_fn(p, batch, jax.random.PRNGKey(1)))
+    (loss, metrics), grads = jax.value_and_grad(lambda p: loss_fn(p), has_aux=True)(params)
+    assert np.isfinite(loss) and 0.0 <= metrics["accuracy"] <= 1.0
+    leaves = jax.tree_util.tree_leaves(grads)
+    assert all(np.all(np.isfinite(g)) for g in leaves)
+    assert any(np.any(g != 0) for g in jax.tree_util.tree_leaves(grads["backbone"]))
+    if salience not in ("none",):
+        assert np.any(grads["doc_salience"]["kernel"] != 0) or salience == "hard_topk"
+    if extra.get("l1_weight"):
+        assert metrics["total_loss"] == pytest.approx(loss)
+        assert metrics["total_loss"] > metrics["loss"]
+
+
+@pytest.mark.parametrize("objective,salience", [("aligner", "lp"), ("xtr", "none")])
+def test_a_few_steps_lower_the_loss(objective, salience):
+    model = _model(salience, objective, "top_k:1", k_train=8)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0)))
+    batch = _batch()
+    tx = optax.adam(1e-2)
+
+    def loss_fn(p):
+        return model.loss_fn(p, batch, None)[0]
+
+    @jax.jit
+    def step(p, state):
+        updates, state = tx.update(jax.grad(loss_fn)(p), state)
+        return optax.apply_updates(p, updates), state
+
+    p, state = params, tx.init(params)
+    start = loss_fn(p)
+    for _ in range(6):
+        p, state = step(p, state)
+    assert loss_fn(p) < start
+
+
+def test_training_scores_follow_eq_1_and_2():
+    """loss_fn's in-batch scores equal alignment_scores on the encoded vectors."""
+    model = _model("lp", alignment="top_k:2")
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(2)))
+    batch = _batch(seed=3)
+    q, u_q, q_mask = model.encode(params, batch["query_tokens"], aligner_lib.QUERY)
+    docs = batch["doc_tokens"].reshape(-1, batch["doc_tokens"].shape[-1])
+    d, u_d, d_mask = model.encode(params, docs, aligner_lib.DOC)
+    scores = model.batch_scores(q, q_mask, u_q, d, d_mask, u_d)
+    for i in range(q.shape[0]):
+        for j in range(d.shape[0]):
+            s = scoring.similarity_matrix(q[i], d[j])
+            ref = scoring.alignment_scores(
+                s, q_mask[i], d_mask[j], "top_k:2", u_q=u_q[i], u_d=u_d[j]
+            )
+            assert scores[i, j] == pytest.approx(float(ref), abs=1e-5)
+    # Saliences: zero on padding, LP gate keeps about ceil(alpha * m) tokens.
+    assert np.all(np.asarray(u_d)[~np.asarray(d_mask)] == 0)
+    mass = np.asarray(jnp.sum(u_d > 0.5, axis=-1))
+    assert np.all(mass <= np.ceil(0.4 * np.asarray(d_mask.sum(-1))) + 1)
+
+
+def test_score_batch_modes_and_bfloat16():
+    model = _model("lp", dtype="bfloat16")
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0)))
+    batch = _batch(b=2, g=3)
+    v, u, m = model.score_batch(params, batch, "encode_queries")
+    assert v.shape == (2, 6, 8) and v.dtype == jnp.float32 and u.shape == m.shape == (2, 6)
+    norms = np.linalg.norm(np.asarray(v), axis=-1)
+    np.testing.assert_allclose(norms[np.asarray(m)], 1.0, atol=1e-3)
+    assert np.all(norms[~np.asarray(m)] == 0)
+    v, _, _ = model.score_batch(params, batch, "encode_documents")
+    assert v.shape == (6, 10, 8)
+    sims = model.score_batch(params, batch, "similarity")
+    assert sims.shape == (2, 3) and np.all(np.abs(np.asarray(sims)) <= 1.0 + 1e-5)
+    loss, _ = model.loss_fn(params, batch, None)
+    assert np.isfinite(loss)
+    with pytest.raises(ValueError, match="score_batch mode='rank'"):
+        model.score_batch(params, batch, "rank")
+
+
+def test_config_errors_name_the_binding():
+    with pytest.raises(ValueError, match="AlignerConfig.projection='linear'"):
+        aligner_lib.AlignerConfig(backbone=TINY, projection="linear")
+    with pytest.raises(ValueError, match="AlignerConfig.alpha_d=1.5"):
+        aligner_lib.AlignerConfig(backbone=TINY, alpha_d=1.5)
+    with pytest.raises(ValueError, match="LossConfig.objective='triplet'"):
+        aligner_model.LossConfig(objective="triplet")
+    with pytest.raises(ValueError, match="top_k:zero"):
+        aligner_model.LossConfig(alignment="top_k:zero")
+    with pytest.raises(TypeError, match="BertConfig or T5Config"):
+        aligner_lib.build_backbone(dataclasses.replace)
