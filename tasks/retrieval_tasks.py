@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+import gin
 import seqio
 
 from tasks import beir_train, features, msmarco, selfsup, sources
@@ -85,3 +86,34 @@ def register_retrieval_tasks(
 
 
 register_retrieval_tasks()
+
+
+BEIR_TRAIN_AND_SELFSUP = "beir_train_and_selfsup"
+
+
+@gin.configurable
+def supervised_rate(supervised_fraction: float = 0.5) -> float:
+    """Share of ``beir_train_and_selfsup`` examples drawn from the labelled split."""
+    if not 0.0 < supervised_fraction < 1.0:
+        raise ValueError(
+            f"supervised_rate.supervised_fraction={supervised_fraction}: must be in (0, 1)"
+        )
+    return supervised_fraction
+
+
+def register_mixtures() -> list[str]:
+    """``beir_train_and_selfsup``: a BEIR training split with BM25 negatives mixed with
+    self-supervised pseudo-queries from a corpus (domain adaptation with and without labels).
+    The rates are read from gin when the mixture is used (``supervised_rate``)."""
+    seqio.MixtureRegistry.remove(BEIR_TRAIN_AND_SELFSUP)
+    seqio.MixtureRegistry.add(
+        BEIR_TRAIN_AND_SELFSUP,
+        [
+            (BEIR_TRAIN_BM25, lambda task: supervised_rate()),
+            (SELFSUP_PSEUDO_QUERIES, lambda task: 1.0 - supervised_rate()),
+        ],
+    )
+    return [BEIR_TRAIN_AND_SELFSUP]
+
+
+register_mixtures()

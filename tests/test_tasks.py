@@ -633,3 +633,29 @@ def test_registry_holds_the_three_tasks():
         )
         seqio.TaskRegistry.remove(name)
     assert msmarco.TEXT_TRIPLES == "triples.train.small.tsv"
+
+
+def test_supervised_and_selfsup_mixture(tmp_path):
+    folder = fixtures.write_toy_beir(tmp_path, split="train")
+    _bind(
+        f"beir_train_source.dataset_dir = '{folder}'",
+        f"selfsup_train_source.dataset_dir = '{folder}'",
+        "supervised_rate.supervised_fraction = 0.5",
+    )
+    assert tasks.retrieval_tasks.BEIR_TRAIN_AND_SELFSUP in seqio.MixtureRegistry.names()
+    batches = _first_batches(tasks.retrieval_tasks.BEIR_TRAIN_AND_SELFSUP, 0, 4, 6)
+    again = _first_batches(tasks.retrieval_tasks.BEIR_TRAIN_AND_SELFSUP, 0, 4, 6)
+    for a, b in zip(batches, again, strict=True):  # deterministic given the seed
+        np.testing.assert_array_equal(a["query_tokens"], b["query_tokens"])
+    # Both sources contribute: toy train queries and pseudo-queries (document titles).
+    vocab = tasks.WordPieceVocabulary()
+    queries = {
+        vocab.decode([t for t in row if t not in (0, 101, 102)])
+        for batch in batches
+        for row in batch["query_tokens"]
+    }
+    titles = {d["title"].lower() for d in fixtures.TOY_DOCS.values()}
+    assert queries & titles and queries - titles
+    _bind("supervised_rate.supervised_fraction = 1.0")
+    with pytest.raises(ValueError, match="supervised_fraction=1.0"):
+        tasks.retrieval_tasks.supervised_rate()
