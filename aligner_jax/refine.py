@@ -9,6 +9,7 @@ alignment adaptation cheap: candidates are retrieved once and re-scored per stra
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aligner_jax import scoring
+from aligner_jax import backbones, scoring
 from aligner_jax import token_store as ts
 
 
@@ -35,12 +36,14 @@ class RefineConfig:
         computed per kernel call; sets the number of documents per chunk.
       cache_bytes: pre-gather every document's padded vectors in memory when they fit in this
         many bytes (fast exhaustive refinement); otherwise gather candidates per query batch.
+      concurrent_chunks: chunks scored at once (None: one per CPU core on CPU, else 1).
     """
 
     length_multiple: int = 32
     query_length_buckets: tuple[int, ...] = (16, 32, 64, 128)
     max_elements: int = 1 << 24
     cache_bytes: int = 3 << 30
+    concurrent_chunks: int | None = None
 
     def query_bucket(self, n: int) -> int:
         for b in self.query_length_buckets:
@@ -147,40 +150,47 @@ class Refiner:
         strategies = tuple(strategies)
         num_q = len(candidates)
         out = [np.full((len(strategies), len(c)), -np.inf, np.float32) for c in candidates]
-        union = np.unique(np.concatenate([np.asarray(c, np.int64) for c in candidates]))
+        cands = [np.asarray(c, np.int64) for c in candidates]
+        union = np.unique(np.concatenate(cands))
         if not len(union):
             return out
-        # Position of each (query, doc) pair in its query's candidate array, via a dense map.
-        where = [dict() for _ in range(num_q)]
-        for i, c in enumerate(candidates):
-            where[i] = {int(d): j for j, d in enumerate(c)}
-        qv, qm = jnp.asarray(queries.vectors), jnp.asarray(queries.mask)
-        qs, qi = jnp.asarray(queries.salience), jnp.asarray(queries.token_ids)
+        # Where each union document sits in each query's candidate list (-1: not a candidate).
+        position = np.full((num_q, len(union)), -1, np.int64)
+        for i, c in enumerate(cands):
+            position[i, np.searchsorted(union, c)] = np.arange(len(c))
+        q = tuple(
+            jnp.asarray(x)
+            for x in (queries.vectors, queries.mask, queries.salience, queries.token_ids)
+        )
         n = queries.vectors.shape[1]
+        jobs = []
         for length, bucket_docs in self.buckets.items():
             docs = union[np.isin(union, bucket_docs, assume_unique=True)]
-            if not len(docs):
-                continue
             chunk = self._chunk_docs(n, num_q, length)
-            for lo in range(0, len(docs), chunk):
-                part = docs[lo : lo + chunk]
-                d, dm, du, di = self._gather(part, length, bucket_docs)
-                if len(part) < chunk:  # fixed shapes: one compilation per (n, L)
-                    pad = chunk - len(part)
-                    d = np.concatenate([d, np.zeros((pad,) + d.shape[1:], d.dtype)])
-                    dm = np.concatenate([dm, np.zeros((pad, length), bool)])
-                    du = np.concatenate([du, np.zeros((pad, length), du.dtype)])
-                    di = np.concatenate([di, np.zeros((pad, length), di.dtype)])
-                scores = np.asarray(
-                    score_chunk(qv, qm, qs, qi, d, dm, du, di, strategies=strategies)
-                )[:, :, : len(part)]
+            jobs += [
+                (docs[lo : lo + chunk], length, chunk, bucket_docs)
+                for lo in range(0, len(docs), chunk)
+            ]
+
+        def run(job):
+            part, length, chunk, bucket_docs = job
+            d, dm, du, di = self._gather(part, length, bucket_docs)
+            if len(part) < chunk:  # fixed shapes: one compilation per (n, L)
+                pad = [(0, chunk - len(part))]
+                d = np.pad(d, pad + [(0, 0), (0, 0)])
+                dm, du, di = (np.pad(x, pad + [(0, 0)]) for x in (dm, du, di))
+            scores = score_chunk(*q, d, dm, du, di, strategies=strategies)
+            return part, np.asarray(scores)[:, :, : len(part)]
+
+        # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core.
+        workers = self.config.concurrent_chunks or backbones.default_concurrent_batches()
+        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+            for part, scores in pool.map(run, jobs):
+                cols = np.searchsorted(union, part)
                 for i in range(num_q):
-                    w = where[i]
-                    cols = [k for k, doc in enumerate(part) if int(doc) in w]
-                    if not cols:
-                        continue
-                    pos = [w[int(part[k])] for k in cols]
-                    out[i][:, pos] = scores[:, i, cols]
+                    pos = position[i, cols]
+                    hit = pos >= 0
+                    out[i][:, pos[hit]] = scores[:, i, hit]
         return out
 
     def _gather(self, docs: np.ndarray, length: int, bucket_docs: np.ndarray):
