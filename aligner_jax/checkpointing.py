@@ -114,5 +114,5 @@ def restore_params(path: str | Path, config=None) -> tuple[Any, int]:
     if config is not None:
         from aligner_jax import loading  # noqa: PLC0415
 
-        loading._check_tree(loading.init_params(config), params, str(step_dir))
+        loading.check_param_tree(loading.abstract_params(config), params, str(step_dir))
     return params, step

@@ -32,17 +32,13 @@ from aligner_jax.encoding import Encoder, EncodingConfig
 K_VALUES = (10, 100)
 
 
-def file_sha256(path: Path) -> str:
-    return ts.sha256_file(path)
-
-
 def corpus_info(dataset: beir.BeirDataset) -> dict:
     corpus_file = Path(dataset.path) / "corpus.jsonl"
     return {
         "dataset": dataset.name,
         "path": str(Path(dataset.path).resolve()),
         "num_docs": len(dataset.corpus),
-        "sha256": file_sha256(corpus_file),
+        "sha256": ts.sha256_file(corpus_file),
     }
 
 

@@ -21,6 +21,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from aligner_jax import backbones, tokenization
 from aligner_jax.encoding import EncoderBundle
@@ -48,20 +49,29 @@ def load_tokenizer(name: str = "minilm"):
     return tokenization.Tokenizer(name)
 
 
-def init_params(config: aligner_lib.AlignerConfig, seed: int = 0):
-    """Freshly initialised (unboxed) parameters of an ALIGNER encoder."""
+def _init_fn(config: aligner_lib.AlignerConfig):
     module = aligner_lib.AlignerEncoder(config)
     ids = jnp.ones((1, 4), jnp.int32)
     mask = jnp.ones((1, 4), bool)
-    variables = jax.jit(
-        lambda rng: module.init(rng, ids, mask, ids, mask, method=module.encode_both)
-    )(jax.random.PRNGKey(seed))
-    from flax import linen as nn  # noqa: PLC0415
 
-    return nn.meta.unbox(variables["params"])
+    def init(rng):
+        variables = module.init(rng, ids, mask, ids, mask, method=module.encode_both)
+        return nn.meta.unbox(variables["params"])
+
+    return init
 
 
-def _check_tree(expected, given, source: str):
+def init_params(config: aligner_lib.AlignerConfig, seed: int = 0):
+    """Freshly initialised (unboxed) parameters of an ALIGNER encoder."""
+    return jax.jit(_init_fn(config))(jax.random.PRNGKey(seed))
+
+
+def abstract_params(config: aligner_lib.AlignerConfig):
+    """Shapes and dtypes of the parameters, without allocating them."""
+    return jax.eval_shape(_init_fn(config), jax.random.PRNGKey(0))
+
+
+def check_param_tree(expected, given, source: str):
     e_paths = {
         jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)
     }
@@ -121,7 +131,7 @@ def load_encoder(
     params = init_params(config, seed)
     backbone = load_backbone_params(backbone_weights, config.backbone, seed)
     if backbone is not None:
-        _check_tree(params["backbone"], backbone, f"backbone weights {backbone_weights!r}")
+        check_param_tree(params["backbone"], backbone, f"backbone weights {backbone_weights!r}")
         params = dict(params)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
     label = name or f"{backbone_weights}/{config.projection}/{config.salience}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import gin
 import numpy as np
@@ -221,7 +221,3 @@ class Searcher:
         top = top[np.argsort(-scores[top], kind="stable")]
         ids = self.store.doc_ids
         return {ids[int(cands[j])]: float(scores[j]) for j in top if np.isfinite(scores[j])}
-
-
-def results_for(output: SearchOutput, strategy: str) -> Mapping[str, Mapping[str, float]]:
-    return output.results[strategy]

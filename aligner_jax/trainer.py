@@ -285,7 +285,9 @@ def _restore_or_init(
     state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.PRNGKey(seed))
     if backbone_weights and backbone_weights != "random":
         loaded = loading_lib.load_backbone_params(backbone_weights, model.config.backbone, seed)
-        loading_lib._check_tree(state.params["backbone"], loaded, f"backbone {backbone_weights!r}")
+        loading_lib.check_param_tree(
+            state.params["backbone"], loaded, f"backbone {backbone_weights!r}"
+        )
         params = dict(state.params)
         params["backbone"] = jax.device_put(
             jax.tree_util.tree_map(jnp.asarray, loaded), state_shardings.params["backbone"]
