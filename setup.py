@@ -36,7 +36,14 @@ setuptools.setup(
     extras_require={
         "tpu": ["jax[tpu]>=0.10,<0.11"],
         "cuda": ["jax[cuda12]>=0.10,<0.11"],
-        "test": ["pytest>=8", "pytest-xdist", "hypothesis>=6", "ruff", "torch", "sentence-transformers"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist",
+            "hypothesis>=6",
+            "ruff",
+            "torch",
+            "sentence-transformers",
+        ],
     },
     entry_points={
         "console_scripts": [

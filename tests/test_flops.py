@@ -16,10 +16,18 @@ def test_formulas_match_xtr_appendix_b():
 def test_run_flops_exact_counts():
     costs = [
         flops.QueryCost(
-            query_tokens=4, searched_tokens=2, candidates=3, candidate_doc_tokens=30, retrieved_hits=6
+            query_tokens=4,
+            searched_tokens=2,
+            candidates=3,
+            candidate_doc_tokens=30,
+            retrieved_hits=6,
         ),
         flops.QueryCost(
-            query_tokens=6, searched_tokens=4, candidates=1, candidate_doc_tokens=8, retrieved_hits=4
+            query_tokens=6,
+            searched_tokens=4,
+            candidates=1,
+            candidate_doc_tokens=8,
+            retrieved_hits=4,
         ),
     ]
     out = flops.run_flops(costs, dim=8, k_prime=5)
@@ -29,7 +37,5 @@ def test_run_flops_exact_counts():
     assert out["actual_xtr_per_query"] == pytest.approx(((6 + 2 * 3) + (4 + 4 * 1)) / 2)
     assert out["m_bar"] == pytest.approx(38 / 4)
     assert out["r_bar"] == pytest.approx(10 / (3 * 2 + 1 * 4))
-    assert out["formula_full_refinement"] == pytest.approx(
-        flops.colbert_formula(3.0, 5, 38 / 4, 8)
-    )
+    assert out["formula_full_refinement"] == pytest.approx(flops.colbert_formula(3.0, 5, 38 / 4, 8))
     assert flops.run_flops([], 8, 5) == {}
