@@ -96,7 +96,10 @@ def kill_test(corpus: Path, workdir: Path, gin_files, bindings, kills: int = 2) 
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         points.append(
-            {"after_s": round(delay, 1), "complete_shards": len(list(target.glob("shard-*.json")))}
+            {
+                "after_s": round(delay, 1),
+                "complete_shards": len(list(target.glob("shard-?????.json"))),
+            }
         )
     run_indexing(index_cmd(corpus, target, gin_files, bindings))
     same = checksums(ref) == checksums(target)

@@ -84,10 +84,10 @@ def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wanted = len(list(target.glob("shard-*.json"))) + rng.randint(1, 3)
+        wanted = len(list(target.glob("shard-?????.json"))) + rng.randint(1, 3)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
-            if len(list(target.glob("shard-*.json"))) >= wanted:
+            if len(list(target.glob("shard-?????.json"))) >= wanted:
                 time.sleep(rng.uniform(0.0, 0.3))  # maybe in the middle of the next shard
                 proc.send_signal(signal.SIGKILL)
                 break
@@ -104,7 +104,7 @@ def test_two_processes_split_the_shards(corpus, tmp_path):
     first = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=0", "--process_count=2"))
     assert first.returncode == 0, first.stderr[-2000:]
     assert "INCOMPLETE" in first.stdout and not (tmp_path / "mp" / ts.MANIFEST).exists()
-    assert sorted(p.name for p in (tmp_path / "mp").glob("shard-*.json")) == [
+    assert sorted(p.name for p in (tmp_path / "mp").glob("shard-?????.json")) == [
         f"shard-{i:05d}.json" for i in range(0, 10, 2)
     ]
     second = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=1", "--process_count=2"))
