@@ -5,6 +5,9 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
     --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
     --gin.IndexingConfig.shard_size=500
 
+``--corpus`` may also name a seqio task (``seqio:TASK``, its raw source) or a TFDS dataset
+(``tfds:NAME``), split ``--corpus_split``; feature names via ``CorpusFeatures`` (gin).
+
 Reads the corpus as a stream and writes fixed-size shards atomically; a killed job re-run with
 the same flags resumes after its last complete shard. On N hosts run the same command on each
 (``--multiprocess`` for jax.distributed, or ``--process_index``/``--process_count``): each encodes
@@ -25,7 +28,10 @@ from aligner_jax import beir, gin_utils, indexing
 from aligner_jax import token_store as ts
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("corpus", None, "A BEIR corpus.jsonl to index.")
+flags.DEFINE_string(
+    "corpus", None, "What to index: a BEIR corpus.jsonl, seqio:TASK_NAME or tfds:NAME[:VERSION]."
+)
+flags.DEFINE_string("corpus_split", "train", "Split of a seqio:/tfds: corpus.")
 flags.DEFINE_string("index_dir", None, "Output folder of the token store (resumable).")
 flags.DEFINE_integer("process_index", None, "This process's index (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
@@ -46,6 +52,7 @@ def main(argv: Sequence[str]) -> None:
             index_dir=FLAGS.index_dir,
             process_index=FLAGS.process_index,
             process_count=FLAGS.process_count,
+            corpus_split=FLAGS.corpus_split,
         )
     except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
         sys.exit(f"aligner-index: error: {e}")

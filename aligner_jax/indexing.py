@@ -21,7 +21,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax import beir
+from aligner_jax import beir, corpus_sources
 from aligner_jax import token_store as ts
 from aligner_jax.encoding import Encoder
 
@@ -266,10 +266,14 @@ def index_corpus(
     index_dir: str,
     process_index: int | None = None,
     process_count: int | None = None,
+    corpus_split: str = "train",
     config: IndexingConfig | None = None,
     encoding_config=None,
 ) -> IndexingSummary:
-    """The ``aligner-index`` job: stream ``corpus`` (a BEIR corpus.jsonl) into a token store.
+    """The ``aligner-index`` job: stream ``corpus`` into a token store.
+
+    ``corpus`` is a BEIR corpus.jsonl, ``seqio:TASK`` or ``tfds:NAME`` (split ``corpus_split``;
+    see :mod:`aligner_jax.corpus_sources`).
 
     Each process (``jax.process_index()`` of ``jax.process_count()`` by default) encodes its own
     shards; every process finalises the manifest once all shards exist, so the last one to
@@ -287,18 +291,11 @@ def index_corpus(
         raise ValueError(
             f"--process_index={process_index} must be in [0, --process_count={process_count})"
         )
-    corpus_path = Path(corpus)
-    if not corpus_path.is_file():
-        raise FileNotFoundError(f"--corpus={corpus}: no such file (a BEIR corpus.jsonl)")
+    documents, info = corpus_sources.open_corpus(corpus, corpus_split)
     bundle = loading.load_encoder()
     encoder = Encoder(bundle, encoding_config or EncodingConfig())
-    info = {
-        "path": str(corpus_path.resolve()),
-        "bytes": corpus_path.stat().st_size,
-        "sha256": ts.sha256_file(corpus_path),
-    }
     return build_token_store(
-        beir.iter_corpus(corpus_path),
+        documents,
         encoder,
         index_dir,
         config=config,

@@ -1,0 +1,132 @@
+"""Corpus streams for the indexing job: a BEIR ``corpus.jsonl``, a seqio task or a TFDS dataset.
+
+``--corpus`` takes one of
+
+  ``path/to/corpus.jsonl``   a BEIR corpus, streamed line by line (file:line errors);
+  ``seqio:TASK_NAME``        the raw source of a registered seqio task (no preprocessors);
+  ``tfds:NAME[/CONFIG][:VERSION]``  a TFDS dataset (through ``seqio.TfdsDataSource``),
+
+with ``--corpus_split`` choosing the split of the last two. Records are read in a fixed order
+(``shuffle=False``), so a resumed or multi-host job sees the same shards. Which features hold the
+id, title and text is set by :class:`CorpusFeatures` (gin). Register a task for ``seqio:`` with
+a gin ``import my_project.tasks`` line or ``--gin.import`` of the module that adds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import gin
+import numpy as np
+
+from aligner_jax import beir
+from aligner_jax import token_store as ts
+
+SEQIO_PREFIX = "seqio:"
+TFDS_PREFIX = "tfds:"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class CorpusFeatures:
+    """Feature names of a seqio/TFDS corpus. ``title_key`` may be absent from the dataset."""
+
+    id_key: str = "_id"
+    text_key: str = "text"
+    title_key: str = "title"
+
+
+def _decode(value, where: str, key: str) -> str:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            raise ValueError(f"{where}: feature {key!r} must be a scalar, got shape {value.shape}")
+        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise beir.BeirFormatError(f"{where}: feature {key!r} is not valid UTF-8 ({e})") from e
+    return str(value)
+
+
+def _dataset(spec: str, split: str):
+    import seqio  # noqa: PLC0415
+
+    if spec.startswith(SEQIO_PREFIX):
+        name = spec[len(SEQIO_PREFIX) :]
+        try:
+            task = seqio.get_mixture_or_task(name)
+        except ValueError as e:
+            raise ValueError(
+                f"--corpus={spec}: no seqio task or mixture named {name!r} is registered "
+                "(import the module that registers it, e.g. a gin `import` line)"
+            ) from e
+        if not isinstance(task, seqio.Task):
+            raise ValueError(f"--corpus={spec}: {name!r} is a mixture; name one of its tasks")
+        source = task.source
+    else:
+        source = seqio.TfdsDataSource(tfds_name=spec[len(TFDS_PREFIX) :])
+    if split not in source.splits:
+        raise ValueError(
+            f"--corpus_split={split}: {spec} has splits {sorted(source.splits)}, not {split!r}"
+        )
+    return source.get_dataset(split=split, shuffle=False)
+
+
+def iter_dataset_documents(
+    spec: str, split: str, features: CorpusFeatures | None = None
+) -> Iterator[beir.Document]:
+    """Streams the documents of a seqio task's source or a TFDS dataset in a fixed order.
+
+    The source, split and feature names are checked here, before the first record is read.
+    """
+    features = features or CorpusFeatures()
+    dataset = _dataset(spec, split)
+    available = set(dataset.element_spec)
+    for key, binding in ((features.id_key, "id_key"), (features.text_key, "text_key")):
+        if key not in available:
+            raise ValueError(
+                f"--corpus={spec} ({split}): no feature {key!r}; it has {sorted(available)}. "
+                f"Set --gin.CorpusFeatures.{binding}='...'"
+            )
+    return _documents(dataset, f"{spec} ({split})", features, features.title_key in available)
+
+
+def _documents(dataset, name: str, features: CorpusFeatures, has_title: bool):
+    seen: dict[str, int] = {}
+    for index, record in enumerate(dataset.as_numpy_iterator()):
+        where = f"{name} record {index}"
+        doc_id = _decode(record[features.id_key], where, features.id_key)
+        if doc_id in seen:
+            raise beir.BeirFormatError(
+                f"{where}: duplicate document id {doc_id!r} (first at record {seen[doc_id]})"
+            )
+        seen[doc_id] = index
+        title = _decode(record[features.title_key], where, features.title_key) if has_title else ""
+        text = _decode(record[features.text_key], where, features.text_key)
+        yield beir.Document(doc_id=doc_id, title=title, text=text)
+
+
+def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document], dict]:
+    """The document stream named by ``--corpus`` and its fingerprint (kept in the index config).
+
+    A JSONL file is fingerprinted by size and sha256; a seqio/TFDS source by its name, split and
+    feature names (its records are not hashed up front: that would read the corpus twice).
+    """
+    if spec.startswith((SEQIO_PREFIX, TFDS_PREFIX)):
+        features = CorpusFeatures()
+        info = {"source": spec, "split": split, "features": dataclasses.asdict(features)}
+        return iter_dataset_documents(spec, split, features), info
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--corpus={spec}: no such file (a BEIR corpus.jsonl, seqio:TASK or tfds:NAME)"
+        )
+    info = {
+        "path": str(path.resolve()),
+        "bytes": path.stat().st_size,
+        "sha256": ts.sha256_file(path),
+    }
+    return beir.iter_corpus(path), info
