@@ -13,12 +13,11 @@ Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the se
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax import beir, evaluation, gin_utils
+from aligner_jax import evaluation, gin_utils
 from aligner_jax import token_store as ts
 
 FLAGS = flags.FLAGS
@@ -45,19 +44,18 @@ def main(argv: Sequence[str]) -> None:
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
     gin_utils.parse_gin_flags()
-    try:
-        evaluation.evaluate(
-            dataset_dir=FLAGS.dataset_dir,
-            output_dir=FLAGS.output_dir,
-            split=FLAGS.split,
-            index_dir=FLAGS.index_dir,
-            unknown_qrels=FLAGS.unknown_qrels,
-            verify_checksums=FLAGS.verify_checksums,
-            adapt=FLAGS.adapt,
-        )
-    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
-        # A user-fixable problem: one clear line, no traceback.
-        sys.exit(f"aligner-eval: error: {e}")
+    gin_utils.call_or_exit(
+        "aligner-eval",
+        ts.USER_ERRORS,
+        evaluation.evaluate,
+        dataset_dir=FLAGS.dataset_dir,
+        output_dir=FLAGS.output_dir,
+        split=FLAGS.split,
+        index_dir=FLAGS.index_dir,
+        unknown_qrels=FLAGS.unknown_qrels,
+        verify_checksums=FLAGS.verify_checksums,
+        adapt=FLAGS.adapt,
+    )
 
 
 def console_entry() -> None:

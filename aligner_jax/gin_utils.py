@@ -83,6 +83,17 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
     app.run(main)
 
 
+def call_or_exit(program: str, errors: tuple[type[BaseException], ...], fn: Callable, **kwargs):
+    """``fn(**kwargs)``; a user-fixable error (one of ``errors``) exits with one clear line
+    ``PROGRAM: error: ...`` and no traceback. Anything else is a bug and keeps its traceback."""
+    try:
+        return fn(**kwargs)
+    except errors as e:
+        # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
+        lines = [ln for ln in str(e).splitlines() if not ln.startswith("  In call to configurable")]
+        sys.exit(f"{program}: error: " + "\n".join(lines))
+
+
 def parse_gin_flags() -> None:
     f = flags.FLAGS
     parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths)

@@ -18,13 +18,12 @@ its own shards, and the manifest is written when the last shard is done. ``align
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 
 import jax
 from absl import app, flags
 
-from aligner_jax import beir, gin_utils, indexing
+from aligner_jax import gin_utils, indexing
 from aligner_jax import token_store as ts
 
 FLAGS = flags.FLAGS
@@ -46,16 +45,16 @@ def main(argv: Sequence[str]) -> None:
     if FLAGS.multiprocess:
         jax.distributed.initialize()
     gin_utils.parse_gin_flags()
-    try:
-        summary = indexing.index_corpus(
-            corpus=FLAGS.corpus,
-            index_dir=FLAGS.index_dir,
-            process_index=FLAGS.process_index,
-            process_count=FLAGS.process_count,
-            corpus_split=FLAGS.corpus_split,
-        )
-    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"aligner-index: error: {e}")
+    summary = gin_utils.call_or_exit(
+        "aligner-index",
+        ts.USER_ERRORS,
+        indexing.index_corpus,
+        corpus=FLAGS.corpus,
+        index_dir=FLAGS.index_dir,
+        process_index=FLAGS.process_index,
+        process_count=FLAGS.process_count,
+        corpus_split=FLAGS.corpus_split,
+    )
     print(indexing.format_summary(summary))
     print(json.dumps(summary.as_dict()))
 

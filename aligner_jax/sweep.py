@@ -8,12 +8,11 @@ r"""Pruning / alignment sweep binary (``aligner-sweep``): a thin absl + gin wrap
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax import beir, gin_utils, sweeps
+from aligner_jax import gin_utils, sweeps
 from aligner_jax import token_store as ts
 
 FLAGS = flags.FLAGS
@@ -29,15 +28,15 @@ def main(argv: Sequence[str]) -> None:
     if not FLAGS.dataset_dir or not FLAGS.output_dir:
         raise app.UsageError("--dataset_dir and --output_dir are required")
     gin_utils.parse_gin_flags()
-    try:
-        sweeps.sweep(
-            dataset_dir=FLAGS.dataset_dir,
-            output_dir=FLAGS.output_dir,
-            split=FLAGS.split,
-            index_dir=FLAGS.index_dir,
-        )
-    except (beir.BeirFormatError, ts.IndexIntegrityError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"aligner-sweep: error: {e}")
+    gin_utils.call_or_exit(
+        "aligner-sweep",
+        ts.USER_ERRORS,
+        sweeps.sweep,
+        dataset_dir=FLAGS.dataset_dir,
+        output_dir=FLAGS.output_dir,
+        split=FLAGS.split,
+        index_dir=FLAGS.index_dir,
+    )
 
 
 def console_entry() -> None:

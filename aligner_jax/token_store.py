@@ -41,6 +41,11 @@ class IndexIntegrityError(RuntimeError):
     """An index directory does not match its manifest (or the model asking to use it)."""
 
 
+# Errors a user fixes by changing the input or the flags (BEIR format errors are ValueErrors):
+# the binaries report them in one line, without a traceback.
+USER_ERRORS = (IndexIntegrityError, FileNotFoundError, ValueError)
+
+
 def shard_name(shard_index: int) -> str:
     return f"shard-{shard_index:05d}"
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gin
 from fixtures import write_toy_beir
@@ -45,3 +49,27 @@ def test_sweep_writes_table_json_and_small_plots(tmp_path):
     for png in ("toy_ndcg_vs_beta_d.png", "toy_ndcg_vs_cost.png"):
         data_png = (out / png).read_bytes()
         assert data_png[:8] == b"\x89PNG\r\n\x1a\n" and len(data_png) < 200_000
+
+
+def test_sweep_binary_reports_a_missing_dataset_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aligner_jax.sweep",
+            "--gin_file=models/bert_tiny.gin",
+            "--gin_file=sweeps/pruning.gin",
+            f"--dataset_dir={tmp_path / 'nowhere'}",
+            f"--output_dir={tmp_path / 'o'}",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode != 0
+    assert "aligner-sweep: error:" in proc.stderr and "nowhere" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr
+    assert "In call to configurable" not in proc.stderr
+    assert not (tmp_path / "o" / "sweep.json").exists()
