@@ -51,7 +51,9 @@ class ScannConfig:
 
     An index of more than ``max_tokens_per_part`` tokens is built as several ScaNN indexes over
     consecutive groups of shards (bounded build memory); search queries every part for k′
-    neighbours and merges them by score (exact merge of the parts' top-k′ lists).
+    neighbours and merges them by score (exact merge of the parts' top-k′ lists). Building a part
+    peaks near 1.7 KiB per 128-d token (float32 copies inside ScaNN: 7.7 GiB at 4M tokens,
+    benchmarks/scaling.py), so the 4M default keeps a build within a 24 GiB machine at any size.
     ``reorder_dtype`` stores the reordering vectors in float32, bfloat16 or int8.
     """
 
@@ -65,7 +67,7 @@ class ScannConfig:
     reorder_factor: float = 2.0
     reorder_dtype: str = "float32"
     training_threads: int = 0
-    max_tokens_per_part: int = 8_000_000
+    max_tokens_per_part: int = 4_000_000
 
     def __post_init__(self):
         if self.reorder_dtype not in REORDER_DTYPES:
