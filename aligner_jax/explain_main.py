@@ -17,12 +17,11 @@ Flags: ``--gin_file`` / ``--gin_bindings`` / ``--gin.NAME=VALUE`` (the encoder, 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax import beir, explain, gin_utils, loading, scoring
+from aligner_jax import explain, gin_utils, loading, scoring
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("query", None, "The query text (or give --query_id with --dataset_dir).")
@@ -85,7 +84,8 @@ def main(argv: Sequence[str]) -> None:
         scoring.AlignmentStrategy.parse(FLAGS.alignment)
     except ValueError as e:
         raise app.UsageError(f"--alignment: {e}") from None
-    try:
+
+    def run():
         query_text, doc_text = _texts()  # before loading the model: id errors come fast
         gin_utils.parse_gin_flags()
         bundle = loading.load_encoder()
@@ -98,10 +98,10 @@ def main(argv: Sequence[str]) -> None:
             beta_d=FLAGS.beta_d,
             num_aligned=FLAGS.num_aligned,
         )
-        path = explain.write_html(ex, FLAGS.output)
-    except (beir.BeirFormatError, OSError, ValueError) as e:
-        # A user-fixable problem: one clear line, no traceback.
-        sys.exit(f"aligner-explain: error: {e}")
+        return ex, explain.write_html(ex, FLAGS.output)
+
+    # BEIR format errors are ValueErrors; a bad --output path is an OSError.
+    ex, path = gin_utils.call_or_exit("aligner-explain", (OSError, ValueError), run)
     print(explain.format_summary(ex))
     print(f"wrote {path}")
 
