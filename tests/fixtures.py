@@ -119,3 +119,17 @@ def write_beir_fixture(
 def write_toy_beir(tmp_path: str | os.PathLike, split: str = "test", name: str = "toy") -> Path:
     """Writes the default toy collection (TOY_DOCS, TOY_QUERIES, TOY_QRELS)."""
     return write_beir_fixture(tmp_path, TOY_DOCS, TOY_QUERIES, TOY_QRELS, split=split, name=name)
+
+
+def scatter_add_dtypes(fn, *args) -> set[str]:
+    """Dtypes of every scatter-add in ``fn(*args)``'s jaxpr (nested calls included).
+
+    A gather's backward pass is a scatter-add; on GPUs a bfloat16 scatter-add has no native atomic
+    and runs many times slower than a float32 one, so training code keeps them in float32.
+    """
+    import re
+
+    import jax
+
+    text = str(jax.make_jaxpr(fn)(*args))
+    return set(re.findall(r":(\w+)\[[^\]]*\] = scatter-add", text))

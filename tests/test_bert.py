@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixtures import scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
@@ -225,6 +226,17 @@ def test_bfloat16_compute_dtype():
     assert bf16.dtype == jnp.bfloat16
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda x: x.dtype == jnp.float32, params))
     np.testing.assert_allclose(np.asarray(bf16, np.float32), np.asarray(f32), atol=0.1)
+
+
+def test_bfloat16_training_scatters_embedding_gradients_in_float32():
+    params = _tiny_params()
+    ids, mask = _tiny_inputs()
+    model = BertEncoder(TINY, dtype=jnp.bfloat16)
+
+    def loss(p):
+        return jnp.sum(model.apply({"params": p}, ids, mask).astype(jnp.float32) ** 2)
+
+    assert scatter_add_dtypes(jax.grad(loss), params) == {"f32"}
 
 
 def test_input_errors():

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fixtures import scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 
@@ -324,6 +325,16 @@ def test_bfloat16_compute_path(params):
     # Parameters stay float32 when computing in bfloat16.
     init16 = nn.unbox(t5.init_t5_encoder(cfg16, jax.random.key(0)))["params"]
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(init16))
+
+
+def test_bfloat16_training_scatters_gradients_in_float32(params):
+    ids, mask = _batch()
+    model = t5.T5Encoder(dataclasses.replace(TINY, dtype="bfloat16"))
+
+    def loss(p):
+        return jnp.sum(model.apply({"params": p}, ids, mask).astype(jnp.float32) ** 2)
+
+    assert scatter_add_dtypes(jax.grad(loss), params) == {"f32"}
 
 
 def test_jitted_forward_and_grad_are_finite_with_remat_and_mesh(params):

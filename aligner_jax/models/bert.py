@@ -179,11 +179,15 @@ class BertEmbeddings(nn.Module):
                 "Tokenizer.encode_batch(..., max_length=...)) to at most that length."
             )
 
+        # Tables are looked up in their parameter dtype and the rows cast afterwards: the same
+        # values, but the backward pass scatter-adds into a float32 table. A bfloat16 scatter-add
+        # has no native atomic on GPUs: it made this backbone's forward + backward 5x slower in
+        # bf16 than in f32 on an H100 (benchmarks/results/README.md, "GPU").
         def embed(name, num, axes):
             return nn.Embed(
                 num,
                 cfg.hidden_size,
-                dtype=self.dtype,
+                dtype=self.param_dtype,
                 param_dtype=self.param_dtype,
                 embedding_init=nn.with_logical_partitioning(
                     nn.initializers.normal(stddev=cfg.initializer_range), axes
@@ -192,12 +196,13 @@ class BertEmbeddings(nn.Module):
             )
 
         words = embed("word_embeddings", cfg.vocab_size, ("vocab", "embed"))(input_ids)
+        words = words.astype(self.dtype)
         position_table = embed(
             "position_embeddings", cfg.max_position_embeddings, ("abspos_buckets", "embed")
         ).embedding
         types = embed("token_type_embeddings", cfg.type_vocab_size, ("token_type", "embed"))(
             token_type_ids
-        )
+        ).astype(self.dtype)
         positions = jnp.asarray(position_table[:length], self.dtype)[None]
         x = words + positions + types
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))

@@ -276,7 +276,9 @@ class T5Embed(nn.Module):
             ("vocab", "embed"),
             self.param_dtype,
         )
-        x = jnp.take(jnp.asarray(embedding, self.dtype), input_ids, axis=0)
+        # Look up in the table's dtype, then cast (see BertEmbeddings: float32 scatter-add in
+        # the backward pass, fast on GPUs).
+        x = jnp.asarray(jnp.take(embedding, input_ids, axis=0), self.dtype)
         return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 
 
