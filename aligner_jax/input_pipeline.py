@@ -9,17 +9,24 @@ that skipping reads cached records instead of re-running preprocessing.)
 
 On several processes each takes its shard of the examples (``seqio.ShardInfo``) and produces its
 local slice of the global batch.
+
+``save_batches`` materialises the first N global batches of a pipeline into one ``.npz``; a run
+with ``DataConfig.cached_batches`` pointing at it replays exactly those batches without seqio or
+TensorFlow (e.g. to measure an accelerator host's step rate, or to debug one batch). The file
+records the pipeline identity it was made from and is refused for any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import gin
 import jax
 import numpy as np
-import seqio
 
 DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
 
@@ -34,6 +41,9 @@ class DataConfig:
     query_length, doc_length: feature lengths (paper: 64 and 256).
     seed: shuffling seed (the data order is a pure function of this config).
     shuffle: shuffle the examples (with ``seed``).
+    cached_batches: replay batches saved by ``save_batches`` from this ``.npz`` instead of running
+      the seqio task (one process only; the file must have been made from the same pipeline).
+      Not part of ``identity()``: the replayed batches are the pipeline's own.
     """
 
     task: str = "beir_train_bm25"
@@ -43,9 +53,12 @@ class DataConfig:
     doc_length: int = 256
     seed: int = 0
     shuffle: bool = True
+    cached_batches: str | None = None
 
     def identity(self) -> dict:
-        return dataclasses.asdict(self)
+        identity = dataclasses.asdict(self)
+        del identity["cached_batches"]
+        return identity
 
     @property
     def feature_lengths(self) -> dict[str, int]:
@@ -68,6 +81,10 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
     int32 (0 = padding), with b = ``batch_size / process_count``.
     """
+    if config.cached_batches:
+        return _replay_batches(config, start_batch)
+    import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
+
     import tasks  # noqa: PLC0415  (importing registers the tasks)
 
     if config.task not in seqio.TaskRegistry.names() and config.task not in (
@@ -96,3 +113,65 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     if start_batch:
         ds = ds.skip(start_batch)
     return ds.as_numpy_iterator()
+
+
+BATCH_KEYS = ("query_tokens", "doc_tokens")
+
+
+def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) -> Path:
+    """Writes the first ``num_batches`` batches of ``config``'s pipeline to ``path`` (``.npz``).
+
+    One process only (the file holds global batches). Written to a temporary name and renamed, so
+    an interrupted call leaves no partial file.
+    """
+    if jax.process_count() != 1:
+        raise ValueError("save_batches runs on one process (it writes global batches)")
+    if num_batches < 1:
+        raise ValueError(f"save_batches: num_batches={num_batches} must be at least 1")
+    source = dataclasses.replace(config, cached_batches=None)
+    stream = train_batches(source)
+    batches = [next(stream) for _ in range(num_batches)]
+    arrays = {k: np.stack([b[k] for b in batches]) for k in BATCH_KEYS}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, identity=np.array(json.dumps(source.identity())), **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, np.ndarray]]:
+    path = Path(config.cached_batches)
+    if jax.process_count() != 1:
+        raise ValueError(
+            f"DataConfig.cached_batches={str(path)!r} replays global batches on one process; "
+            f"this job has {jax.process_count()}: run the seqio task instead"
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"DataConfig.cached_batches: {path} does not exist")
+    try:
+        with np.load(path) as f:
+            saved = json.loads(str(f["identity"]))
+            arrays = {k: f[k] for k in BATCH_KEYS}
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(
+            f"DataConfig.cached_batches: {path} is not a saved batch file ({e})"
+        ) from e
+    want = config.identity()
+    if saved != want:
+        diff = {k: (saved.get(k), want.get(k)) for k in want if saved.get(k) != want.get(k)}
+        raise ValueError(
+            f"DataConfig.cached_batches: {path} was saved from another pipeline; differing "
+            f"fields (saved, now): {diff}"
+        )
+    return _replay(path, arrays, start_batch)
+
+
+def _replay(path: Path, arrays: dict[str, np.ndarray], start_batch: int):
+    count = len(arrays["query_tokens"])
+    for index in range(start_batch, count):
+        yield {k: v[index] for k, v in arrays.items()}
+    raise ValueError(
+        f"DataConfig.cached_batches: {path} holds {count} batches and the run needs more (from "
+        f"batch {max(start_batch, count)}); save more with input_pipeline.save_batches"
+    )

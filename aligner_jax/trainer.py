@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import logging
-from clu import metric_writers
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -150,9 +149,7 @@ def train(
             donate_argnums=(0,),
         )
         batches = input_pipeline.train_batches(data, start_batch=start_step)
-        writer = metric_writers.create_default_writer(
-            str(model_dir), just_logging=jax.process_index() > 0, asynchronous=False
-        )
+        writer = _summary_writer(model_dir)
         if start_step == 0:
             writer.write_hparams(_hparams(model, data, num_train_steps, seed, num_partitions))
         log_file = open(model_dir / TRAIN_LOG, "a")  # noqa: SIM115 (closed below)
@@ -185,16 +182,21 @@ def train(
                         "(--gin.train.learning_rate=...), check the data, or use float32."
                     )
                 lr = optimizers.learning_rate_at(learning_rate, step)
-                log_file.write(json.dumps({"step": step + 1, "lr": lr, **metrics_host}) + "\n")
-                log_file.flush()
+                record = {"step": step + 1, "lr": lr, **metrics_host}
                 done = step + 1
                 if done % summary_period == 0 or done == end:
                     elapsed = time.perf_counter() - window_start
+                    # The rates of the window ending here (the first window includes compiling).
+                    record.update(
+                        steps_per_sec=window_steps / elapsed,
+                        tokens_per_sec=window_tokens / elapsed,
+                        window_steps=window_steps,
+                    )
                     scalars = dict(metrics_host)
                     scalars.update(
                         learning_rate=lr,
-                        steps_per_sec=window_steps / elapsed,
-                        tokens_per_sec=window_tokens / elapsed,
+                        steps_per_sec=record["steps_per_sec"],
+                        tokens_per_sec=record["tokens_per_sec"],
                     )
                     writer.write_scalars(done, scalars)
                     logging.info(
@@ -208,6 +210,8 @@ def train(
                         scalars["tokens_per_sec"],
                     )
                     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
                 if done % checkpoint.period == 0 or done == num_train_steps:
                     checkpointing.save(mngr, done, state, _data_state(data, done))
                     last_saved = done
@@ -219,6 +223,36 @@ def train(
             checkpointing.save(mngr, num_train_steps, state, _data_state(data, num_train_steps))
             mngr.wait_until_finished()
     return metrics_host
+
+
+class _LoggingOnlyWriter:
+    """Stands in for clu's writer where clu/TensorFlow cannot be imported: the trainer's log lines
+    and ``train_log.jsonl`` still carry every scalar."""
+
+    def write_hparams(self, hparams):
+        logging.info("hparams: %s", hparams)
+
+    def write_scalars(self, step, scalars):
+        del step, scalars  # already in the log line and train_log.jsonl
+
+    def flush(self):
+        pass
+
+
+def _summary_writer(model_dir: Path):
+    """clu's TensorBoard writer (process 0) or a logging writer (other processes)."""
+    try:
+        from clu import metric_writers  # noqa: PLC0415  (imports TensorFlow)
+    except ImportError as e:
+        logging.warning(
+            "no TensorBoard summaries: clu's writer cannot be imported (%s); scalars go to %s",
+            e,
+            model_dir / TRAIN_LOG,
+        )
+        return _LoggingOnlyWriter()
+    return metric_writers.create_default_writer(
+        str(model_dir), just_logging=jax.process_index() > 0, asynchronous=False
+    )
 
 
 def _data_state(data: input_pipeline.DataConfig, batches_consumed: int) -> dict:

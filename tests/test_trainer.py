@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fixtures import write_beir_fixture
 
-from aligner_jax import evaluation, gin_utils, trainer
+from aligner_jax import evaluation, gin_utils, input_pipeline, trainer
 from aligner_jax import token_store as ts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,13 +83,27 @@ def _clear_gin():
     gin.clear_config()
 
 
-def test_tiny_bert_trains_on_one_device(toy, tmp_path):
-    no_dropout = {
-        "BertConfig.hidden_dropout_prob": 0.0,
-        "BertConfig.attention_probs_dropout_prob": 0.0,
-    }
+# The two tiny backbones: gin files, bindings that turn dropout off, and the backbone path of an
+# MLP input kernel (split over the mesh's model axis when sharded).
+MODELS = {
+    "bert": (
+        ["models/bert_tiny.gin"],
+        {"BertConfig.hidden_dropout_prob": 0.0, "BertConfig.attention_probs_dropout_prob": 0.0},
+        ("layer_0", "intermediate", "kernel"),
+    ),
+    "t5": (
+        ["models/t5_tiny.gin", "models/aligner_t5.gin"],
+        {"T5Config.dropout_rate": 0.0},
+        ("encoder", "layers_0", "mlp", "wi_0", "kernel"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tiny_model_trains_on_one_device(name, toy, tmp_path):
+    gin_files, no_dropout, _ = MODELS[name]
     gin_utils.parse_gin(
-        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 30, **no_dropout)
+        [*gin_files, "runs/train.gin"], _bindings(tmp_path / "m", toy, 30, **no_dropout)
     )
     last = trainer.train()
     losses = _losses(tmp_path / "m")
@@ -98,7 +112,7 @@ def test_tiny_bert_trains_on_one_device(toy, tmp_path):
         np.mean([losses[s] for s in range(1, 6)]),
         np.mean([losses[s] for s in range(26, 31)]),
     )
-    assert final < 0.6 * first, (first, final)
+    assert final < 0.7 * first, (first, final)
     assert set(last) >= {"loss", "accuracy", "grad_norm"}
     steps = sorted(int(p.name) for p in (tmp_path / "m" / "checkpoints").iterdir())
     assert steps == [24, 27, 30]  # every 3 steps, keep 3
@@ -120,9 +134,9 @@ def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
 SHARDED_SCRIPT = """
 import json, sys
 import jax
-from aligner_jax import evaluation, gin_utils, trainer
-from aligner_jax import token_store as ts, partitioning
-gin_utils.parse_gin(["models/t5_tiny.gin", "models/aligner_t5.gin", "runs/train.gin"], json.loads(sys.argv[1]))
+from aligner_jax import gin_utils, trainer, partitioning
+gin_files, bindings, path = (json.loads(a) for a in sys.argv[1:4])
+gin_utils.parse_gin(gin_files + ["runs/train.gin"], bindings)
 assert jax.device_count() == 8, jax.devices()
 trainer.train()
 # The parameters really are split over the model axis.
@@ -132,24 +146,27 @@ model = AlignerModel()
 specs = nn.get_partition_spec(model.init_abstract())
 mesh = partitioning.create_mesh(2)
 shardings = nn.logical_to_mesh_sharding(specs, mesh, partitioning.standard_logical_axis_rules())
-wi = shardings["backbone"]["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
-print("MLP_SPEC", tuple(wi.spec))
+node = shardings["backbone"]
+for key in path:
+    node = node[key]
+print("MLP_SPEC", tuple(node.spec))
 print("MESH", dict(mesh.shape))
 """
 
 
-def test_tiny_t5_trains_sharded_on_8_host_devices(toy, tmp_path):
-    bindings = _bindings(
-        tmp_path / "m", toy, 24, **{"train.num_partitions": 2, "T5Config.dropout_rate": 0.0}
-    )
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tiny_model_trains_sharded_on_8_host_devices(name, toy, tmp_path):
+    gin_files, no_dropout, mlp_path = MODELS[name]
+    bindings = _bindings(tmp_path / "m", toy, 24, **{"train.num_partitions": 2, **no_dropout})
     env = dict(
         os.environ,
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="3",
     )
+    args = [json.dumps(gin_files), json.dumps(bindings), json.dumps(mlp_path)]
     proc = subprocess.run(
-        [sys.executable, "-c", SHARDED_SCRIPT, json.dumps(bindings)],
+        [sys.executable, "-c", SHARDED_SCRIPT, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -254,6 +271,7 @@ def test_every_gin_file_parses():
     """Every gin file in gin/ parses (model files alone, run/eval files with what they need)."""
     needs = {
         "runs/train.gin": ["models/minilm.gin"],
+        "runs/trainer.gin": ["models/minilm.gin"],
         "models/aligner_t5.gin": ["models/t5_base.gin"],
     }
     files = sorted(
@@ -275,3 +293,117 @@ def test_launch_scripts_are_valid_bash():
         ["bash", str(REPO / "launch" / "local_cpu.sh")], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
+    gin_utils.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path, toy, 1))
+    config = input_pipeline.DataConfig()
+    path = input_pipeline.save_batches(config, 5, tmp_path / "b.npz")
+    cached = input_pipeline.DataConfig(**{**config.identity(), "cached_batches": str(path)})
+    assert cached.identity() == config.identity()
+    stream = input_pipeline.train_batches(config)
+    expected = [next(stream) for _ in range(5)]
+    assert expected[0]["doc_tokens"].shape == (8, 2, 32)
+    replay = input_pipeline.train_batches(cached, start_batch=2)
+    for want in expected[2:]:
+        got = next(replay)
+        assert set(got) == set(want)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    with pytest.raises(ValueError, match=r"b\.npz holds 5 batches and the run needs more"):
+        next(replay)
+
+    other = input_pipeline.DataConfig(
+        **{**cached.identity(), "batch_size": 4, "cached_batches": str(path)}
+    )
+    with pytest.raises(ValueError, match=r"b\.npz was saved from another pipeline.*batch_size"):
+        input_pipeline.train_batches(other)
+    missing = input_pipeline.DataConfig(cached_batches=str(tmp_path / "none.npz"))
+    with pytest.raises(FileNotFoundError, match="none.npz does not exist"):
+        input_pipeline.train_batches(missing)
+    (tmp_path / "bad.npz").write_text("not numpy")
+    with pytest.raises(ValueError, match="bad.npz is not a saved batch file"):
+        input_pipeline.train_batches(
+            input_pipeline.DataConfig(cached_batches=str(tmp_path / "bad.npz"))
+        )
+
+
+# Run in a process where seqio, TensorFlow and clu cannot be imported (an accelerator host with
+# only JAX): the trainer replays saved batches and keeps its scalars in train_log.jsonl.
+NO_TF_SCRIPT = """
+import importlib.machinery, sys
+class Hidden(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in ("seqio", "tensorflow", "clu", "tasks", "bm25s"):
+            return None  # as if not installed
+        return super().find_spec(name, path, target)
+sys.meta_path = [Hidden if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+from absl import app
+from aligner_jax import gin_utils, train
+gin_utils.define_gin_flags()
+sys.argv = ["aligner-train"] + sys.argv[1:]
+app.run(train.main)
+"""
+
+
+def test_replayed_batches_train_without_seqio_and_match_the_pipeline(toy, tmp_path):
+    no_dropout = {
+        "BertConfig.hidden_dropout_prob": 0.0,
+        "BertConfig.attention_probs_dropout_prob": 0.0,
+        "train.summary_period": 2,
+    }
+    steps = 6
+    gin_utils.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"],
+        _bindings(tmp_path / "ref", toy, steps, **no_dropout),
+    )
+    trainer.train()
+    batches = input_pipeline.save_batches(input_pipeline.DataConfig(), steps, tmp_path / "b.npz")
+
+    # runs/trainer.gin is runs/train.gin without `import tasks`: no task configurables to bind.
+    bindings = [
+        b
+        for b in _bindings(tmp_path / "replay", toy, steps, **no_dropout)
+        if not b.startswith("beir_train_source")
+    ] + [f"DataConfig.cached_batches = {str(batches)!r}"]
+    argv = ["--gin_file=models/bert_tiny.gin", "--gin_file=runs/trainer.gin"]
+    argv += [f"--gin_bindings={b}" for b in bindings]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TF_SCRIPT, *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no TensorBoard summaries: clu's writer cannot be imported" in proc.stderr
+    ref, got = _losses(tmp_path / "ref"), _losses(tmp_path / "replay")
+    assert sorted(got) == list(range(1, steps + 1))
+    np.testing.assert_allclose(
+        [got[s] for s in sorted(got)], [ref[s] for s in sorted(ref)], rtol=1e-5
+    )
+
+    # Every summary step records its window's rates; the throughput benchmark summarises them.
+    records = [
+        json.loads(x) for x in (tmp_path / "replay" / trainer.TRAIN_LOG).read_text().splitlines()
+    ]
+    windows = [r for r in records if "steps_per_sec" in r]
+    assert [r["step"] for r in windows] == [2, 4, 6]
+    assert all(
+        r["steps_per_sec"] > 0 and r["tokens_per_sec"] > 0 and r["window_steps"] == 2
+        for r in windows
+    )
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import train_throughput
+    finally:
+        sys.path.pop(0)
+    summary = train_throughput.summarise_log(tmp_path / "replay" / trainer.TRAIN_LOG)
+    assert summary["steps"] == steps and summary["timed_windows"] == 2
+    assert summary["steps_per_sec"] == pytest.approx(
+        np.median([r["steps_per_sec"] for r in windows[1:]])
+    )
+    assert summary["loss_last"] == got[steps]
