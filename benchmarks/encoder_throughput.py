@@ -1,4 +1,4 @@
-r"""CPU encoder throughput: our jitted Flax BERT vs sentence-transformers (PyTorch) on one corpus.
+r"""Encoder throughput: our jitted Flax BERT vs sentence-transformers (PyTorch) on one corpus.
 
 Both encode the same texts (BEIR ``title + " " + text``, at most ``--max_length`` tokens) into
 token vectors of all-MiniLM-L6-v2:
@@ -7,9 +7,13 @@ token vectors of all-MiniLM-L6-v2:
       ``tokenization.length_buckets``, one batch in flight per core, the jitted ``BertEncoder``);
       every bucket shape is compiled once before timing (compile time reported apart), and the
       timed region covers tokenize → pad → encode → copy to host.
-  (b) PyTorch: ``SentenceTransformer(model_dir, device='cpu').encode(texts,
+  (b) PyTorch: ``SentenceTransformer(model_dir, device=--torch_device).encode(texts,
       output_value='token_embeddings', batch_size=--torch_batch_size)`` (its own tokenization,
-      length sorting and padding).
+      length sorting and padding), in ``--torch_dtype``.
+
+Both run on the default JAX backend / ``--torch_device``: the CPU here, a GPU with
+``--torch_device=cuda`` (and a CUDA jaxlib); there, raise ``--max_tokens_per_batch`` and
+``--torch_batch_size``.
 
 The corpus is cut into ``--rounds`` chunks and the two run alternately chunk by chunk (the order
 flips every round), so both see the same background load on a shared machine. Throughput counts
@@ -17,8 +21,10 @@ real (non-padding) tokens. A few documents' vectors are compared between the two
 
   .venv/bin/python benchmarks/encoder_throughput.py --limit=1000
   .venv/bin/python benchmarks/encoder_throughput.py            # full SciFact corpus
+  python benchmarks/encoder_throughput.py --torch_device=cuda --max_tokens_per_batch=32768 \
+      --torch_batch_size=128 --output_name=encoder_throughput_gpu_f32   # on a GPU
 
-Writes ``--output_dir``/encoder_throughput.{json,md} and prints a one-screen summary.
+Writes ``--output_dir``/``--output_name``.{json,md} and prints a one-screen summary.
 """
 
 from __future__ import annotations
@@ -76,12 +82,19 @@ _TORCH_BATCH = flags.DEFINE_integer(
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 4, "Interleave JAX and PyTorch over this many chunks.", lower_bound=1
 )
+_TORCH_DEVICE = flags.DEFINE_string("torch_device", "cpu", "PyTorch device: cpu or cuda.")
+_TORCH_DTYPE = flags.DEFINE_enum(
+    "torch_dtype", "float32", ["float32", "bfloat16"], "PyTorch model dtype."
+)
 _SKIP_TORCH = flags.DEFINE_bool("skip_torch", False, "Time only the JAX encoder.")
 _CHECK_DOCS = flags.DEFINE_integer(
     "check_docs", 8, "Docs whose vectors are compared.", lower_bound=1
 )
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", str(REPO / "benchmarks" / "results"), "Where the JSON and Markdown go."
+)
+_OUTPUT_NAME = flags.DEFINE_string(
+    "output_name", "encoder_throughput", "File stem of the JSON and Markdown."
 )
 
 
@@ -165,12 +178,14 @@ class JaxEncoder:
 
 
 class TorchEncoder:
-    def __init__(self, batch_size):
+    def __init__(self, batch_size, device, dtype):
         import torch
         from sentence_transformers import SentenceTransformer
 
         self.torch = torch
-        self.model = SentenceTransformer(str(backbones.minilm_model_dir()), device="cpu")
+        self.device = device
+        self.model = SentenceTransformer(str(backbones.minilm_model_dir()), device=device)
+        self.model.to(getattr(torch, dtype))
         self.batch_size = batch_size
 
     def encode(self, texts, keep: int = 0):
@@ -181,10 +196,12 @@ class TorchEncoder:
             show_progress_bar=False,
             convert_to_numpy=False,
         )
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
         real = sum(int(o.shape[0]) for o in out)
         return (
             real,
-            [np.asarray(o[:].float().numpy()) for o in out[:keep]],
+            [np.asarray(o.float().cpu().numpy()) for o in out[:keep]],
             [o.shape[0] for o in out],
         )
 
@@ -214,7 +231,7 @@ def run(argv) -> dict:
 
     torch_enc = None
     if not _SKIP_TORCH.value:
-        torch_enc = TorchEncoder(_TORCH_BATCH.value)
+        torch_enc = TorchEncoder(_TORCH_BATCH.value, _TORCH_DEVICE.value, _TORCH_DTYPE.value)
         torch_enc.encode(texts[: min(len(texts), 2 * _TORCH_BATCH.value)])  # warm-up
 
     jax_time = torch_time = 0.0
@@ -286,6 +303,9 @@ def run(argv) -> dict:
             "loadavg_end": os.getloadavg(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "jax": jax.__version__,
+            "jax_backend": jax.default_backend(),
+            "jax_device": jax.devices()[0].device_kind,
+            "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
             "python": platform.python_version(),
         },
     }
@@ -298,6 +318,8 @@ def run(argv) -> dict:
         diffs = [float(np.abs(a - b).max()) for a, b in zip(check_jax, check_torch, strict=True)]
         result["torch"] = {
             "batch_size": _TORCH_BATCH.value,
+            "device": _TORCH_DEVICE.value,
+            "dtype": _TORCH_DTYPE.value,
             "threads": torch.get_num_threads(),
             "version": torch.__version__,
             "encode_s": torch_time,
@@ -314,7 +336,7 @@ def run(argv) -> dict:
 def to_markdown(r: dict) -> str:
     j, c = r["jax"], r["conditions"]
     lines = [
-        "# Encoder throughput (CPU): aligner_jax BERT vs sentence-transformers",
+        f"# Encoder throughput ({c['jax_device']}): aligner_jax BERT vs sentence-transformers",
         "",
         f"Corpus: `{r['dataset_dir']}` — {r['docs']:,} docs, {r['real_tokens']:,} real tokens "
         f"(mean {r['mean_tokens_per_doc']:.1f}/doc, {r['truncated_docs']:,} truncated at "
@@ -328,7 +350,8 @@ def to_markdown(r: dict) -> str:
     if "torch" in r:
         t = r["torch"]
         lines.append(
-            f"| PyTorch sentence-transformers (batch {t['batch_size']}, {t['threads']} threads) | "
+            f"| PyTorch sentence-transformers ({t['dtype']}, {t['device']}, batch "
+            f"{t['batch_size']}, {t['threads']} threads) | "
             f"{t['tokens_per_s']:,.0f} | {t['docs_per_s']:.1f} | {t['encode_s']:.1f} | "
             f"{t['process_cpu_s']:.1f} |"
         )
@@ -348,7 +371,8 @@ def to_markdown(r: dict) -> str:
         "",
         f"Conditions: {c['cpu']}, {c['cpus_usable']} usable cores, load average "
         f"{c['loadavg_start'][0]:.2f} → {c['loadavg_end'][0]:.2f} (other jobs share the cores), "
-        f"jax {c['jax']}, XLA_FLAGS={c['xla_flags']!r}.",
+        f"jax {c['jax']} on {c['jax_device']} (matmul precision "
+        f"{c['jax_default_matmul_precision']}), XLA_FLAGS={c['xla_flags']!r}.",
         "",
     ]
     return "\n".join(lines)
@@ -358,11 +382,12 @@ def main(argv):
     result = run(argv)
     out_dir = pathlib.Path(_OUTPUT_DIR.value)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "encoder_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = out_dir / _OUTPUT_NAME.value
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = to_markdown(result)
-    (out_dir / "encoder_throughput.md").write_text(markdown)
+    stem.with_suffix(".md").write_text(markdown)
     print(markdown)
-    print(f"Wrote {out_dir / 'encoder_throughput.json'} and {out_dir / 'encoder_throughput.md'}")
+    print(f"Wrote {stem}.json and {stem}.md")
 
 
 if __name__ == "__main__":
