@@ -131,6 +131,21 @@ def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
         trainer.train()
 
 
+def _run(cmd: list[str], **env) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` on CPU in the repository; asserts it succeeded."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **env)
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 SHARDED_SCRIPT = """
 import json, sys
 import jax
@@ -158,22 +173,11 @@ print("MESH", dict(mesh.shape))
 def test_tiny_model_trains_sharded_on_8_host_devices(name, toy, tmp_path):
     gin_files, no_dropout, mlp_path = MODELS[name]
     bindings = _bindings(tmp_path / "m", toy, 24, **{"train.num_partitions": 2, **no_dropout})
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
     args = [json.dumps(gin_files), json.dumps(bindings), json.dumps(mlp_path)]
-    proc = subprocess.run(
+    proc = _run(
         [sys.executable, "-c", SHARDED_SCRIPT, *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MLP_SPEC (None, 'model')" in proc.stdout
     assert "MESH {'data': 4, 'model': 2}" in proc.stdout
     losses = _losses(tmp_path / "m")
@@ -191,15 +195,7 @@ def _train_cmd(bindings):
 def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     steps = 12
-    reference = subprocess.run(
-        _train_cmd(_bindings(tmp_path / "ref", toy, steps)),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    _run(_train_cmd(_bindings(tmp_path / "ref", toy, steps)))
 
     resumed_dir = tmp_path / "killed"
     cmd = _train_cmd(_bindings(resumed_dir, toy, steps))
@@ -369,16 +365,7 @@ def test_replayed_batches_train_without_seqio_and_match_the_pipeline(toy, tmp_pa
     ] + [f"DataConfig.cached_batches = {str(batches)!r}"]
     argv = ["--gin_file=models/bert_tiny.gin", "--gin_file=runs/trainer.gin"]
     argv += [f"--gin_bindings={b}" for b in bindings]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_TF_SCRIPT, *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run([sys.executable, "-c", NO_TF_SCRIPT, *argv])
     assert "no TensorBoard summaries: clu's writer cannot be imported" in proc.stderr
     ref, got = _losses(tmp_path / "ref"), _losses(tmp_path / "replay")
     assert sorted(got) == list(range(1, steps + 1))
