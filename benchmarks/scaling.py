@@ -196,8 +196,13 @@ def _describe(scann: dict) -> str:
     from aligner_jax import token_index as ti
 
     config = ti.ScannConfig(**scann)
+    searched = (
+        f"{config.num_leaves_to_search} of them"
+        if config.num_leaves_to_search is not None
+        else f"{config.leaves_to_search_fraction:g} of them"
+    )
     return (
-        f"leaves = √tokens per part, search {config.leaves_to_search_fraction:g} of them, "
+        f"leaves = √tokens per part, search {searched}, "
         f"reorder {config.reorder_factor:g} × k′ exactly" + (" (defaults)" if not scann else "")
     )
 
@@ -238,6 +243,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "results"))
     parser.add_argument("--leaves_to_search_fraction", type=float, default=None)
     parser.add_argument("--reorder_factor", type=float, default=None)
+    parser.add_argument("--num_leaves_to_search", type=int, default=None)
     parser.add_argument("--name", default="scaling", help="Output file stem.")
     parser.add_argument("--noise", type=float, default=DEFAULT_NOISE, help="σ of token noise.")
     parser.add_argument("--calibrate", help="A token store: print its clustering statistics.")
@@ -248,6 +254,7 @@ def main() -> None:
         for k, v in (
             ("leaves_to_search_fraction", args.leaves_to_search_fraction),
             ("reorder_factor", args.reorder_factor),
+            ("num_leaves_to_search", args.num_leaves_to_search),
         )
         if v is not None
     }
