@@ -35,12 +35,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "train_throughput"
 
 
-def _gin_args(args) -> list[str]:
-    return [f"--gin_file={g}" for g in args.gin_file] + [
-        f"--gin_bindings={b}" for b in args.gin_bindings
-    ]
-
-
 def save_batches(args) -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
