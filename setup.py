@@ -6,8 +6,16 @@ setuptools.setup(
     name="aligner_jax",
     version="0.1.0",
     description="ALIGNER multi-vector retrieval as sparse alignment: JAX/Flax trainer, ScaNN token index, BEIR evaluation",
-    packages=setuptools.find_packages(include=["aligner_jax", "aligner_jax.*", "tasks", "tasks.*"]),
-    package_data={"aligner_jax": ["../gin/**/*.gin"]},
+    # The design card keeps ``tasks/`` and ``gin/`` at the repository's top level; installed, they
+    # live inside our own package (``aligner_jax.tasks``, ``aligner_jax/gin``), never as a generic
+    # top-level ``tasks`` package or inside another distribution's folder.
+    packages=[
+        *setuptools.find_packages(include=["aligner_jax", "aligner_jax.*"]),
+        "aligner_jax.tasks",
+        "aligner_jax.gin",
+    ],
+    package_dir={"aligner_jax.tasks": "tasks", "aligner_jax.gin": "gin"},
+    package_data={"aligner_jax.gin": ["*/*.gin"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10,<0.11",
@@ -50,7 +58,7 @@ setuptools.setup(
             "aligner-eval=aligner_jax.evaluate:console_entry",
             "aligner-train=aligner_jax.train:console_entry",
             "aligner-index=aligner_jax.index:console_entry",
-            "aligner-explain=aligner_jax.explain:console_entry",
+            "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
         ]
     },

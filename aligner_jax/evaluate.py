@@ -1,5 +1,5 @@
 r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
-:func:`aligner_jax.evaluation.evaluate`.
+:func:`aligner_jax.evaluation.beir_eval.evaluate`.
 
   python -m aligner_jax.evaluate \\
     --gin_file=eval/zero_shot.gin \\
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax import evaluation, gin_utils
-from aligner_jax import token_store as ts
+from aligner_jax.common import cli, errors
+from aligner_jax.evaluation import beir_eval
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
@@ -43,11 +43,11 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--dataset_dir is required (a BEIR folder)")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
-    gin_utils.parse_gin_flags()
-    gin_utils.call_or_exit(
+    cli.parse_gin_flags()
+    cli.call_or_exit(
         "aligner-eval",
-        ts.USER_ERRORS,
-        evaluation.evaluate,
+        errors.USER_ERRORS,
+        beir_eval.evaluate,
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,
         split=FLAGS.split,
@@ -59,7 +59,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def console_entry() -> None:
-    gin_utils.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import jax
 from absl import app, flags
 
-from aligner_jax import gin_utils, indexing
-from aligner_jax import token_store as ts
+from aligner_jax.common import cli, errors
+from aligner_jax.indexing import indexer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -44,23 +44,23 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--corpus and --index_dir are required")
     if FLAGS.multiprocess:
         jax.distributed.initialize()
-    gin_utils.parse_gin_flags()
-    summary = gin_utils.call_or_exit(
+    cli.parse_gin_flags()
+    summary = cli.call_or_exit(
         "aligner-index",
-        ts.USER_ERRORS,
-        indexing.index_corpus,
+        errors.USER_ERRORS,
+        indexer.index_corpus,
         corpus=FLAGS.corpus,
         index_dir=FLAGS.index_dir,
         process_index=FLAGS.process_index,
         process_count=FLAGS.process_count,
         corpus_split=FLAGS.corpus_split,
     )
-    print(indexing.format_summary(summary))
+    print(indexer.format_summary(summary))
     print(json.dumps(summary.as_dict()))
 
 
 def console_entry() -> None:
-    gin_utils.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

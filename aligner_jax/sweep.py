@@ -1,5 +1,5 @@
 r"""Pruning / alignment sweep binary (``aligner-sweep``): a thin absl + gin wrapper of
-:func:`aligner_jax.sweeps.sweep`.
+:func:`aligner_jax.evaluation.pruning_sweep.sweep`.
 
   python -m aligner_jax.sweep --gin_file=models/minilm.gin --gin_file=sweeps/pruning.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax import gin_utils, sweeps
-from aligner_jax import token_store as ts
+from aligner_jax.common import cli, errors
+from aligner_jax.evaluation import pruning_sweep
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
@@ -27,11 +27,11 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.dataset_dir or not FLAGS.output_dir:
         raise app.UsageError("--dataset_dir and --output_dir are required")
-    gin_utils.parse_gin_flags()
-    gin_utils.call_or_exit(
+    cli.parse_gin_flags()
+    cli.call_or_exit(
         "aligner-sweep",
-        ts.USER_ERRORS,
-        sweeps.sweep,
+        errors.USER_ERRORS,
+        pruning_sweep.sweep,
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,
         split=FLAGS.split,
@@ -40,7 +40,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def console_entry() -> None:
-    gin_utils.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 r"""Training binary (``aligner-train``), t5x style: a thin absl + gin wrapper of
-:func:`aligner_jax.trainer.train`.
+:func:`aligner_jax.training.trainer.train`.
 
   python -m aligner_jax.train --gin_file=runs/scifact_minilm.gin \\
     --gin.MODEL_DIR="'/tmp/aligner_scifact'" --gin.TRAIN_STEPS=600
@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import jax
 from absl import app, flags
 
-from aligner_jax import gin_utils, trainer
+from aligner_jax.common import cli, errors
+from aligner_jax.training import trainer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool(
@@ -30,10 +31,10 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.multiprocess:
         jax.distributed.initialize()
-    gin_utils.parse_gin_flags()
+    cli.parse_gin_flags()
     try:
         trainer.train()
-    except (trainer.NonFiniteLossError, ValueError, FileNotFoundError) as e:
+    except (errors.NonFiniteLossError, ValueError, FileNotFoundError) as e:
         sys.exit(f"aligner-train: error: {e}")
     except RuntimeError as e:
         if "Required bindings" in str(e) or "gin.REQUIRED" in str(e):
@@ -42,7 +43,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def console_entry() -> None:
-    gin_utils.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

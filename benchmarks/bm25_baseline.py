@@ -18,7 +18,9 @@ from pathlib import Path
 import bm25s
 from absl import app, flags
 
-from aligner_jax import beir, bm25, metrics
+from aligner_jax.common import errors
+from aligner_jax.data import beir, bm25
+from aligner_jax.evaluation import metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +62,7 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     try:
         dataset = beir.load_beir(dataset_dir, _SPLIT.value, _UNKNOWN_QRELS.value)
-    except beir.BeirFormatError as e:
+    except errors.BeirFormatError as e:
         print(f"error (--dataset_dir={_DATASET_DIR.value}): {e}", file=sys.stderr)
         sys.exit(2)
     load_s = time.perf_counter() - start

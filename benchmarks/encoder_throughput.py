@@ -3,7 +3,7 @@ r"""Encoder throughput: our jitted Flax BERT vs sentence-transformers (PyTorch) 
 Both encode the same texts (BEIR ``title + " " + text``, at most ``--max_length`` tokens) into
 token vectors of all-MiniLM-L6-v2:
 
-  (a) JAX: ``aligner_jax`` tokenizer, then ``backbones.iter_encoded_batches`` (length buckets of
+  (a) JAX: ``aligner_jax`` tokenizer, then ``batching.iter_encoded_batches`` (length buckets of
       ``tokenization.length_buckets``, one batch in flight per core, the jitted ``BertEncoder``);
       every bucket shape is compiled once before timing (compile time reported apart), and the
       timed region covers tokenize → pad → encode → copy to host.
@@ -46,7 +46,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from aligner_jax import backbones, tokenization  # noqa: E402
+from aligner_jax.encoding import batching, tokenization  # noqa: E402
+from aligner_jax.weights import minilm  # noqa: E402
 
 _DATASET_DIR = flags.DEFINE_string(
     "dataset_dir",
@@ -131,11 +132,11 @@ class JaxEncoder:
     """Tokenize → bucket → jitted encode → host copy, as the indexing job does it."""
 
     def __init__(self, dtype, max_length, step, max_tokens, concurrent_batches):
-        self.config, self.params, self.tokenizer = backbones.load_minilm()
+        self.config, self.params, self.tokenizer = batching.load_minilm()
         if concurrent_batches is None:
-            concurrent_batches = backbones.default_concurrent_batches()
+            concurrent_batches = batching.default_concurrent_batches()
         self.concurrent_batches = concurrent_batches
-        self.encode_fn = backbones.make_encode_fn(self.config, dtype=dtype)
+        self.encode_fn = batching.make_encode_fn(self.config, dtype=dtype)
         self.max_length = max_length
         self.boundaries = tokenization.default_bucket_boundaries(max_length, step)
         self.max_tokens = max_tokens
@@ -157,7 +158,7 @@ class JaxEncoder:
         """Returns (number of real tokens, padded tokens, the first ``keep`` docs' vectors)."""
         seqs = self.tokenizer.encode_batch(texts, self.max_length)
         kept, real = {}, 0
-        for indices, vectors in backbones.iter_encoded_batches(
+        for indices, vectors in batching.iter_encoded_batches(
             self.encode_fn,
             self.params,
             seqs,
@@ -184,7 +185,7 @@ class TorchEncoder:
 
         self.torch = torch
         self.device = device
-        self.model = SentenceTransformer(str(backbones.minilm_model_dir()), device=device)
+        self.model = SentenceTransformer(str(minilm.minilm_model_dir()), device=device)
         self.model.to(getattr(torch, dtype))
         self.batch_size = batch_size
 

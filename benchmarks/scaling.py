@@ -49,7 +49,7 @@ DEFAULT_NOISE = 0.074
 
 def make_store(directory: Path, num_tokens: int, noise: float, seed: int = 0) -> None:
     """Writes a synthetic store of ``num_tokens`` clustered unit vectors, shard by shard."""
-    from aligner_jax import token_store as ts
+    from aligner_jax.indexing import token_store as ts
 
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
@@ -96,8 +96,8 @@ def measure(
     directory: Path, k_prime: int, num_queries: int, scann: dict, noise: float, seed: int = 1
 ) -> dict:
     """Runs in its own process: build, size, search time and candidate recall; peak RSS."""
-    from aligner_jax import token_index as ti
-    from aligner_jax import token_store as ts
+    from aligner_jax.indexing import ann as ti
+    from aligner_jax.indexing import token_store as ts
 
     store = ts.TokenStore(directory)
     t0 = time.perf_counter()
@@ -160,7 +160,7 @@ def calibrate(directory: Path, sample: int = 120_000, held_out: int = 50_000, se
     """How clustered a real token store is: k-means (CLUSTERS centroids, spherical, 8 rounds)
     on a sample, then the mean cosine of held-out tokens to their nearest centroid, and the σ of
     the synthetic generator whose tokens have that cosine to their centre."""
-    from aligner_jax import token_store as ts
+    from aligner_jax.indexing import token_store as ts
 
     vectors = ts.TokenStore(directory).vectors().astype(np.float32)
     rng = np.random.default_rng(seed)
@@ -193,7 +193,7 @@ def calibrate(directory: Path, sample: int = 120_000, held_out: int = 50_000, se
 
 
 def _describe(scann: dict) -> str:
-    from aligner_jax import token_index as ti
+    from aligner_jax.indexing import ann as ti
 
     config = ti.ScannConfig(**scann)
     searched = (

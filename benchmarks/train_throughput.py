@@ -38,10 +38,11 @@ DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "train_throughput"
 def save_batches(args) -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from aligner_jax import gin_utils, input_pipeline  # noqa: PLC0415
+    from aligner_jax.common import cli  # noqa: PLC0415
+    from aligner_jax.training import input_pipeline  # noqa: PLC0415
 
     bindings = ["MODEL_DIR = 'unused'", "TRAIN_STEPS = 1", *args.gin_bindings]
-    gin_utils.parse_gin(args.gin_file, bindings)
+    cli.parse_gin(args.gin_file, bindings)
     config = input_pipeline.DataConfig()
     start = time.perf_counter()
     path = input_pipeline.save_batches(config, args.num_batches, args.out)

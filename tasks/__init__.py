@@ -7,8 +7,12 @@ vocabulary chosen by ``task_vocabulary``. ``AlignerFeatureConverter`` turns task
 ``{"query", "doc"}`` into model features ``query_tokens [Lq]`` / ``doc_tokens [1+N, Ld]``.
 """
 
-from tasks.beir_train import BeirTrainConfig, beir_train_source, build_beir_train_examples
-from tasks.features import (
+from aligner_jax.tasks.beir_train import (
+    BeirTrainConfig,
+    beir_train_source,
+    build_beir_train_examples,
+)
+from aligner_jax.tasks.features import (
     DEFAULT_TASK_FEATURE_LENGTHS,
     AlignerFeatureConverter,
     batches_as_numpy,
@@ -17,17 +21,17 @@ from tasks.features import (
     output_features,
     tokenize_query_and_documents,
 )
-from tasks.msmarco import MsMarcoConfig, build_msmarco_examples, msmarco_train_source
-from tasks.retrieval_tasks import (
+from aligner_jax.tasks.msmarco import MsMarcoConfig, build_msmarco_examples, msmarco_train_source
+from aligner_jax.tasks.retrieval_tasks import (
     BEIR_TRAIN_BM25,
     MSMARCO_TRIPLES,
     SELFSUP_PSEUDO_QUERIES,
     TASK_NAMES,
     register_retrieval_tasks,
 )
-from tasks.selfsup import SelfSupConfig, build_selfsup_examples, selfsup_train_source
-from tasks.sources import RetrievalExamples, RetrievalSource, clear_examples_cache
-from tasks.vocab import (
+from aligner_jax.tasks.selfsup import SelfSupConfig, build_selfsup_examples, selfsup_train_source
+from aligner_jax.tasks.sources import RetrievalExamples, RetrievalSource, clear_examples_cache
+from aligner_jax.tasks.vocab import (
     ConfiguredVocabulary,
     WordPieceVocabulary,
     special_token_ids,

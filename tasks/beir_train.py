@@ -2,7 +2,7 @@
 
 One example per (query, relevant document) pair of ``qrels/<split>.tsv`` (relevance > 0), in
 queries.jsonl order and then qrels order. Each query gets ``num_negatives`` hard negatives mined
-with BM25 (``aligner_jax.bm25``, over ``title + " " + text`` of the whole corpus): drawn from
+with BM25 (``aligner_jax.data.bm25``, over ``title + " " + text`` of the whole corpus): drawn from
 the top-``depth`` BM25 documents that are not judged relevant for that query (the paper's "fixed
 hard negatives", §4.1), deterministic given ``seed``; the query's pairs share them. A query with
 too few BM25 candidates is topped up with random non-relevant documents (counted in the logs).
@@ -27,8 +27,8 @@ from pathlib import Path
 import gin
 from absl import logging
 
-from aligner_jax import beir, bm25
-from tasks import bindings, negatives, sources
+from aligner_jax.data import beir, bm25
+from aligner_jax.tasks import bindings, negatives, sources
 
 _BINDING = "beir_train_source"
 _CACHE_FORMAT = "aligner_jax.beir_train_bm25.negatives.v1"

@@ -9,7 +9,7 @@ preprocessor ``tokenize_query_and_documents`` turns them into the task's two out
 
 (plus ``*_pretokenized`` copies of the texts). Each sequence is truncated to its feature length
 *minus the special tokens* before they are added, so a truncated sequence still ends with [SEP]
-and equals ``aligner_jax.tokenization.Tokenizer.encode_batch(texts, max_length)``. With a T5
+and equals ``aligner_jax.encoding.tokenization.Tokenizer.encode_batch(texts, max_length)``. With a T5
 SentencePiece vocabulary the frame is ``… EOS`` instead (``tasks.vocab.special_token_ids``).
 
 Task feature lengths are ``{"query": Lq, "doc": Ld}`` (defaults 64 and 256, paper §4.1), the
@@ -34,7 +34,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from tasks import vocab as vocab_lib
+from aligner_jax.tasks import vocab as vocab_lib
 
 DEFAULT_QUERY_LENGTH = 64
 DEFAULT_DOC_LENGTH = 256

@@ -36,7 +36,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from tasks import bindings, sources
+from aligner_jax.tasks import bindings, sources
 
 _BINDING = "msmarco_train_source"
 TEXT_TRIPLES = "triples.train.small.tsv"

@@ -1,6 +1,6 @@
 """Negatives for the training tasks: BM25 hard negatives topped up with random documents.
 
-``bm25_negatives`` wraps ``aligner_jax.bm25.mine_hard_negatives`` (``N`` documents drawn from
+``bm25_negatives`` wraps ``aligner_jax.data.bm25.mine_hard_negatives`` (``N`` documents drawn from
 the top-``depth`` BM25 documents that are not positives, in BM25 rank order) and guarantees
 exactly ``N`` per query: a query whose BM25 pool is too small (few documents share a term with
 it) is topped up with random documents that are neither positives nor already chosen.
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from aligner_jax import bm25
+from aligner_jax.data import bm25
 
 # Independent generator streams for the different draws of one query.
 _STREAM_RANDOM_FILL = 1

@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable
 import gin
 import seqio
 
-from tasks import beir_train, features, msmarco, selfsup, sources
+from aligner_jax.tasks import beir_train, features, msmarco, selfsup, sources
 
 MSMARCO_TRIPLES = "msmarco_triples"
 BEIR_TRAIN_BM25 = "beir_train_bm25"

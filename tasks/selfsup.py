@@ -27,8 +27,8 @@ import re
 import gin
 from absl import logging
 
-from aligner_jax import beir, bm25
-from tasks import bindings, negatives, sources
+from aligner_jax.data import beir, bm25
+from aligner_jax.tasks import bindings, negatives, sources
 
 _BINDING = "selfsup_train_source"
 NEGATIVE_KINDS = ("bm25", "random")

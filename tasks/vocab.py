@@ -1,7 +1,7 @@
 """Vocabularies of the retrieval tasks: the backbone's WordPiece tokenizer as a seqio.Vocabulary.
 
 ``WordPieceVocabulary`` wraps the same Hugging Face ``tokenizer.json`` that
-``aligner_jax.tokenization.Tokenizer`` reads, so the trainer's tf.data pipeline and the indexing
+``aligner_jax.encoding.tokenization.Tokenizer`` reads, so the trainer's tf.data pipeline and the indexing
 job tokenise identically. Following seqio, ``encode``/``encode_tf`` return the WordPiece ids of a
 text *without* special tokens; the task preprocessor ``tasks.features.tokenize_query_and_documents``
 truncates them to the feature length minus two and adds ``[CLS] … [SEP]``, which reproduces
@@ -29,14 +29,15 @@ import seqio
 import tensorflow as tf
 import tokenizers
 
-from aligner_jax import backbones, tokenization
+from aligner_jax.encoding import tokenization
+from aligner_jax.weights import minilm
 
 VOCABULARY_KINDS = ("wordpiece", "sentencepiece")
 
 
 def default_tokenizer_file() -> str:
     """The tokenizer.json of the bundled all-MiniLM-L6-v2 backbone."""
-    return os.fspath(backbones.minilm_model_dir() / "tokenizer.json")
+    return os.fspath(minilm.minilm_model_dir() / "tokenizer.json")
 
 
 class WordPieceVocabulary(seqio.Vocabulary):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aligner_jax import token_store as ts
+from aligner_jax.indexing import token_store as ts
 
 
 def random_documents(num_docs: int, dim: int, seed: int = 0, min_len: int = 3, max_len: int = 40):

@@ -1,4 +1,4 @@
-"""Few-shot alignment adaptation (§4.1 protocol) and its wiring into the evaluation."""
+"""Few-shot alignment adaptation (§4.1 protocol) and its wiring into the beir_eval."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from fixtures import write_toy_beir
 
-from aligner_jax import adaptation, evaluation, gin_utils
+from aligner_jax.common import cli
+from aligner_jax.evaluation import adaptation, beir_eval
 
 
 def _table(num_queries=40, seed=0):
@@ -90,10 +91,10 @@ def test_evaluate_with_adapt_writes_reports(tmp_path):
     data = write_toy_beir(tmp_path / "data")
     gin.clear_config()
     try:
-        gin_utils.parse_gin(
+        cli.parse_gin(
             ["eval/zero_shot.gin", "eval/exhaustive.gin"], ["AdaptationConfig.fold_size = 2"]
         )
-        report = evaluation.evaluate(
+        report = beir_eval.evaluate(
             dataset_dir=str(data), output_dir=str(tmp_path / "out"), adapt=True
         )
     finally:

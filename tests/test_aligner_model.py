@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import linen as nn
 
-from aligner_jax import scoring
+from aligner_jax.core import scoring
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import aligner_model, bert
 

@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.beir: loading, validation messages, stats, download error path, CLI."""
+"""Tests for aligner_jax.data.beir: loading, validation messages, stats, download error path, CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, write_beir_fixture, write_toy_beir
 
-from aligner_jax import beir
+from aligner_jax.common import errors
+from aligner_jax.data import beir
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = "query-id\tcorpus-id\tscore\n"
@@ -123,21 +124,21 @@ def test_qrels_duplicates_and_graded_scores(tmp_path):
 )
 def test_corpus_bad_records_name_file_and_line(tmp_path, line, fragment):
     path = _write_lines(tmp_path / "corpus.jsonl", [_doc("ok1"), _doc("ok2"), line])
-    with pytest.raises(beir.BeirFormatError) as e:
+    with pytest.raises(errors.BeirFormatError) as e:
         beir.load_corpus(path)
     assert f"{path}:3:" in str(e.value)
     assert fragment in str(e.value)
 
 
 def test_beir_format_error_is_value_error():
-    assert issubclass(beir.BeirFormatError, ValueError)
+    assert issubclass(errors.BeirFormatError, ValueError)
 
 
 def test_duplicate_document_ids_name_both_lines(tmp_path):
     path = _write_lines(tmp_path / "corpus.jsonl", [_doc("a"), _doc("b"), _doc("c"), _doc("b")])
-    with pytest.raises(beir.BeirFormatError, match=r"corpus\.jsonl:4: duplicate document id 'b'"):
+    with pytest.raises(errors.BeirFormatError, match=r"corpus\.jsonl:4: duplicate document id 'b'"):
         beir.load_corpus(path)
-    with pytest.raises(beir.BeirFormatError, match=r"first defined on line 2"):
+    with pytest.raises(errors.BeirFormatError, match=r"first defined on line 2"):
         beir.load_corpus(path)
     assert len(list(beir.iter_corpus(path, check_duplicates=False))) == 4
 
@@ -147,7 +148,7 @@ def test_duplicate_query_ids(tmp_path):
         tmp_path / "queries.jsonl", [json.dumps({"_id": "q", "text": "a"})] + ['{"_id": "q"}']
     )
     # The duplicate is found before the missing text on the same line.
-    with pytest.raises(beir.BeirFormatError, match=r"queries\.jsonl:2: duplicate query id 'q'"):
+    with pytest.raises(errors.BeirFormatError, match=r"queries\.jsonl:2: duplicate query id 'q'"):
         beir.load_queries(path)
 
 
@@ -155,7 +156,7 @@ def test_invalid_utf8_names_line(tmp_path):
     path = _write_lines(
         tmp_path / "corpus.jsonl", [_doc("a"), b'{"_id": "b", "text": "caf\xe9"}', _doc("c")]
     )
-    with pytest.raises(beir.BeirFormatError) as e:
+    with pytest.raises(errors.BeirFormatError) as e:
         beir.load_corpus(path)
     message = str(e.value)
     assert f"{path}:2:" in message and "invalid UTF-8" in message and "0xe9" in message
@@ -177,7 +178,7 @@ def test_invalid_utf8_names_line(tmp_path):
 )
 def test_qrels_bad_lines_name_file_and_line(tmp_path, lines, line_number, fragment):
     path = _write_lines(tmp_path / "qrels" / "test.tsv", lines)
-    with pytest.raises(beir.BeirFormatError) as e:
+    with pytest.raises(errors.BeirFormatError) as e:
         beir.load_qrels(path)
     assert f"{path}:{line_number}:" in str(e.value)
     assert fragment in str(e.value)
@@ -185,42 +186,42 @@ def test_qrels_bad_lines_name_file_and_line(tmp_path, lines, line_number, fragme
 
 def test_qrels_invalid_utf8(tmp_path):
     path = _write_lines(tmp_path / "test.tsv", [HEADER.strip(), b"q\t\xff\t1"])
-    with pytest.raises(beir.BeirFormatError, match=r"test\.tsv:2: invalid UTF-8"):
+    with pytest.raises(errors.BeirFormatError, match=r"test\.tsv:2: invalid UTF-8"):
         beir.load_qrels(path)
 
 
 def test_empty_files_are_clear_errors(tmp_path):
     corpus = _write_lines(tmp_path / "corpus.jsonl", ["", ""])
-    with pytest.raises(beir.BeirFormatError, match=r"corpus\.jsonl: the corpus is empty"):
+    with pytest.raises(errors.BeirFormatError, match=r"corpus\.jsonl: the corpus is empty"):
         beir.load_corpus(corpus)
     queries = _write_lines(tmp_path / "queries.jsonl", [])
-    with pytest.raises(beir.BeirFormatError, match=r"queries\.jsonl: the query set is empty"):
+    with pytest.raises(errors.BeirFormatError, match=r"queries\.jsonl: the query set is empty"):
         beir.load_queries(queries)
     qrels = _write_lines(tmp_path / "a.tsv", [HEADER.strip()])
-    with pytest.raises(beir.BeirFormatError, match=r"a\.tsv: the qrels file has a header but no"):
+    with pytest.raises(errors.BeirFormatError, match=r"a\.tsv: the qrels file has a header but no"):
         beir.load_qrels(qrels)
     (tmp_path / "b.tsv").write_bytes(b"")
-    with pytest.raises(beir.BeirFormatError, match=r"b\.tsv: the qrels file is empty"):
+    with pytest.raises(errors.BeirFormatError, match=r"b\.tsv: the qrels file is empty"):
         beir.load_qrels(tmp_path / "b.tsv")
 
 
 def test_missing_files_list_required_layout(tmp_path):
     folder = write_toy_beir(tmp_path)
     (folder / "queries.jsonl").unlink()
-    with pytest.raises(beir.BeirFormatError) as e:
+    with pytest.raises(errors.BeirFormatError) as e:
         beir.load_beir(folder)
     message = str(e.value)
     assert "missing queries.jsonl" in message
     assert "corpus.jsonl" in message and "qrels/<split>.tsv" in message
-    with pytest.raises(beir.BeirFormatError, match=r"not found"):
+    with pytest.raises(errors.BeirFormatError, match=r"not found"):
         beir.load_beir(tmp_path / "nowhere")
-    with pytest.raises(beir.BeirFormatError, match=r"corpus.jsonl not found"):
+    with pytest.raises(errors.BeirFormatError, match=r"corpus.jsonl not found"):
         beir.load_corpus(tmp_path / "corpus.jsonl")
 
 
 def test_missing_split_lists_available_splits(tmp_path):
     folder = write_toy_beir(tmp_path, split="dev")
-    with pytest.raises(beir.BeirFormatError, match=r"missing qrels/test\.tsv.*\['dev'\]"):
+    with pytest.raises(errors.BeirFormatError, match=r"missing qrels/test\.tsv.*\['dev'\]"):
         beir.load_beir(folder)
     assert beir.load_beir(folder, split="dev").split == "dev"
 
@@ -240,7 +241,7 @@ def _folder_with_unknown_qrels(tmp_path):
 
 def test_unknown_qrels_error_by_default(tmp_path):
     folder = _folder_with_unknown_qrels(tmp_path)
-    with pytest.raises(beir.BeirFormatError) as e:
+    with pytest.raises(errors.BeirFormatError) as e:
         beir.load_beir(folder)
     message = str(e.value)
     qrels_path = folder / "qrels" / "test.tsv"
@@ -267,7 +268,7 @@ def test_unknown_qrels_mode_is_validated(tmp_path):
 
 def test_no_judged_query_left_is_an_error(tmp_path):
     folder = write_beir_fixture(tmp_path, {"d0": "x"}, {"q0": "a"}, {"zz": {"d0": 1}})
-    with pytest.raises(beir.BeirFormatError, match=r"test\.tsv: no judgment is left"):
+    with pytest.raises(errors.BeirFormatError, match=r"test\.tsv: no judgment is left"):
         beir.load_beir(folder, unknown_qrels="skip")
 
 
@@ -275,7 +276,7 @@ def test_no_judged_query_left_is_an_error(tmp_path):
 
 
 def test_download_unreachable_url_fails_clearly(tmp_path):
-    with pytest.raises(beir.BeirDownloadError) as e:
+    with pytest.raises(errors.BeirDownloadError) as e:
         beir.download_dataset(
             "scifact", tmp_path, url_template="http://127.0.0.1:9/{name}.zip", timeout_s=5
         )
@@ -304,7 +305,7 @@ def test_download_unpacks_zip_and_rejects_bad_archives(tmp_path, monkeypatch):
     target = beir.download_dataset("toyset", tmp_path / "data")
     assert target == tmp_path / "data" / "toyset"
     assert beir.load_beir(target).qrels == TOY_QRELS
-    with pytest.raises(beir.BeirDownloadError, match="not return a valid zip"):
+    with pytest.raises(errors.BeirDownloadError, match="not return a valid zip"):
         beir.download_dataset("broken", tmp_path / "data")
     with pytest.raises(ValueError, match="expected a BEIR name"):
         beir.download_dataset("../etc", tmp_path / "data")
@@ -337,7 +338,7 @@ def test_cli_stats(tmp_path, capsys):
 def test_cli_module_entry_point(tmp_path):
     folder = write_toy_beir(tmp_path)
     out = subprocess.run(
-        [sys.executable, "-m", "aligner_jax.beir", "stats", str(folder)],
+        [sys.executable, "-m", "aligner_jax.data.beir", "stats", str(folder)],
         cwd=REPO,
         capture_output=True,
         text=True,

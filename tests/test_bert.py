@@ -14,8 +14,11 @@ from flax import linen as nn
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
-from aligner_jax import backbones, partitioning, tokenization
+from aligner_jax.encoding import batching, tokenization
+from aligner_jax.models import partitioning
 from aligner_jax.models.bert import BertConfig, BertEncoder
+from aligner_jax.weights import bert_safetensors
+from aligner_jax.weights import minilm as minilm_weights
 
 TINY = BertConfig(
     vocab_size=64,
@@ -52,7 +55,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def minilm():
-    return backbones.load_minilm()
+    return batching.load_minilm()
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +70,11 @@ def minilm_batch(minilm):
 def minilm_hidden(minilm, minilm_batch):
     config, params, _ = minilm
     _, ids, mask = minilm_batch
-    return np.asarray(backbones.make_encode_fn(config)(params, ids, mask))
+    return np.asarray(batching.make_encode_fn(config)(params, ids, mask))
 
 
 def _tiny_params(seed=0):
-    return backbones.init_bert_params(TINY, jax.random.key(seed))
+    return bert_safetensors.init_bert_params(TINY, jax.random.key(seed))
 
 
 def _tiny_inputs():
@@ -86,7 +89,7 @@ def test_minilm_matches_pytorch_reference(minilm, minilm_batch, minilm_hidden):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     _, ids, mask = minilm_batch
-    model = transformers.AutoModel.from_pretrained(str(backbones.minilm_model_dir())).eval()
+    model = transformers.AutoModel.from_pretrained(str(minilm_weights.minilm_model_dir())).eval()
     with torch.no_grad():
         ref = model(
             input_ids=torch.as_tensor(ids, dtype=torch.long),
@@ -103,7 +106,7 @@ def test_minilm_matches_sentence_transformers_token_embeddings(minilm_batch, min
     pytest.importorskip("torch")
     st = pytest.importorskip("sentence_transformers")
     seqs, _, _ = minilm_batch
-    model = st.SentenceTransformer(str(backbones.minilm_model_dir()), device="cpu")
+    model = st.SentenceTransformer(str(minilm_weights.minilm_model_dir()), device="cpu")
     assert model.max_seq_length == tokenization.DEFAULT_DOC_MAXLEN
     ref = model.encode(SENTENCES, output_value="token_embeddings", convert_to_numpy=False)
     for i, seq in enumerate(seqs):
@@ -115,25 +118,25 @@ def test_minilm_matches_sentence_transformers_token_embeddings(minilm_batch, min
 def test_padding_invariance(minilm, minilm_batch, minilm_hidden):
     config, params, _ = minilm
     seqs, _, _ = minilm_batch
-    encode = backbones.make_encode_fn(config)
+    encode = batching.make_encode_fn(config)
     alone_ids, alone_mask = tokenization.pad_batch([seqs[1]], len(seqs[1]))
     alone = np.asarray(encode(params, alone_ids, alone_mask))[0]
     np.testing.assert_allclose(alone, minilm_hidden[1, : len(seqs[1])], atol=2e-5)
     # The same sequences through encode_sequences' buckets (different padded shapes).
-    bucketed = backbones.encode_sequences(encode, params, seqs, boundaries=(8, 16, 48))
+    bucketed = batching.encode_sequences(encode, params, seqs, boundaries=(8, 16, 48))
     for i, seq in enumerate(seqs):
         np.testing.assert_allclose(bucketed[i], minilm_hidden[i, : len(seq)], atol=2e-5)
 
 
 def test_iter_encoded_batches_streams_all_sequences_in_any_concurrency():
     params = _tiny_params(2)
-    encode = backbones.make_encode_fn(TINY)
+    encode = batching.make_encode_fn(TINY)
     rng = np.random.default_rng(0)
     seqs = [rng.integers(1, 64, size=n).astype(np.int32) for n in [3, 12, 5, 9, 1, 12, 7, 2]]
     runs = {}
     for workers in (1, 3):
         stream = list(
-            backbones.iter_encoded_batches(
+            batching.iter_encoded_batches(
                 encode,
                 params,
                 seqs,
@@ -153,14 +156,14 @@ def test_iter_encoded_batches_streams_all_sequences_in_any_concurrency():
         np.testing.assert_array_equal(i1, i3)
         for a, b in zip(v1, v3, strict=True):
             np.testing.assert_array_equal(a, b)
-    collected = backbones.encode_sequences(encode, params, seqs, (4, 8, 12), 16)
+    collected = batching.encode_sequences(encode, params, seqs, (4, 8, 12), 16)
     direct_ids, direct_mask = tokenization.pad_batch(seqs, 12)
     direct = np.asarray(encode(params, direct_ids, direct_mask))
     for i, seq in enumerate(seqs):
         np.testing.assert_allclose(collected[i], direct[i, : len(seq)], atol=1e-5)
-    assert backbones.encode_sequences(encode, params, []) == []
+    assert batching.encode_sequences(encode, params, []) == []
     with pytest.raises(ValueError, match="concurrent_batches=0"):
-        backbones.encode_sequences(encode, params, seqs, concurrent_batches=0)
+        batching.encode_sequences(encode, params, seqs, concurrent_batches=0)
 
 
 # ----------------------------------------------------------------------------- model
@@ -204,7 +207,7 @@ def test_padding_invariance_tiny_and_token_types():
 
 def test_dropout_only_when_not_deterministic():
     config = dataclasses.replace(TINY, hidden_dropout_prob=0.5)
-    params = backbones.init_bert_params(config, jax.random.key(0))
+    params = bert_safetensors.init_bert_params(config, jax.random.key(0))
     model = BertEncoder(config)
     ids, mask = _tiny_inputs()
     a = model.apply({"params": params}, ids, mask)
@@ -250,7 +253,7 @@ def test_input_errors():
 
 
 def test_config_from_hf_dict():
-    hf = json.loads((backbones.minilm_model_dir() / "config.json").read_text())
+    hf = json.loads((minilm_weights.minilm_model_dir() / "config.json").read_text())
     config = BertConfig.from_hf_config(hf)
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
         384,
@@ -273,7 +276,7 @@ def test_config_from_hf_dict():
 
 
 def test_every_param_has_logical_axes():
-    boxed = backbones.abstract_bert_params(TINY)
+    boxed = bert_safetensors.abstract_bert_params(TINY)
     leaves = jax.tree_util.tree_leaves_with_path(
         boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
     )
@@ -304,7 +307,9 @@ def test_sharded_apply_on_a_mesh():
     params = _tiny_params()
     mesh = partitioning.create_mesh(num_partitions=1)
     rules = partitioning.standard_logical_axis_rules()
-    shardings = partitioning.params_shardings(backbones.abstract_bert_params(TINY), mesh, rules)
+    shardings = partitioning.params_shardings(
+        bert_safetensors.abstract_bert_params(TINY), mesh, rules
+    )
     params = jax.device_put(params, shardings)
     ids, mask = _tiny_inputs()
     model = BertEncoder(TINY)
@@ -319,7 +324,7 @@ def test_sharded_apply_on_a_mesh():
 
 def test_minilm_load_shapes(minilm):
     config, params, tok = minilm
-    abstract = nn.unbox(backbones.abstract_bert_params(config))
+    abstract = nn.unbox(bert_safetensors.abstract_bert_params(config))
     assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(params)
     for a, p in zip(
         jax.tree_util.tree_leaves(abstract), jax.tree_util.tree_leaves(params), strict=True
@@ -332,19 +337,19 @@ def test_minilm_load_shapes(minilm):
         )
     )
     # Kernels are transposed from PyTorch's [out, in].
-    raw = load_file(str(backbones.minilm_model_dir() / "model.safetensors"))
+    raw = load_file(str(minilm_weights.minilm_model_dir() / "model.safetensors"))
     np.testing.assert_array_equal(
         params["layer_3"]["intermediate"]["kernel"],
         raw["encoder.layer.3.intermediate.dense.weight"].T,
     )
     assert tok.vocab_size == config.vocab_size
-    assert backbones.read_max_seq_length(backbones.minilm_model_dir()) == 256
+    assert bert_safetensors.read_max_seq_length(minilm_weights.minilm_model_dir()) == 256
 
 
 def test_save_load_roundtrip_with_and_without_prefix(tmp_path):
     params = _tiny_params(3)
-    model_dir = backbones.save_bert_to_safetensors(TINY, params, tmp_path / "plain")
-    config, loaded = backbones.load_bert_from_safetensors(model_dir)
+    model_dir = bert_safetensors.save_bert_to_safetensors(TINY, params, tmp_path / "plain")
+    config, loaded = bert_safetensors.load_bert_from_safetensors(model_dir)
     assert config == TINY
     jax.tree_util.tree_map(np.testing.assert_array_equal, loaded, params)
     # A BertForMaskedLM-style file: "bert." prefix, position-id buffer, pooler and MLM head.
@@ -353,7 +358,7 @@ def test_save_load_roundtrip_with_and_without_prefix(tmp_path):
     tensors["bert.pooler.dense.weight"] = np.zeros((16, 16), np.float32)
     tensors["cls.predictions.bias"] = np.zeros((64,), np.float32)
     prefixed = _write(tmp_path / "prefixed", tensors)
-    _, loaded = backbones.load_bert_from_safetensors(prefixed, dtype=jnp.bfloat16)
+    _, loaded = bert_safetensors.load_bert_from_safetensors(prefixed, dtype=jnp.bfloat16)
     assert loaded["layer_1"]["output"]["kernel"].dtype == jnp.bfloat16
     np.testing.assert_allclose(
         np.asarray(loaded["layer_1"]["output"]["kernel"], np.float32),
@@ -371,7 +376,7 @@ def _write(model_dir, tensors, config=TINY):
 
 @pytest.fixture()
 def tiny_tensors(tmp_path):
-    model_dir = backbones.save_bert_to_safetensors(TINY, _tiny_params(), tmp_path / "src")
+    model_dir = bert_safetensors.save_bert_to_safetensors(TINY, _tiny_params(), tmp_path / "src")
     return load_file(str(model_dir / "model.safetensors"))
 
 
@@ -379,7 +384,7 @@ def test_loader_error_missing_tensor(tmp_path, tiny_tensors):
     del tiny_tensors["encoder.layer.1.attention.self.key.weight"]
     model_dir = _write(tmp_path / "m", tiny_tensors)
     with pytest.raises(ValueError) as e:
-        backbones.load_bert_from_safetensors(model_dir)
+        bert_safetensors.load_bert_from_safetensors(model_dir)
     assert str(model_dir / "model.safetensors") in str(e.value)
     assert "1 encoder tensor(s) missing: 'encoder.layer.1.attention.self.key.weight'" in str(
         e.value
@@ -390,7 +395,7 @@ def test_loader_error_wrong_shape(tmp_path, tiny_tensors):
     tiny_tensors["encoder.layer.0.intermediate.dense.weight"] = np.zeros((24, 15), np.float32)
     model_dir = _write(tmp_path / "m", tiny_tensors)
     with pytest.raises(ValueError) as e:
-        backbones.load_bert_from_safetensors(model_dir)
+        bert_safetensors.load_bert_from_safetensors(model_dir)
     msg = str(e.value)
     assert str(model_dir / "model.safetensors") in msg
     assert (
@@ -401,16 +406,16 @@ def test_loader_error_wrong_shape(tmp_path, tiny_tensors):
 def test_loader_error_unknown_and_duplicate_tensor(tmp_path, tiny_tensors):
     extra = dict(tiny_tensors, **{"encoder.layer.2.output.dense.bias": np.zeros(16, np.float32)})
     with pytest.raises(ValueError, match=r"'encoder.layer.2.output.dense.bias' is not part of"):
-        backbones.load_bert_from_safetensors(_write(tmp_path / "a", extra))
+        bert_safetensors.load_bert_from_safetensors(_write(tmp_path / "a", extra))
     twice = dict(tiny_tensors)
     twice["bert.embeddings.LayerNorm.weight"] = twice["embeddings.LayerNorm.weight"]
     with pytest.raises(ValueError, match="both map to parameter embeddings/LayerNorm/scale"):
-        backbones.load_bert_from_safetensors(_write(tmp_path / "b", twice))
+        bert_safetensors.load_bert_from_safetensors(_write(tmp_path / "b", twice))
 
 
 def test_loader_error_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json does not exist"):
-        backbones.load_bert_from_safetensors(tmp_path)
+        bert_safetensors.load_bert_from_safetensors(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(TINY.to_hf_config()))
     with pytest.raises(FileNotFoundError, match="model.safetensors does not exist"):
-        backbones.load_bert_from_safetensors(tmp_path)
+        bert_safetensors.load_bert_from_safetensors(tmp_path)

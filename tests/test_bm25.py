@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.bm25: scores, deterministic top-k, search, hard-negative mining."""
+"""Tests for aligner_jax.data.bm25: scores, deterministic top-k, search, hard-negative mining."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from fixtures import write_toy_beir
 
-from aligner_jax import beir, bm25, metrics
+from aligner_jax.data import beir, bm25
+from aligner_jax.evaluation import metrics
 
 # "apple" in every document; longer documents score lower (BM25 length normalisation), so the
 # ranking for the query "apple" is d00, d01, ..., d19.

@@ -12,9 +12,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from aligner_jax import beir
-from aligner_jax import corpus_sources as cs
-from aligner_jax import token_store as ts
+from aligner_jax.common import errors
+from aligner_jax.data import corpus_sources as cs
+from aligner_jax.indexing import token_store as ts
 
 REPO = Path(__file__).resolve().parent.parent
 RECORDS = [
@@ -106,11 +106,13 @@ def test_bad_sources_name_the_flag():
 
 def test_duplicate_ids_and_bad_utf8_name_the_record():
     _register("aligner_test_dupes", [RECORDS[0], RECORDS[1], RECORDS[0]])
-    with pytest.raises(beir.BeirFormatError, match=r"record 2: duplicate document id 'd0'.*0"):
+    with pytest.raises(errors.BeirFormatError, match=r"record 2: duplicate document id 'd0'.*0"):
         list(cs.iter_dataset_documents("seqio:aligner_test_dupes", "train"))
     bad = [dict(RECORDS[0]), dict(RECORDS[1], text=b"\xff\xfe broken")]
     _register("aligner_test_bytes", bad)
-    with pytest.raises(beir.BeirFormatError, match=r"record 1: feature 'text' is not valid UTF-8"):
+    with pytest.raises(
+        errors.BeirFormatError, match=r"record 1: feature 'text' is not valid UTF-8"
+    ):
         list(cs.iter_dataset_documents("seqio:aligner_test_bytes", "train"))
 
 

@@ -12,8 +12,10 @@ import gin
 import pytest
 from fixtures import write_toy_beir
 
-from aligner_jax import evaluation, gin_utils, indexing
-from aligner_jax import token_store as ts
+from aligner_jax.common import cli, errors, files
+from aligner_jax.evaluation import beir_eval
+from aligner_jax.indexing import indexer
+from aligner_jax.indexing import token_store as ts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +27,7 @@ def toy(tmp_path):
 
 def _parse(*files, bindings=()):
     gin.clear_config()
-    gin_utils.parse_gin(list(files), list(bindings))
+    cli.parse_gin(list(files), list(bindings))
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def _clear_gin():
 def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "exh"
-    report = evaluation.evaluate(
+    report = beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(out), index_dir=str(tmp_path / "index")
     )
     saved = json.loads((out / "metrics.json").read_text())
@@ -60,7 +62,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
     _parse("eval/zero_shot.gin", bindings=["SearchConfig.k_prime = 50"])
-    report2 = evaluation.evaluate(
+    report2 = beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(tmp_path / "scann"), index_dir=str(tmp_path / "index")
     )
     assert report2["timing"]["index_reused"] is True
@@ -70,7 +72,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
 
 def test_store_of_another_model_is_refused(toy, tmp_path):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
-    evaluation.evaluate(
+    beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(tmp_path / "index")
     )
     manifest = json.loads((tmp_path / "index" / ts.MANIFEST).read_text())
@@ -82,8 +84,8 @@ def test_store_of_another_model_is_refused(toy, tmp_path):
         "eval/exhaustive.gin",
         bindings=["AlignerConfig.projection = 'dense'"],
     )
-    with pytest.raises(ts.IndexIntegrityError, match="built with fingerprint"):
-        evaluation.evaluate(
+    with pytest.raises(errors.IndexIntegrityError, match="built with fingerprint"):
+        beir_eval.evaluate(
             dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(tmp_path / "index")
         )
 
@@ -92,13 +94,13 @@ def test_interrupted_store_is_completed_not_rebuilt(toy, tmp_path):
     """A store whose manifest is missing (killed job) is resumed shard by shard."""
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
     index = tmp_path / "index"
-    evaluation.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
-    checksums = {p.name: ts.sha256_file(p) for p in sorted(index.glob("shard-*"))}
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    checksums = {p.name: files.sha256_file(p) for p in sorted(index.glob("shard-*"))}
     (index / ts.MANIFEST).unlink()
     (index / "shard-00002.json").unlink()  # the last shard never committed
-    assert not indexing.store_is_complete_for(index, {})
-    evaluation.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index))
-    assert {p.name: ts.sha256_file(p) for p in sorted(index.glob("shard-*"))} == checksums
+    assert not indexer.store_is_complete_for(index, {})
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index))
+    assert {p.name: files.sha256_file(p) for p in sorted(index.glob("shard-*"))} == checksums
     assert json.loads((index / ts.MANIFEST).read_text())["counts"]["num_shards"] == 3
 
 

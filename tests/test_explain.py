@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from fixtures import write_toy_beir
 
-from aligner_jax import beir, explain, gin_utils, loading, scoring, tokenization
-from aligner_jax.encoding import EncodedText
+from aligner_jax.common import cli, errors
+from aligner_jax.core import scoring
+from aligner_jax.encoding import loading, tokenization
+from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.evaluation import explanation
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,11 +30,11 @@ DOC = "Tokenization splits words into pieces; a <script> tag & other markup must
 def identity():
     """The bundled MiniLM (identity projection, u = 1) and one explanation: two encodes."""
     gin.clear_config()
-    gin_utils.parse_gin(["models/minilm_identity.gin"])
+    cli.parse_gin(["models/minilm_identity.gin"])
     bundle = loading.load_encoder()
     gin.clear_config()
-    ex = explain.explain(bundle, QUERY, DOC, alignment="top_k:1", num_aligned=3)
-    return bundle, ex, explain.render_html(ex)
+    ex = explanation.explain(bundle, QUERY, DOC, alignment="top_k:1", num_aligned=3)
+    return bundle, ex, explanation.render_html(ex)
 
 
 def _section(page: str, element_id: str) -> str:
@@ -116,20 +119,22 @@ def test_text_is_html_escaped(identity):
 
 
 def test_salience_color_maps_unit_interval():
-    assert explain.salience_color(0.0) == "rgba(255, 193, 7, 0.000)"
-    assert explain.salience_color(1.0) == "rgba(255, 193, 7, 0.850)"
-    assert explain.salience_color(0.5) == "rgba(255, 193, 7, 0.425)"
-    assert explain.salience_color(-3.0) == explain.salience_color(0.0)
-    assert explain.salience_color(7.0) == explain.salience_color(1.0)
+    assert explanation.salience_color(0.0) == "rgba(255, 193, 7, 0.000)"
+    assert explanation.salience_color(1.0) == "rgba(255, 193, 7, 0.850)"
+    assert explanation.salience_color(0.5) == "rgba(255, 193, 7, 0.425)"
+    assert explanation.salience_color(-3.0) == explanation.salience_color(0.0)
+    assert explanation.salience_color(7.0) == explanation.salience_color(1.0)
     with pytest.raises(ValueError, match="NaN"):
-        explain.salience_color(float("nan"))
+        explanation.salience_color(float("nan"))
 
 
 def _fake_pair(alignment: str, num_aligned: int = 2):
     """Crafted vectors and saliences on the real tokenizer (no model)."""
     tok = loading.load_tokenizer("minilm")
-    query = explain.tokenize_text(tok, "alpha beta gamma delta", 64)  # [CLS] α β γ δ [SEP]
-    doc = explain.tokenize_text(tok, "tokenization rocks", 256)  # [CLS] token ##ization rocks [SEP]
+    query = explanation.tokenize_text(tok, "alpha beta gamma delta", 64)  # [CLS] α β γ δ [SEP]
+    doc = explanation.tokenize_text(
+        tok, "tokenization rocks", 256
+    )  # [CLS] token ##ization rocks [SEP]
     d_vectors = np.eye(5, dtype=np.float32)  # doc token j = e_j, so S_ij = q_i[j]
     q_vectors = np.full((6, 5), 0.01, np.float32)
     q_vectors[2] = [0.0, 0.2, 0.9, 0.5, 0.0]  # beta: ##ization (0.9), then rocks (0.5)
@@ -138,14 +143,14 @@ def _fake_pair(alignment: str, num_aligned: int = 2):
         query.token_ids, q_vectors, np.array([0.0, 0.2, 1.0, 0.5, 0.0, 0.0], np.float32)
     )
     d_enc = EncodedText(doc.token_ids, d_vectors, np.array([0, 0.1, 0.7, 0.3, 0], np.float32))
-    return explain.explain_encoded(
+    return explanation.explain_encoded(
         query, doc, q_enc, d_enc, alignment=alignment, num_aligned=num_aligned, model_name="fake"
     )
 
 
 def test_saliences_highlights_and_ranks_on_crafted_pair():
     ex = _fake_pair("top_k:2")
-    page = explain.render_html(ex)
+    page = explanation.render_html(ex)
     q = {w.text: w for w in ex.query_words}
     d = {w.text: w for w in ex.doc_words}
     assert [q[t].salience for t in ("alpha", "beta", "gamma", "delta")] == pytest.approx(
@@ -160,9 +165,9 @@ def test_saliences_highlights_and_ranks_on_crafted_pair():
     # Colours: intensity relative to the most salient word of the text.
     for word, intensity in (("beta", 1.0), ("gamma", 0.5), ("alpha", 0.2), ("delta", 0.0)):
         span = re.search(rf'<span class="w[^"]*" style="([^"]*)"[^>]*>{word}</span>', page)
-        assert explain.salience_color(intensity) in span.group(1), word
+        assert explanation.salience_color(intensity) in span.group(1), word
     span = re.search(r'<span class="w[^"]*" style="([^"]*)"[^>]*>rocks</span>', page)
-    assert explain.salience_color(0.3 / 0.7) in span.group(1)
+    assert explanation.salience_color(0.3 / 0.7) in span.group(1)
     # top-2 ranks by S: beta → tokenization (1), rocks (2); gamma → tokenization (1), [SEP] (2).
     beta = ex.word_alignments(ex.top_query_words[0])
     assert [(ex.doc_words[a.doc_word].text, a.rank) for a in beta] == [
@@ -184,7 +189,7 @@ def test_saliences_highlights_and_ranks_on_crafted_pair():
         ex.query_encoded.salience, ex.doc_encoded.salience,
     )  # fmt: skip
     assert ex.score == pytest.approx(float(expected), abs=1e-6)
-    summary = explain.format_summary(ex)
+    summary = explanation.format_summary(ex)
     assert "'beta' (u=1.000) -> 'tokenization'(1) S=0.900, 'rocks'(2) S=0.500" in summary
 
 
@@ -210,16 +215,16 @@ def test_other_strategies_score_and_list_their_alignments(alignment):
             ex.query.token_ids[a.query_position] == ex.doc.token_ids[a.doc_position]
             for a in ex.alignments
         )
-    assert f"{ex.score:.6f}" in explain.render_html(ex)
+    assert f"{ex.score:.6f}" in explanation.render_html(ex)
 
 
 def test_bad_settings_name_the_flag():
     with pytest.raises(ValueError, match="--beta_q"):
-        explain.explain_encoded(*_fake_inputs(), beta_q=1.5)
+        explanation.explain_encoded(*_fake_inputs(), beta_q=1.5)
     with pytest.raises(ValueError, match="--num_aligned"):
-        explain.explain_encoded(*_fake_inputs(), num_aligned=-1)
+        explanation.explain_encoded(*_fake_inputs(), num_aligned=-1)
     with pytest.raises(ValueError, match="Invalid alignment strategy 'top_q:3'"):
-        explain.explain_encoded(*_fake_inputs(), alignment="top_q:3")
+        explanation.explain_encoded(*_fake_inputs(), alignment="top_q:3")
 
 
 def _fake_inputs():
@@ -229,19 +234,19 @@ def _fake_inputs():
 
 def test_unknown_ids_name_the_id_and_file(tmp_path):
     data = write_toy_beir(tmp_path)
-    query_text, doc_text = explain.load_pair(data, "q1", "d1")
+    query_text, doc_text = explanation.load_pair(data, "q1", "d1")
     assert query_text == "honey bees in the hive"
     assert doc_text.startswith("Honey bees Honey bees collect nectar")  # title + text
-    with pytest.raises(beir.BeirFormatError, match=r"--query_id='nope'.*queries\.jsonl"):
-        explain.load_pair(data, "nope", "d1")
-    with pytest.raises(beir.BeirFormatError, match=r"--doc_id='d99'.*corpus\.jsonl.*12 doc"):
-        explain.load_pair(data, "q1", "d99")
+    with pytest.raises(errors.BeirFormatError, match=r"--query_id='nope'.*queries\.jsonl"):
+        explanation.load_pair(data, "nope", "d1")
+    with pytest.raises(errors.BeirFormatError, match=r"--doc_id='d99'.*corpus\.jsonl.*12 doc"):
+        explanation.load_pair(data, "q1", "d99")
 
 
 def _run_binary(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     return subprocess.run(
-        [sys.executable, "-m", "aligner_jax.explain_main", *args],
+        [sys.executable, "-m", "aligner_jax.explain", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aligner_jax import flops
+from aligner_jax.core import flops
 
 
 def test_formulas_match_xtr_appendix_b():

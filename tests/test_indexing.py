@@ -16,8 +16,8 @@ import pytest
 from fixtures import write_beir_fixture
 from index_utils import random_documents, write_store
 
-from aligner_jax import token_index as ti
-from aligner_jax import token_store as ts
+from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import token_store as ts
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega rho tau phi".split()
@@ -154,19 +154,22 @@ def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tmp_path):
     """IndexingConfig.store_beta_d keeps only each document's top tokens by salience on disk."""
     import gin
 
-    from aligner_jax import beir, gin_utils, indexing, loading
-    from aligner_jax.encoding import Encoder
+    from aligner_jax.common import cli
+    from aligner_jax.data import beir
+    from aligner_jax.encoding import loading
+    from aligner_jax.encoding.encoder import Encoder
+    from aligner_jax.indexing import indexer
 
     gin.clear_config()
     try:
-        gin_utils.parse_gin(["models/bert_tiny.gin"])
+        cli.parse_gin(["models/bert_tiny.gin"])
         encoder = Encoder(loading.load_encoder())
     finally:
         gin.clear_config()
     docs = list(beir.iter_corpus(corpus))[:12]
-    full = indexing.build_token_store(docs, encoder, tmp_path / "full", indexing.IndexingConfig(5))
-    half = indexing.build_token_store(
-        docs, encoder, tmp_path / "half", indexing.IndexingConfig(5, store_beta_d=0.5)
+    full = indexer.build_token_store(docs, encoder, tmp_path / "full", indexer.IndexingConfig(5))
+    half = indexer.build_token_store(
+        docs, encoder, tmp_path / "half", indexer.IndexingConfig(5, store_beta_d=0.5)
     )
     assert full.complete and half.complete
     a, b = ts.TokenStore(tmp_path / "full"), ts.TokenStore(tmp_path / "half")

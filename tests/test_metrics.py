@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.metrics against nDCG / Recall / MRR computed by hand."""
+"""Tests for aligner_jax.evaluation.metrics against nDCG / Recall / MRR computed by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner_jax import metrics
+from aligner_jax.evaluation import metrics
 
 L2 = math.log2
 

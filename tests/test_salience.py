@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.salience: the entropy-regularised LP gate (ALIGNER Eq. 3–5, A.1)."""
+"""Tests for aligner_jax.core.salience: the entropy-regularised LP gate (ALIGNER Eq. 3–5, A.1)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner_jax import salience
+from aligner_jax.core import salience
 
 M = 12  # padded length used by the property tests (one compiled shape)
 PROPERTY = settings(max_examples=25, deadline=None)

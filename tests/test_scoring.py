@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.scoring: ALIGNER Eq. 1–2, the pairwise alignments of §2.2/§3.1/A.2."""
+"""Tests for aligner_jax.core.scoring: ALIGNER Eq. 1–2, the pairwise alignments of §2.2/§3.1/A.2."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner_jax import scoring
-from aligner_jax.scoring import AlignmentStrategy
+from aligner_jax.core import scoring
+from aligner_jax.core.scoring import AlignmentStrategy
 
 N, M, H = 4, 9, 3  # query length, doc length, dim (fixed so compiled shapes are reused)
 PROPERTY = settings(max_examples=20, deadline=None)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from index_utils import random_documents, write_store
 
-from aligner_jax import refine as refine_lib
-from aligner_jax import scoring, xtr
-from aligner_jax import search as search_lib
-from aligner_jax import token_index as ti
-from aligner_jax.encoding import EncodedText
+from aligner_jax.core import scoring, xtr
+from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.indexing import ann as ti
+from aligner_jax.retrieval import refine as refine_lib
+from aligner_jax.retrieval import searcher as search_lib
 
 DIM = 16
 

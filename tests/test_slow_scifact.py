@@ -10,7 +10,8 @@ from pathlib import Path
 import gin
 import pytest
 
-from aligner_jax import evaluation, gin_utils
+from aligner_jax.common import cli
+from aligner_jax.evaluation import beir_eval
 
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact"
 
@@ -23,8 +24,8 @@ pytestmark = [
 def _evaluate(tmp_path_factory, *files, bindings=()):
     gin.clear_config()
     try:
-        gin_utils.parse_gin(list(files), list(bindings))
-        return evaluation.evaluate(
+        cli.parse_gin(list(files), list(bindings))
+        return beir_eval.evaluate(
             dataset_dir=str(SCIFACT),
             output_dir=str(tmp_path_factory.mktemp("out")),
             index_dir=str(INDEX_DIR),

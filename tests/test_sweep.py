@@ -11,14 +11,15 @@ from pathlib import Path
 import gin
 from fixtures import write_toy_beir
 
-from aligner_jax import gin_utils, sweeps
+from aligner_jax.common import cli
+from aligner_jax.evaluation import pruning_sweep
 
 
 def test_sweep_writes_table_json_and_small_plots(tmp_path):
     data = write_toy_beir(tmp_path / "data")
     gin.clear_config()
     try:
-        gin_utils.parse_gin(
+        cli.parse_gin(
             ["models/minilm_identity.gin", "sweeps/pruning.gin"],
             [
                 "sweep.beta_d = (1.0, 0.25)",
@@ -28,7 +29,7 @@ def test_sweep_writes_table_json_and_small_plots(tmp_path):
                 "SearchConfig.k_prime = 8",
             ],
         )
-        report = sweeps.sweep(dataset_dir=str(data), output_dir=str(tmp_path / "out"))
+        report = pruning_sweep.sweep(dataset_dir=str(data), output_dir=str(tmp_path / "out"))
     finally:
         gin.clear_config()
     out = tmp_path / "out"

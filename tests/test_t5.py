@@ -15,8 +15,7 @@ from fixtures import scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 
-from aligner_jax import partitioning
-from aligner_jax.models import t5
+from aligner_jax.models import partitioning, t5
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = t5.T5Config(

@@ -22,8 +22,9 @@ import tensorstore as ts
 from flax import linen as nn
 from flax import traverse_util
 
-from aligner_jax import t5x_import
+from aligner_jax.common import errors
 from aligner_jax.models import t5
+from aligner_jax.weights import t5x_import
 
 CFG = t5.T5Config(
     vocab_size=40,
@@ -210,27 +211,27 @@ def test_latest_step_is_taken(tmp_path, original):
     step5 = t5x_import.load_t5x_encoder(str(tmp_path), CFG, step=5)
     assert all(not np.any(v) for v in jax.tree_util.tree_leaves(step5))
     with pytest.raises(
-        t5x_import.T5XCheckpointError, match=r"No checkpoint_7 in .*available steps: \[5, 20\]"
+        errors.T5XCheckpointError, match=r"No checkpoint_7 in .*available steps: \[5, 20\]"
     ):
         t5x_import.load_t5x_encoder(str(tmp_path), CFG, step=7)
 
 
 def test_shape_mismatch_names_checkpoint_and_parameter(classic_dir):
     wrong = dataclasses.replace(CFG, mlp_dim=32)
-    with pytest.raises(t5x_import.T5XCheckpointError) as err:
+    with pytest.raises(errors.T5XCheckpointError) as err:
         t5x_import.load_t5x_encoder(classic_dir, wrong)
     message = str(err.value)
     assert os.path.join(classic_dir, "checkpoint_1000") in message
     assert "'target/encoder/layers_0/mlp/wi_0/kernel' has shape (16, 24)" in message
     assert "expects (16, 32)" in message
     with pytest.raises(
-        t5x_import.T5XCheckpointError, match=r"token_embedder/embedding' has shape \(40, 16\)"
+        errors.T5XCheckpointError, match=r"token_embedder/embedding' has shape \(40, 16\)"
     ):
         t5x_import.load_t5x_encoder(classic_dir, dataclasses.replace(CFG, vocab_size=32128))
 
 
 def test_missing_parameter_is_reported(tmp_path, classic_dir, original):
-    with pytest.raises(t5x_import.T5XCheckpointError) as err:
+    with pytest.raises(errors.T5XCheckpointError) as err:
         t5x_import.load_t5x_encoder(classic_dir, dataclasses.replace(CFG, num_layers=3))
     assert "has no parameter 'target/encoder/layers_2/" in str(err.value)
     assert "checkpoint_1000" in str(err.value)
@@ -239,7 +240,7 @@ def test_missing_parameter_is_reported(tmp_path, classic_dir, original):
     partial = {k: v for k, v in original.items() if k != "encoder/relpos_bias/rel_embedding"}
     write_classic_checkpoint(str(tmp_path), 1, partial, state)
     with pytest.raises(
-        t5x_import.T5XCheckpointError,
+        errors.T5XCheckpointError,
         match="has no parameter 'target/encoder/relpos_bias/rel_embedding'",
     ):
         t5x_import.load_t5x_encoder(str(tmp_path), CFG)
@@ -247,7 +248,7 @@ def test_missing_parameter_is_reported(tmp_path, classic_dir, original):
 
 def test_unexpected_encoder_parameter_is_reported(classic_dir):
     with pytest.raises(
-        t5x_import.T5XCheckpointError,
+        errors.T5XCheckpointError,
         match=r"encoder parameter 'target/encoder/layers_1/.*T5Config.num_layers",
     ):
         t5x_import.load_t5x_encoder(classic_dir, dataclasses.replace(CFG, num_layers=1))
@@ -259,7 +260,7 @@ def test_missing_tensorstore_array_is_reported(tmp_path, original):
         str(tmp_path), 3, original, state, broken=("target/encoder/layers_0/attention/out/kernel",)
     )
     with pytest.raises(
-        t5x_import.T5XCheckpointError,
+        errors.T5XCheckpointError,
         match="cannot open the tensorstore array of 'target/encoder/layers_0/attention/out/kernel'",
     ):
         t5x_import.load_t5x_encoder(str(tmp_path), CFG)
@@ -281,26 +282,26 @@ def test_orbax_checkpoint_roundtrip(tmp_path, original):
     for path in (tmp_path, tmp_path / "checkpoint_300", state_dir):
         _assert_params_equal(t5x_import.load_t5x_encoder(path, CFG), original)
     with pytest.raises(
-        t5x_import.T5XCheckpointError,
+        errors.T5XCheckpointError,
         match=r"layers_0/mlp/wi_0/kernel' has shape \(16, 24\) .*expects \(16, 8\)",
     ):
         t5x_import.load_t5x_encoder(tmp_path, dataclasses.replace(CFG, mlp_dim=8))
 
 
 def test_not_a_checkpoint(tmp_path):
-    with pytest.raises(t5x_import.T5XCheckpointError, match="does not exist"):
+    with pytest.raises(errors.T5XCheckpointError, match="does not exist"):
         t5x_import.load_t5x_encoder(tmp_path / "nope", CFG)
-    with pytest.raises(t5x_import.T5XCheckpointError, match="is not a T5X checkpoint"):
+    with pytest.raises(errors.T5XCheckpointError, match="is not a T5X checkpoint"):
         t5x_import.load_t5x_encoder(tmp_path, CFG)
     tf_dir = tmp_path / "checkpoint_1"
     tf_dir.mkdir()
     (tf_dir / "checkpoint").write_bytes(b'model_checkpoint_path: "model.ckpt-1"\n')
-    with pytest.raises(t5x_import.T5XCheckpointError, match="TensorFlow"):
+    with pytest.raises(errors.T5XCheckpointError, match="TensorFlow"):
         t5x_import.load_t5x_encoder(tf_dir, CFG)
     no_target = tmp_path / "checkpoint_2"
     no_target.mkdir()
     (no_target / "checkpoint").write_bytes(_encode({"version": 3, "optimizer": {"state": {}}}))
-    with pytest.raises(t5x_import.T5XCheckpointError, match="no 'target'"):
+    with pytest.raises(errors.T5XCheckpointError, match="no 'target'"):
         t5x_import.load_t5x_encoder(no_target, CFG)
 
 

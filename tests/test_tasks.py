@@ -14,9 +14,11 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import tasks
-from aligner_jax import beir, bm25, tokenization
-from tasks import features, msmarco, negatives, selfsup, sources
+from aligner_jax import tasks
+from aligner_jax.common import errors
+from aligner_jax.data import beir, bm25
+from aligner_jax.encoding import tokenization
+from aligner_jax.tasks import features, msmarco, negatives, selfsup, sources
 from tests import fixtures
 
 LENGTHS = {"query": 12, "doc": 20}
@@ -362,7 +364,7 @@ def test_beir_zero_negatives_and_other_split(tmp_path):
     task = seqio.get_mixture_or_task(tasks.BEIR_TRAIN_BM25)
     example = next(task.get_dataset(LENGTHS, split="dev", shuffle=False).as_numpy_iterator())
     assert example["doc"].shape[0] == 1 and example["negatives_pretokenized"].shape == (0,)
-    with pytest.raises(beir.BeirFormatError, match=r"qrels[/\\]train.tsv"):
+    with pytest.raises(errors.BeirFormatError, match=r"qrels[/\\]train.tsv"):
         task.get_dataset(LENGTHS, split="train", shuffle=False)
     _bind("beir_train_source.qrels_split = 'dev'")
     assert task.source.examples("train").stats["relevant_pairs"] == 18

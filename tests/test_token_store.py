@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from index_utils import random_documents, write_store
 
-from aligner_jax import token_index as ti
-from aligner_jax import token_store as ts
+from aligner_jax.common import errors
+from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import token_store as ts
 
 DIM = 16
 
@@ -53,7 +54,7 @@ def test_truncated_shard_is_refused_naming_the_file(tmp_path, docs):
     victim = tmp_path / "idx" / "shard-00001.vectors.npy"
     data = victim.read_bytes()
     victim.write_bytes(data[:-64])
-    with pytest.raises(ts.IndexIntegrityError, match=r"shard-00001\.vectors\.npy.*truncated"):
+    with pytest.raises(errors.IndexIntegrityError, match=r"shard-00001\.vectors\.npy.*truncated"):
         ts.TokenStore(tmp_path / "idx")
 
 
@@ -64,22 +65,22 @@ def test_altered_shard_fails_checksum_only_when_asked(tmp_path, docs):
     data[-1] ^= 0xFF  # same size, different content
     victim.write_bytes(bytes(data))
     ts.TokenStore(tmp_path / "idx")  # sizes still match
-    with pytest.raises(ts.IndexIntegrityError, match=r"shard-00002\.token_ids\.npy: sha256"):
+    with pytest.raises(errors.IndexIntegrityError, match=r"shard-00002\.token_ids\.npy: sha256"):
         ts.TokenStore(tmp_path / "idx", verify_checksums=True)
 
 
 def test_missing_manifest_and_model_mismatch(tmp_path, docs):
-    with pytest.raises(ts.IndexIntegrityError, match="manifest.json does not exist"):
+    with pytest.raises(errors.IndexIntegrityError, match="manifest.json does not exist"):
         ts.TokenStore(tmp_path / "nothing")
     store = write_store(tmp_path / "idx", docs, DIM, fingerprint="model-A")
-    with pytest.raises(ts.IndexIntegrityError, match="fingerprint='model-B'"):
+    with pytest.raises(errors.IndexIntegrityError, match="fingerprint='model-B'"):
         ts.check_model_matches(
             store.manifest, {"fingerprint": "model-B", "name": "B"}, tmp_path / "idx"
         )
     manifest = json.loads((tmp_path / "idx" / ts.MANIFEST).read_text())
     manifest["counts"]["num_docs"] += 1
     (tmp_path / "idx" / ts.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(ts.IndexIntegrityError, match="counts"):
+    with pytest.raises(errors.IndexIntegrityError, match="counts"):
         ts.TokenStore(tmp_path / "idx")
 
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner_jax import backbones, tokenization
-from aligner_jax.tokenization import (
+from aligner_jax.encoding import tokenization
+from aligner_jax.encoding.tokenization import (
     DEFAULT_DOC_MAXLEN,
     DEFAULT_QUERY_MAXLEN,
     Tokenizer,
@@ -22,13 +22,14 @@ from aligner_jax.tokenization import (
     merge_wordpieces,
     pad_batch,
 )
+from aligner_jax.weights import minilm
 
 SCIFACT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "beir" / "scifact"
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return Tokenizer(backbones.minilm_model_dir() / "tokenizer.json")
+    return Tokenizer(minilm.minilm_model_dir() / "tokenizer.json")
 
 
 def test_defaults():

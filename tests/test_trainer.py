@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from fixtures import write_beir_fixture
 
-from aligner_jax import evaluation, gin_utils, input_pipeline, trainer
-from aligner_jax import token_store as ts
+from aligner_jax.common import cli, errors
+from aligner_jax.evaluation import beir_eval
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.training import input_pipeline, trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,9 +104,7 @@ MODELS = {
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_tiny_model_trains_on_one_device(name, toy, tmp_path):
     gin_files, no_dropout, _ = MODELS[name]
-    gin_utils.parse_gin(
-        [*gin_files, "runs/train.gin"], _bindings(tmp_path / "m", toy, 30, **no_dropout)
-    )
+    cli.parse_gin([*gin_files, "runs/train.gin"], _bindings(tmp_path / "m", toy, 30, **no_dropout))
     last = trainer.train()
     losses = _losses(tmp_path / "m")
     assert sorted(losses) == list(range(1, 31))
@@ -121,12 +121,12 @@ def test_tiny_model_trains_on_one_device(name, toy, tmp_path):
 
 
 def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
-    gin_utils.parse_gin(
+    cli.parse_gin(
         ["models/bert_tiny.gin", "runs/train.gin"],
         _bindings(tmp_path / "m", toy, 6, LEARNING_RATE=1e30),
     )
     with pytest.raises(
-        trainer.NonFiniteLossError, match=r"loss is (nan|inf) at step \d.*checkpoint"
+        errors.NonFiniteLossError, match=r"loss is (nan|inf) at step \d.*checkpoint"
     ):
         trainer.train()
 
@@ -149,9 +149,11 @@ def _run(cmd: list[str], **env) -> subprocess.CompletedProcess:
 SHARDED_SCRIPT = """
 import json, sys
 import jax
-from aligner_jax import gin_utils, trainer, partitioning
+from aligner_jax.common import cli
+from aligner_jax.training import trainer
+from aligner_jax.models import partitioning
 gin_files, bindings, path = (json.loads(a) for a in sys.argv[1:4])
-gin_utils.parse_gin(gin_files + ["runs/train.gin"], bindings)
+cli.parse_gin(gin_files + ["runs/train.gin"], bindings)
 assert jax.device_count() == 8, jax.devices()
 trainer.train()
 # The parameters really are split over the model axis.
@@ -227,12 +229,12 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
     reports, stores = [], []
     for model_dir in (tmp_path / "ref", resumed_dir):
         gin.clear_config()
-        gin_utils.parse_gin(
+        cli.parse_gin(
             ["models/bert_tiny.gin", "eval/exhaustive.gin"],
             [f"load_encoder.checkpoint = {str(model_dir)!r}", "IndexingConfig.shard_size = 16"],
         )
         reports.append(
-            evaluation.evaluate(
+            beir_eval.evaluate(
                 dataset_dir=str(toy),
                 output_dir=str(model_dir / "eval"),
                 index_dir=str(model_dir / "index"),
@@ -250,12 +252,10 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
 
 
 def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):
-    gin_utils.parse_gin(
-        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3)
-    )
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
     trainer.train()
     gin.clear_config()
-    gin_utils.parse_gin(
+    cli.parse_gin(
         ["models/bert_tiny.gin", "runs/train.gin"],
         _bindings(tmp_path / "m", toy, 6, **{"DataConfig.seed": 7}),
     )
@@ -270,13 +270,11 @@ def test_every_gin_file_parses():
         "runs/trainer.gin": ["models/minilm.gin"],
         "models/aligner_t5.gin": ["models/t5_base.gin"],
     }
-    files = sorted(
-        p.relative_to(gin_utils.GIN_DIR).as_posix() for p in gin_utils.GIN_DIR.rglob("*.gin")
-    )
+    files = sorted(p.relative_to(cli.GIN_DIR).as_posix() for p in cli.GIN_DIR.rglob("*.gin"))
     assert len(files) >= 10
     for name in files:
         gin.clear_config()
-        gin_utils.parse_gin(needs.get(name, []) + [name])
+        cli.parse_gin(needs.get(name, []) + [name])
         assert gin.config_str() is not None
     gin.clear_config()
 
@@ -292,7 +290,7 @@ def test_launch_scripts_are_valid_bash():
 
 
 def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
-    gin_utils.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path, toy, 1))
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path, toy, 1))
     config = input_pipeline.DataConfig()
     path = input_pipeline.save_batches(config, 5, tmp_path / "b.npz")
     cached = input_pipeline.DataConfig(**{**config.identity(), "cached_batches": str(path)})
@@ -336,8 +334,9 @@ class Hidden(importlib.machinery.PathFinder):
         return super().find_spec(name, path, target)
 sys.meta_path = [Hidden if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
 from absl import app
-from aligner_jax import gin_utils, train
-gin_utils.define_gin_flags()
+from aligner_jax.common import cli
+from aligner_jax import train
+cli.define_gin_flags()
 sys.argv = ["aligner-train"] + sys.argv[1:]
 app.run(train.main)
 """
@@ -350,7 +349,7 @@ def test_replayed_batches_train_without_seqio_and_match_the_pipeline(toy, tmp_pa
         "train.summary_period": 2,
     }
     steps = 6
-    gin_utils.parse_gin(
+    cli.parse_gin(
         ["models/bert_tiny.gin", "runs/train.gin"],
         _bindings(tmp_path / "ref", toy, steps, **no_dropout),
     )

@@ -1,4 +1,4 @@
-"""Tests for aligner_jax.xtr: f_XTR (XTR Eq. 2, in-batch token retrieval) and f_XTR′ (Eq. 4)."""
+"""Tests for aligner_jax.core.xtr: f_XTR (XTR Eq. 2, in-batch token retrieval) and f_XTR′ (Eq. 4)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aligner_jax import scoring, xtr
+from aligner_jax.core import scoring, xtr
 
 PROPERTY = settings(max_examples=15, deadline=None)
 _train_scores = jax.jit(xtr.xtr_train_scores, static_argnums=(4,))

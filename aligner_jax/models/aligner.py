@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from aligner_jax import salience as salience_lib
+from aligner_jax.core import salience as salience_lib
+from aligner_jax.models import bert, t5
 
 PROJECTIONS = ("identity", "dense")
 SALIENCE_METHODS = ("lp", "relu", "hard_topk", "l1", "none")
@@ -102,8 +103,6 @@ def backbone_hidden_size(backbone_config) -> int:
 
 def build_backbone(backbone_config, dtype: str = "float32", name: str = "backbone") -> nn.Module:
     """The backbone module for a ``BertConfig`` or ``T5Config``, computing in ``dtype``."""
-    from aligner_jax.models import bert, t5  # noqa: PLC0415
-
     if isinstance(backbone_config, bert.BertConfig):
         return bert.BertEncoder(backbone_config, dtype=jnp.dtype(dtype), name=name)
     if isinstance(backbone_config, t5.T5Config):
@@ -202,3 +201,25 @@ class AlignerEncoder(nn.Module):
             self(q_ids, q_mask, QUERY, deterministic),
             self(d_ids, d_mask, DOC, deterministic),
         )
+
+
+def init_boxed_params(config: AlignerConfig, rng: jax.Array):
+    """Freshly initialised parameters, boxed (``nn.LogicallyPartitioned``: logical axis names)."""
+    module = AlignerEncoder(config)
+    ids = jnp.ones((1, 4), jnp.int32)
+    mask = jnp.ones((1, 4), bool)
+    return module.init(rng, ids, mask, ids, mask, method=module.encode_both)["params"]
+
+
+def _init_unboxed(config: AlignerConfig):
+    return lambda rng: nn.meta.unbox(init_boxed_params(config, rng))
+
+
+def init_params(config: AlignerConfig, seed: int = 0):
+    """Freshly initialised (unboxed) parameters of an ALIGNER encoder."""
+    return jax.jit(_init_unboxed(config))(jax.random.PRNGKey(seed))
+
+
+def abstract_params(config: AlignerConfig):
+    """Shapes and dtypes of the (unboxed) parameters, without allocating them."""
+    return jax.eval_shape(_init_unboxed(config), jax.random.PRNGKey(0))

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from aligner_jax import salience as salience_lib
-from aligner_jax import scoring, xtr
+from aligner_jax.core import salience as salience_lib
+from aligner_jax.core import scoring, xtr
 from aligner_jax.models import aligner as aligner_lib
 
 OBJECTIVES = ("aligner", "xtr")
@@ -76,13 +76,9 @@ class AlignerModel:
         self.strategy = scoring.AlignmentStrategy.parse(self.loss.alignment)
 
     # -- parameters ----------------------------------------------------------------------------
-    def _init_inputs(self):
-        q = jnp.ones((1, 4), jnp.int32)
-        return q, q != 0, q, q != 0
-
     def init(self, rng: jax.Array):
         """Boxed (``nn.LogicallyPartitioned``) parameters."""
-        return self.module.init(rng, *self._init_inputs(), method=self.module.encode_both)["params"]
+        return aligner_lib.init_boxed_params(self.config, rng)
 
     def init_abstract(self):
         return jax.eval_shape(self.init, jax.random.PRNGKey(0))

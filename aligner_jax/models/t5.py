@@ -2,7 +2,7 @@
 
 ALIGNER initialises its shared query/document encoder from T5 v1.1 (paper §4.1). This module is
 the encoder half of t5x's minimal T5 network, written so that a T5X checkpoint maps onto it almost
-1:1 (see :mod:`aligner_jax.t5x_import`). Parameter tree (``params`` collection)::
+1:1 (see :mod:`aligner_jax.weights.t5x_import`). Parameter tree (``params`` collection)::
 
   token_embedder/embedding                               [vocab, embed]
   encoder/relpos_bias/rel_embedding                      [heads, relpos_buckets]  (shared)
@@ -28,7 +28,7 @@ What makes it T5 v1.1 rather than BERT:
 
 Every parameter carries logical axis names (``nn.with_logical_partitioning``) and the main
 activations are constrained with ``nn.with_logical_constraint``; the names are those of
-:mod:`aligner_jax.partitioning`.
+:mod:`aligner_jax.models.partitioning`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax import token_store as ts
+from aligner_jax.common import errors, files
+from aligner_jax.core import pruning
+from aligner_jax.indexing import token_store as ts
 
 BACKENDS = ("scann", "exact")
 REORDER_DTYPES = ("float32", "bfloat16", "int8")
@@ -100,20 +102,13 @@ def prune_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
         return np.arange(store.num_tokens, dtype=np.int64)
     kept = []
     offsets = store.offsets
-    # Process documents in blocks to stay vectorised without holding all saliences per doc.
-    block = 4096
+    block = 4096  # documents per read: vectorised without holding every salience at once
     for start in range(0, store.num_docs, block):
         stop = min(start + block, store.num_docs)
         lo, hi = int(offsets[start]), int(offsets[stop])
-        sal = np.asarray(store.salience(lo, hi), dtype=np.float32)
-        for d in range(start, stop):
-            a, b = int(offsets[d]) - lo, int(offsets[d + 1]) - lo
-            m = b - a
-            if m == 0:
-                continue
-            keep = max(1, math.ceil(beta_d * m))
-            order = np.argsort(-sal[a:b], kind="stable")[:keep]
-            kept.append(np.sort(order) + lo + a)
+        kept.append(
+            pruning.top_fraction_segments(store.salience(lo, hi), offsets[start : stop + 1], beta_d)
+        )
     return np.concatenate(kept) if kept else np.zeros(0, np.int64)
 
 
@@ -292,14 +287,14 @@ class TokenIndex:
             "scann_config": dataclasses.asdict(self.scann_config),
             "store_fingerprint": self.store.manifest["model"].get("fingerprint"),
         }
-        ts.atomic_write_json(directory / "token_index.json", meta)
+        files.atomic_write_json(directory / "token_index.json", meta)
 
     @classmethod
     def load(cls, store: ts.TokenStore, directory: Path) -> TokenIndex:
         directory = Path(directory)
         meta = json.loads((directory / "token_index.json").read_text())
         if meta["store_fingerprint"] != store.manifest["model"].get("fingerprint"):
-            raise ts.IndexIntegrityError(
+            raise errors.IndexIntegrityError(
                 f"{directory}: token index was built from another token store; rebuild it"
             )
         rows = np.load(directory / "rows.npy")

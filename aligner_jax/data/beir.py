@@ -16,8 +16,8 @@ queries that have judgments in the requested split.
 
 Command line:
 
-    python -m aligner_jax.beir download scifact --to data/beir
-    python -m aligner_jax.beir stats ../shared/data/beir/scifact --split=test
+    python -m aligner_jax.data.beir download scifact --to data/beir
+    python -m aligner_jax.data.beir stats ../shared/data/beir/scifact --split=test
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aligner_jax.common.errors import BeirDownloadError, BeirFormatError
+
 BEIR_URL_TEMPLATE = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 UNKNOWN_QRELS_MODES = ("error", "skip")
@@ -46,14 +48,6 @@ _LAYOUT_HELP = (
     "queries.jsonl ({'_id', 'text'} per line) and qrels/<split>.tsv "
     "(header 'query-id<TAB>corpus-id<TAB>score')."
 )
-
-
-class BeirFormatError(ValueError):
-    """A BEIR file is missing or malformed; the message names the file, the line and the fix."""
-
-
-class BeirDownloadError(RuntimeError):
-    """The official BEIR archive could not be downloaded or unpacked."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,7 +419,7 @@ def load_beir(
     if not dataset_dir.is_dir():
         raise BeirFormatError(
             f"{dataset_dir}: dataset folder not found. {_LAYOUT_HELP} Download one with "
-            f"`python -m aligner_jax.beir download NAME --to DIR`."
+            f"`python -m aligner_jax.data.beir download NAME --to DIR`."
         )
     corpus_path = dataset_dir / "corpus.jsonl"
     queries_path = dataset_dir / "queries.jsonl"
@@ -592,7 +586,7 @@ def format_stats(dataset: BeirDataset) -> str:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m aligner_jax.beir", description="BEIR dataset download and statistics."
+        prog="python -m aligner_jax.data.beir", description="BEIR dataset download and statistics."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     dl = sub.add_parser("download", help="download and unpack an official BEIR dataset zip")

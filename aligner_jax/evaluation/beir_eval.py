@@ -21,13 +21,17 @@ import jax
 import numpy as np
 from absl import logging
 
-from aligner_jax import adaptation as adaptation_lib
-from aligner_jax import beir, flops, indexing, metrics, scoring
-from aligner_jax import loading as loading_lib
-from aligner_jax import search as search_lib
-from aligner_jax import token_index as ti
-from aligner_jax import token_store as ts
-from aligner_jax.encoding import Encoder, EncodingConfig
+from aligner_jax.common import errors, files
+from aligner_jax.core import flops, scoring
+from aligner_jax.data import beir
+from aligner_jax.encoding import loading as loading_lib
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.evaluation import adaptation as adaptation_lib
+from aligner_jax.evaluation import metrics
+from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import indexer
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
 
@@ -38,7 +42,7 @@ def corpus_info(dataset: beir.BeirDataset) -> dict:
         "dataset": dataset.name,
         "path": str(Path(dataset.path).resolve()),
         "num_docs": len(dataset.corpus),
-        "sha256": ts.sha256_file(corpus_file),
+        "sha256": files.sha256_file(corpus_file),
     }
 
 
@@ -55,17 +59,17 @@ def ensure_token_store(
     info = corpus_info(dataset)
     reused = False
     start = time.perf_counter()
-    if indexing.store_is_complete_for(index_dir, encoder.bundle.info()):
+    if indexer.store_is_complete_for(index_dir, encoder.bundle.info()):
         manifest = ts.read_manifest(index_dir)
         if manifest.get("corpus", {}).get("sha256") != info["sha256"]:
-            raise ts.IndexIntegrityError(
+            raise errors.IndexIntegrityError(
                 f"{index_dir / ts.MANIFEST}: built from another corpus "
                 f"({manifest.get('corpus', {}).get('path')}); use another --index_dir"
             )
         reused = True
         logging.info("Reusing the token store in %s", index_dir)
     else:
-        summary = indexing.build_token_store(
+        summary = indexer.build_token_store(
             dataset.corpus.values(), encoder, index_dir, corpus_info=info
         )
         if not summary.complete:

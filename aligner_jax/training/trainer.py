@@ -28,9 +28,11 @@ from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from aligner_jax import checkpointing, input_pipeline, optimizers, partitioning
-from aligner_jax import loading as loading_lib
+from aligner_jax.common.errors import NonFiniteLossError
+from aligner_jax.encoding import loading as loading_lib
+from aligner_jax.models import partitioning
 from aligner_jax.models.aligner_model import AlignerModel
+from aligner_jax.training import checkpointing, input_pipeline, optimizers
 
 TRAIN_LOG = "train_log.jsonl"
 
@@ -40,10 +42,6 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
-
-
-class NonFiniteLossError(FloatingPointError):
-    pass
 
 
 def _state_specs(model: AlignerModel, tx: optax.GradientTransformation):

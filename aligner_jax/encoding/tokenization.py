@@ -46,7 +46,7 @@ class Tokenizer:
         if not os.path.isfile(self.path):
             raise FileNotFoundError(
                 f"Tokenizer file {self.path} does not exist; pass the tokenizer.json of the "
-                "model folder (see aligner_jax.backbones.minilm_model_dir())."
+                "model folder (see aligner_jax.weights.minilm.minilm_model_dir())."
             )
         try:
             base = tokenizers.Tokenizer.from_file(self.path)

@@ -21,84 +21,23 @@ refuses anything that does not match, naming the file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-FORMAT = "aligner_jax.token_store/1"
+from aligner_jax.common import errors, files
+
+FORMAT = "aligner_jax.indexing.token_store/1"
 MANIFEST = "manifest.json"
 SHARD_FILES = ("vectors", "salience", "token_ids", "offsets", "doc_ids")
 VECTOR_DTYPE = np.float16
 
 
-class IndexIntegrityError(RuntimeError):
-    """An index directory does not match its manifest (or the model asking to use it)."""
-
-
-# Errors a user fixes by changing the input or the flags (BEIR format errors are ValueErrors):
-# the binaries report them in one line, without a traceback.
-USER_ERRORS = (IndexIntegrityError, FileNotFoundError, ValueError)
-
-
 def shard_name(shard_index: int) -> str:
     return f"shard-{shard_index:05d}"
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to a temporary file beside ``path``, fsyncs it, then renames it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 @dataclasses.dataclass
@@ -145,21 +84,25 @@ def write_shard(
     files = {}
     for key, array in arrays.items():
         path = directory / f"{name}.{key}.npy"
-        _atomic_save_npy(path, array)
-        files[key] = {"path": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        files.atomic_save_npy(path, array)
+        files[key] = {
+            "path": path.name,
+            "bytes": path.stat().st_size,
+            "sha256": files.sha256_file(path),
+        }
     ids_path = directory / f"{name}.doc_ids.json"
-    atomic_write_bytes(ids_path, json.dumps([d.doc_id for d in docs]).encode())
+    files.atomic_write_bytes(ids_path, json.dumps([d.doc_id for d in docs]).encode())
     files["doc_ids"] = {
         "path": ids_path.name,
         "bytes": ids_path.stat().st_size,
-        "sha256": sha256_file(ids_path),
+        "sha256": files.sha256_file(ids_path),
     }
     entry = {"name": name, "index": shard_index, "num_docs": len(docs), "num_tokens": total}
     entry["files"] = files
     if stats:
         entry["stats"] = stats
-    _fsync_dir(directory)
-    atomic_write_json(directory / f"{name}.json", entry)
+    files.fsync_dir(directory)
+    files.atomic_write_json(directory / f"{name}.json", entry)
     return entry
 
 
@@ -171,7 +114,9 @@ def read_shard_marker(directory: Path, shard_index: int) -> dict | None:
     try:
         entry = json.loads(marker.read_text())
     except json.JSONDecodeError as e:
-        raise IndexIntegrityError(f"{marker}: unreadable shard marker ({e}); delete it") from e
+        raise errors.IndexIntegrityError(
+            f"{marker}: unreadable shard marker ({e}); delete it"
+        ) from e
     for meta in entry["files"].values():
         path = Path(directory) / meta["path"]
         if not path.exists() or path.stat().st_size != meta["bytes"]:
@@ -182,22 +127,22 @@ def read_shard_marker(directory: Path, shard_index: int) -> dict | None:
 def write_manifest(directory: Path, manifest: dict) -> None:
     manifest = dict(manifest)
     manifest["format"] = FORMAT
-    atomic_write_json(Path(directory) / MANIFEST, manifest)
+    files.atomic_write_json(Path(directory) / MANIFEST, manifest)
 
 
 def read_manifest(directory: Path) -> dict:
     path = Path(directory) / MANIFEST
     if not path.exists():
-        raise IndexIntegrityError(
+        raise errors.IndexIntegrityError(
             f"{path} does not exist: {directory} is not a complete index (build it with "
             "aligner-index, or re-run the interrupted indexing job to finish it)"
         )
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
+        raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
     if manifest.get("format") != FORMAT:
-        raise IndexIntegrityError(
+        raise errors.IndexIntegrityError(
             f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT!r}"
         )
     return manifest
@@ -209,18 +154,22 @@ def verify_files(directory: Path, shards: Iterable[dict], checksums: bool) -> No
         for key in SHARD_FILES:
             meta = shard["files"].get(key)
             if meta is None:
-                raise IndexIntegrityError(f"manifest shard {shard['name']} lists no {key} file")
+                raise errors.IndexIntegrityError(
+                    f"manifest shard {shard['name']} lists no {key} file"
+                )
             path = Path(directory) / meta["path"]
             if not path.exists():
-                raise IndexIntegrityError(f"{path} is missing (listed in {directory / MANIFEST})")
+                raise errors.IndexIntegrityError(
+                    f"{path} is missing (listed in {directory / MANIFEST})"
+                )
             size = path.stat().st_size
             if size != meta["bytes"]:
-                raise IndexIntegrityError(
+                raise errors.IndexIntegrityError(
                     f"{path} has {size} bytes, the manifest says {meta['bytes']}: the file is "
                     "truncated or was altered; rebuild this index"
                 )
-            if checksums and sha256_file(path) != meta["sha256"]:
-                raise IndexIntegrityError(
+            if checksums and files.sha256_file(path) != meta["sha256"]:
+                raise errors.IndexIntegrityError(
                     f"{path}: sha256 does not match the manifest: the file was altered or "
                     "corrupted; rebuild this index"
                 )
@@ -250,12 +199,12 @@ class TokenStore:
             local = self._load(files["offsets"], shard)
             ids = json.loads((self.directory / files["doc_ids"]["path"]).read_text())
             if len(ids) != shard["num_docs"] or len(local) != shard["num_docs"] + 1:
-                raise IndexIntegrityError(
+                raise errors.IndexIntegrityError(
                     f"{self.directory / files['doc_ids']['path']}: {len(ids)} documents, the "
                     f"manifest says {shard['num_docs']}"
                 )
             if int(local[-1]) != shard["num_tokens"] or len(self._vectors[-1]) != local[-1]:
-                raise IndexIntegrityError(
+                raise errors.IndexIntegrityError(
                     f"{self.directory / files['offsets']['path']}: token counts disagree with "
                     "the manifest"
                 )
@@ -265,7 +214,7 @@ class TokenStore:
         self.offsets = np.concatenate(offsets)
         counts = self.manifest["counts"]
         if len(self.doc_ids) != counts["num_docs"] or base_tokens != counts["num_tokens"]:
-            raise IndexIntegrityError(
+            raise errors.IndexIntegrityError(
                 f"{self.directory / MANIFEST}: counts {counts} disagree with the shards "
                 f"({len(self.doc_ids)} docs, {base_tokens} tokens)"
             )
@@ -279,7 +228,7 @@ class TokenStore:
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
-            raise IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
+            raise errors.IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -366,7 +315,7 @@ def check_model_matches(manifest: dict, model_info: dict, directory: Path) -> No
     built = manifest.get("model", {})
     for key in ("fingerprint", "projection", "dim", "doc_maxlen"):
         if key in model_info and built.get(key) != model_info[key]:
-            raise IndexIntegrityError(
+            raise errors.IndexIntegrityError(
                 f"{Path(directory) / MANIFEST}: the index was built with {key}="
                 f"{built.get(key)!r} ({built.get('name')}), but the model searching it has "
                 f"{key}={model_info[key]!r} ({model_info.get('name')}). Search with the model "

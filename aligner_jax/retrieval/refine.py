@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aligner_jax import backbones, scoring
-from aligner_jax import token_store as ts
+from aligner_jax.core import scoring
+from aligner_jax.encoding import batching
+from aligner_jax.indexing import token_store as ts
 
 
 @gin.configurable
@@ -183,7 +184,7 @@ class Refiner:
             return part, np.asarray(scores)[:, :, : len(part)]
 
         # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core.
-        workers = self.config.concurrent_chunks or backbones.default_concurrent_batches()
+        workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
         with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
             for part, scores in pool.map(run, jobs):
                 cols = np.searchsorted(union, part)

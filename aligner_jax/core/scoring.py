@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from aligner_jax import salience as salience_lib
+from aligner_jax.core import salience as salience_lib
 
 # ---------------------------------------------------------------------------------------------
 # Similarity matrices

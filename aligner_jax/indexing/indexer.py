@@ -3,7 +3,7 @@
 Documents are read as a stream and cut into fixed-size shards by position (shard ``i`` holds
 documents ``[i·S, (i+1)·S)``). Shard ``i`` belongs to process ``i mod P`` (``P`` =
 ``jax.process_count()``), so many hosts index one corpus without talking to each other. Each shard
-is encoded and written atomically (see :mod:`aligner_jax.token_store`); a re-run skips every shard
+is encoded and written atomically (see :mod:`aligner_jax.indexing.token_store`); a re-run skips every shard
 whose commit marker exists, so a killed job resumes after its last complete shard and produces the
 same bytes. Peak memory is bounded by the shard and batch sizes, not by the corpus size. The
 manifest is written when all shards are complete.
@@ -18,12 +18,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import gin
-import numpy as np
+import jax
 from absl import logging
 
-from aligner_jax import beir, corpus_sources
-from aligner_jax import token_store as ts
-from aligner_jax.encoding import Encoder
+from aligner_jax.common import errors, files
+from aligner_jax.core import pruning
+from aligner_jax.data import beir, corpus_sources
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.indexing import token_store as ts
 
 CONFIG_FILE = "index_config.json"
 
@@ -81,9 +84,7 @@ def _shards(documents: Iterable[beir.Document], size: int) -> Iterator[list[beir
 def _keep_top(encoded, beta: float):
     if beta >= 1.0:
         return encoded
-    m = len(encoded.token_ids)
-    keep = max(1, int(np.ceil(beta * m)))
-    rows = np.sort(np.argsort(-encoded.salience, kind="stable")[:keep])
+    rows = pruning.top_fraction(encoded.salience, beta)  # §3.2, applied when storing
     return dataclasses.replace(
         encoded,
         token_ids=encoded.token_ids[rows],
@@ -102,13 +103,13 @@ def _check_or_write_config(directory: Path, settings: dict) -> None:
                 for k in set(existing) | set(settings)
                 if existing.get(k) != settings.get(k)
             }
-            raise ts.IndexIntegrityError(
+            raise errors.IndexIntegrityError(
                 f"{path}: this index directory was started with other settings {diff} "
                 "(existing, requested). Use another --index_dir or delete this one."
             )
     else:
         directory.mkdir(parents=True, exist_ok=True)
-        ts.atomic_write_json(path, settings)
+        files.atomic_write_json(path, settings)
 
 
 def build_token_store(
@@ -254,7 +255,7 @@ def store_is_complete_for(directory: Path, model_info: dict) -> bool:
     """True when ``directory`` holds a complete store built by this model (reusable)."""
     try:
         manifest = ts.read_manifest(directory)
-    except ts.IndexIntegrityError:
+    except errors.IndexIntegrityError:
         return False
     ts.check_model_matches(manifest, model_info, directory)
     return True
@@ -273,17 +274,12 @@ def index_corpus(
     """The ``aligner-index`` job: stream ``corpus`` into a token store.
 
     ``corpus`` is a BEIR corpus.jsonl, ``seqio:TASK`` or ``tfds:NAME`` (split ``corpus_split``;
-    see :mod:`aligner_jax.corpus_sources`).
+    see :mod:`aligner_jax.data.corpus_sources`).
 
     Each process (``jax.process_index()`` of ``jax.process_count()`` by default) encodes its own
     shards; every process finalises the manifest once all shards exist, so the last one to
     finish completes the index. Re-running resumes after the last complete shard.
     """
-    import jax  # noqa: PLC0415
-
-    from aligner_jax import loading  # noqa: PLC0415
-    from aligner_jax.encoding import Encoder, EncodingConfig  # noqa: PLC0415
-
     config = config or IndexingConfig()
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax import backbones, tokenization
+from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.models import partitioning
 
 
 @gin.configurable
@@ -126,8 +127,6 @@ class Encoder:
         self._data_parallel = 1
         params = bundle.params
         if mesh is not None:
-            from aligner_jax import partitioning  # noqa: PLC0415
-
             self._data_parallel = mesh.shape[partitioning.DATA_AXIS]
             self._batch_sharding = partitioning.batch_sharding(mesh)
             params = jax.device_put(params, partitioning.replicated(mesh))
@@ -159,7 +158,7 @@ class Encoder:
         """Yields ``(position, EncodedText)`` batch by batch (length buckets, not input order).
 
         Batches come from ``tokenization.length_buckets`` and run through
-        ``backbones.iter_encoded_batches`` (several batches in flight on CPU, where XLA runs
+        ``batching.iter_encoded_batches`` (several batches in flight on CPU, where XLA runs
         each fused op on one thread).
         """
         cfg = self.config
@@ -172,7 +171,7 @@ class Encoder:
 
         total_tokens, done_docs, done_tokens = int(lengths.sum()), 0, 0
         start = last_log = time.perf_counter()
-        for indices, outputs in backbones.iter_encoded_batches(
+        for indices, outputs in batching.iter_encoded_batches(
             encode_fn,
             self._params,
             token_ids,

@@ -15,7 +15,6 @@ The three steps are named and timed (XTR notebook habit):
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
@@ -23,11 +22,11 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax import flops, scoring, xtr
-from aligner_jax import refine as refine_lib
-from aligner_jax import token_index as ti
-from aligner_jax import token_store as ts
-from aligner_jax.encoding import EncodedText
+from aligner_jax.core import flops, pruning, scoring, xtr
+from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import refine as refine_lib
 
 REFINE_MODES = ("full", "xtr")
 
@@ -96,12 +95,8 @@ class SearchOutput:
 
 
 def prune_query_tokens(encoded: EncodedText, beta_q: float) -> np.ndarray:
-    """Positions of the top ceil(β^q·n) query tokens by salience (ties keep earlier tokens)."""
-    n = len(encoded.token_ids)
-    if beta_q >= 1.0:
-        return np.arange(n)
-    keep = max(1, math.ceil(beta_q * n))
-    return np.sort(np.argsort(-encoded.salience, kind="stable")[:keep])
+    """Positions of the query tokens kept at β^q (§3.2; the rule of ``core.pruning``)."""
+    return pruning.top_fraction(encoded.salience, beta_q)
 
 
 class Searcher:

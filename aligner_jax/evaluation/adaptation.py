@@ -7,7 +7,7 @@ p ∈ {0.5, 1, 1.5, 2}% (ties go to the earlier strategy in the list, i.e. to to
 queries are scored with it. We report the mean ± standard deviation of these per-fold scores
 (one score per fold), beside the default strategy (top-1) and the oracle (the best single strategy
 on all queries). Candidates are retrieved once and re-scored with every strategy in one pass (see
-:mod:`aligner_jax.refine`), so adaptation costs one refinement.
+:mod:`aligner_jax.retrieval.refine`), so adaptation costs one refinement.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import gin
 import numpy as np
 
-from aligner_jax import scoring
+from aligner_jax.core import scoring
 
 PAPER_STRATEGIES = (
     "top_k:1",

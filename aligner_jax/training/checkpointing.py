@@ -8,7 +8,8 @@ A checkpoint of step N under ``MODEL_DIR/checkpoints/N/`` holds two items:
     exactly the batches an uninterrupted job would have seen, and refuses to resume under a
     different pipeline.
 
-``restore_params`` loads only the encoder parameters of a checkpoint (for evaluation/indexing).
+``weights.aligner_checkpoint.restore_params`` reads only the encoder parameters of a checkpoint
+(for evaluation and indexing).
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import gin
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
-CHECKPOINT_SUBDIR = "checkpoints"
+from aligner_jax.weights.aligner_checkpoint import CHECKPOINT_SUBDIR
 
 
 @gin.configurable
@@ -77,42 +76,3 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tupl
         ),
     )
     return restored["state"], restored["data"]
-
-
-def _resolve_step_dir(path: Path) -> tuple[Path, int]:
-    """Accepts MODEL_DIR, MODEL_DIR/checkpoints or MODEL_DIR/checkpoints/<step>."""
-    path = Path(path).resolve()
-    if (path / "state").is_dir():
-        return path, int(path.name)
-    root = path / CHECKPOINT_SUBDIR if (path / CHECKPOINT_SUBDIR).is_dir() else path
-    steps = (
-        sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "state").is_dir())
-        if root.is_dir()
-        else []
-    )
-    if not steps:
-        raise FileNotFoundError(
-            f"{path}: no checkpoint found (expected MODEL_DIR, MODEL_DIR/{CHECKPOINT_SUBDIR} or "
-            f"MODEL_DIR/{CHECKPOINT_SUBDIR}/<step> written by aligner-train)"
-        )
-    return root / str(steps[-1]), steps[-1]
-
-
-def restore_params(path: str | Path, config=None) -> tuple[Any, int]:
-    """The encoder parameters (numpy/jax arrays) of a training checkpoint, and its step.
-
-    ``path`` may be the training MODEL_DIR (newest checkpoint), its ``checkpoints`` folder or one
-    step folder. With ``config`` (an ``AlignerConfig``) the parameter tree is checked against
-    the model the caller is about to build.
-    """
-    step_dir, step = _resolve_step_dir(Path(path))
-    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-    state = checkpointer.restore(step_dir / "state")
-    if "params" not in state:
-        raise ValueError(f"{step_dir / 'state'}: not an aligner-train checkpoint (no params)")
-    params = jax.tree_util.tree_map(np.asarray, state["params"])
-    if config is not None:
-        from aligner_jax import loading  # noqa: PLC0415
-
-        loading.check_param_tree(loading.abstract_params(config), params, str(step_dir))
-    return params, step

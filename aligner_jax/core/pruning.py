@@ -1,0 +1,46 @@
+"""Salience pruning (§3.2): keep the top ⌈β·n⌉ tokens of a text by salience.
+
+One rule for queries (β^q, before token retrieval), documents (β^d, in the token index or the
+store) and explanations (Table 4's highlighted tokens): a text of ``n > 0`` tokens keeps
+``max(1, ⌈β·n⌉)`` of them (all of them when β ≥ 1), the most salient first; ties keep the
+earlier token. Positions are returned in text order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def keep_count(n, beta: float):
+    """How many of ``n`` tokens (int or int array) survive pruning at ratio ``beta``."""
+    n = np.asarray(n, dtype=np.int64)
+    kept = n if beta >= 1.0 else np.minimum(np.maximum(1, np.ceil(beta * n)).astype(np.int64), n)
+    return int(kept) if kept.ndim == 0 else kept
+
+
+def top_fraction_segments(salience: np.ndarray, offsets: np.ndarray, beta: float) -> np.ndarray:
+    """Rows kept in every segment of a concatenation of texts, sorted (vectorised).
+
+    ``salience [T]`` holds the tokens of the texts ``offsets[i]..offsets[i+1]`` (``offsets [N+1]``,
+    rows counted from ``offsets[0]``); the result is in the same coordinates as ``offsets``.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    salience = np.asarray(salience, dtype=np.float32)
+    if len(salience) != offsets[-1] - offsets[0]:
+        raise ValueError(
+            f"salience has {len(salience)} rows, offsets span {offsets[-1] - offsets[0]}"
+        )
+    if beta >= 1.0:
+        return np.arange(offsets[0], offsets[-1], dtype=np.int64)
+    segment = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(salience))
+    order = np.lexsort((position, -salience, segment))  # by text, then salience desc, then position
+    rank = position - (offsets[segment] - offsets[0])  # ``order`` keeps each text's rows together
+    kept = order[rank < keep_count(lengths, beta)[segment]]
+    return np.sort(kept) + offsets[0]
+
+
+def top_fraction(salience: np.ndarray, beta: float) -> np.ndarray:
+    """Positions of the top ``max(1, ⌈β·n⌉)`` tokens of one text by salience, in text order."""
+    return top_fraction_segments(salience, np.array([0, len(salience)]), beta)
