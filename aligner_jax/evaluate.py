@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax.common import cli, errors
+from aligner_jax.common import cli
 from aligner_jax.evaluation import beir_eval
 
 FLAGS = flags.FLAGS
@@ -43,10 +43,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--dataset_dir is required (a BEIR folder)")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
-    cli.parse_gin_flags()
-    cli.call_or_exit(
+    cli.run_job(
         "aligner-eval",
-        errors.USER_ERRORS,
         beir_eval.evaluate,
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import jax
 from absl import app, flags
 
-from aligner_jax.common import cli, errors
+from aligner_jax.common import cli
 from aligner_jax.indexing import indexer
 
 FLAGS = flags.FLAGS
@@ -44,10 +44,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--corpus and --index_dir are required")
     if FLAGS.multiprocess:
         jax.distributed.initialize()
-    cli.parse_gin_flags()
-    summary = cli.call_or_exit(
+    summary = cli.run_job(
         "aligner-index",
-        errors.USER_ERRORS,
         indexer.index_corpus,
         corpus=FLAGS.corpus,
         index_dir=FLAGS.index_dir,

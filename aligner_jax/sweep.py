@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from aligner_jax.common import cli, errors
+from aligner_jax.common import cli
 from aligner_jax.evaluation import pruning_sweep
 
 FLAGS = flags.FLAGS
@@ -27,10 +27,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.dataset_dir or not FLAGS.output_dir:
         raise app.UsageError("--dataset_dir and --output_dir are required")
-    cli.parse_gin_flags()
-    cli.call_or_exit(
+    cli.run_job(
         "aligner-sweep",
-        errors.USER_ERRORS,
         pruning_sweep.sweep,
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,

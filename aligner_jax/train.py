@@ -11,13 +11,12 @@ Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the se
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import jax
 from absl import app, flags
 
-from aligner_jax.common import cli, errors
+from aligner_jax.common import cli
 from aligner_jax.training import trainer
 
 FLAGS = flags.FLAGS
@@ -31,15 +30,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.multiprocess:
         jax.distributed.initialize()
-    cli.parse_gin_flags()
-    try:
-        trainer.train()
-    except (errors.NonFiniteLossError, ValueError, FileNotFoundError) as e:
-        sys.exit(f"aligner-train: error: {e}")
-    except RuntimeError as e:
-        if "Required bindings" in str(e) or "gin.REQUIRED" in str(e):
-            sys.exit(f"aligner-train: error: {e} (set them with --gin.NAME=VALUE)")
-        raise
+    cli.run_job("aligner-train", trainer.train)
 
 
 def console_entry() -> None:

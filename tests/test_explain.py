@@ -16,9 +16,10 @@ from fixtures import write_toy_beir
 
 from aligner_jax.common import cli, errors
 from aligner_jax.core import scoring
+from aligner_jax.data import beir
 from aligner_jax.encoding import loading, tokenization
 from aligner_jax.encoding.encoder import EncodedText
-from aligner_jax.evaluation import explanation
+from aligner_jax.evaluation import explanation, explanation_html
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def identity():
     bundle = loading.load_encoder()
     gin.clear_config()
     ex = explanation.explain(bundle, QUERY, DOC, alignment="top_k:1", num_aligned=3)
-    return bundle, ex, explanation.render_html(ex)
+    return bundle, ex, explanation_html.render_html(ex)
 
 
 def _section(page: str, element_id: str) -> str:
@@ -119,13 +120,13 @@ def test_text_is_html_escaped(identity):
 
 
 def test_salience_color_maps_unit_interval():
-    assert explanation.salience_color(0.0) == "rgba(255, 193, 7, 0.000)"
-    assert explanation.salience_color(1.0) == "rgba(255, 193, 7, 0.850)"
-    assert explanation.salience_color(0.5) == "rgba(255, 193, 7, 0.425)"
-    assert explanation.salience_color(-3.0) == explanation.salience_color(0.0)
-    assert explanation.salience_color(7.0) == explanation.salience_color(1.0)
+    assert explanation_html.salience_color(0.0) == "rgba(255, 193, 7, 0.000)"
+    assert explanation_html.salience_color(1.0) == "rgba(255, 193, 7, 0.850)"
+    assert explanation_html.salience_color(0.5) == "rgba(255, 193, 7, 0.425)"
+    assert explanation_html.salience_color(-3.0) == explanation_html.salience_color(0.0)
+    assert explanation_html.salience_color(7.0) == explanation_html.salience_color(1.0)
     with pytest.raises(ValueError, match="NaN"):
-        explanation.salience_color(float("nan"))
+        explanation_html.salience_color(float("nan"))
 
 
 def _fake_pair(alignment: str, num_aligned: int = 2):
@@ -150,7 +151,7 @@ def _fake_pair(alignment: str, num_aligned: int = 2):
 
 def test_saliences_highlights_and_ranks_on_crafted_pair():
     ex = _fake_pair("top_k:2")
-    page = explanation.render_html(ex)
+    page = explanation_html.render_html(ex)
     q = {w.text: w for w in ex.query_words}
     d = {w.text: w for w in ex.doc_words}
     assert [q[t].salience for t in ("alpha", "beta", "gamma", "delta")] == pytest.approx(
@@ -165,9 +166,9 @@ def test_saliences_highlights_and_ranks_on_crafted_pair():
     # Colours: intensity relative to the most salient word of the text.
     for word, intensity in (("beta", 1.0), ("gamma", 0.5), ("alpha", 0.2), ("delta", 0.0)):
         span = re.search(rf'<span class="w[^"]*" style="([^"]*)"[^>]*>{word}</span>', page)
-        assert explanation.salience_color(intensity) in span.group(1), word
+        assert explanation_html.salience_color(intensity) in span.group(1), word
     span = re.search(r'<span class="w[^"]*" style="([^"]*)"[^>]*>rocks</span>', page)
-    assert explanation.salience_color(0.3 / 0.7) in span.group(1)
+    assert explanation_html.salience_color(0.3 / 0.7) in span.group(1)
     # top-2 ranks by S: beta → tokenization (1), rocks (2); gamma → tokenization (1), [SEP] (2).
     beta = ex.word_alignments(ex.top_query_words[0])
     assert [(ex.doc_words[a.doc_word].text, a.rank) for a in beta] == [
@@ -189,7 +190,7 @@ def test_saliences_highlights_and_ranks_on_crafted_pair():
         ex.query_encoded.salience, ex.doc_encoded.salience,
     )  # fmt: skip
     assert ex.score == pytest.approx(float(expected), abs=1e-6)
-    summary = explanation.format_summary(ex)
+    summary = explanation_html.format_summary(ex)
     assert "'beta' (u=1.000) -> 'tokenization'(1) S=0.900, 'rocks'(2) S=0.500" in summary
 
 
@@ -215,7 +216,7 @@ def test_other_strategies_score_and_list_their_alignments(alignment):
             ex.query.token_ids[a.query_position] == ex.doc.token_ids[a.doc_position]
             for a in ex.alignments
         )
-    assert f"{ex.score:.6f}" in explanation.render_html(ex)
+    assert f"{ex.score:.6f}" in explanation_html.render_html(ex)
 
 
 def test_bad_settings_name_the_flag():
@@ -234,13 +235,13 @@ def _fake_inputs():
 
 def test_unknown_ids_name_the_id_and_file(tmp_path):
     data = write_toy_beir(tmp_path)
-    query_text, doc_text = explanation.load_pair(data, "q1", "d1")
+    query_text, doc_text = beir.load_pair(data, "q1", "d1")
     assert query_text == "honey bees in the hive"
     assert doc_text.startswith("Honey bees Honey bees collect nectar")  # title + text
     with pytest.raises(errors.BeirFormatError, match=r"--query_id='nope'.*queries\.jsonl"):
-        explanation.load_pair(data, "nope", "d1")
+        beir.load_pair(data, "nope", "d1")
     with pytest.raises(errors.BeirFormatError, match=r"--doc_id='d99'.*corpus\.jsonl.*12 doc"):
-        explanation.load_pair(data, "q1", "d99")
+        beir.load_pair(data, "q1", "d99")
 
 
 def _run_binary(*args):

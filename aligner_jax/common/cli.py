@@ -16,6 +16,8 @@ from pathlib import Path
 import gin
 from absl import app, flags
 
+from aligner_jax.common import errors
+
 
 def _gin_dir() -> Path:
     """The project's gin folder: ``aligner_jax/gin`` in an installed wheel, ``<repo>/gin`` in a
@@ -67,7 +69,7 @@ def resolve_gin_file(name: str, paths: Sequence[str]) -> str:
         candidate = os.path.join(base, name)
         if os.path.exists(candidate):
             return candidate
-    raise FileNotFoundError(
+    raise errors.MissingPathError(
         f"--gin_file={name}: not found in the gin search paths {list(paths)} "
         "(add a folder with --gin_search_paths)"
     )
@@ -84,7 +86,7 @@ def parse_gin(
     try:
         gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
     except (ValueError, KeyError, NameError, ImportError) as e:
-        raise app.UsageError(f"gin configuration error: {e}") from e
+        raise errors.ConfigError(f"gin configuration error: {e}") from e
 
 
 def run(main: Callable[[Sequence[str]], None]) -> None:
@@ -94,12 +96,29 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
     app.run(main)
 
 
-def call_or_exit(program: str, errors: tuple[type[BaseException], ...], fn: Callable, **kwargs):
-    """``fn(**kwargs)``; a user-fixable error (one of ``errors``) exits with one clear line
-    ``PROGRAM: error: ...`` and no traceback. Anything else is a bug and keeps its traceback."""
+def _is_missing_gin_binding(error: BaseException) -> bool:
+    """gin reports an unbound ``gin.REQUIRED`` parameter or macro as a plain RuntimeError with
+    this message; it is the user's to fix (a binding), so it is turned into a ``ConfigError``."""
+    return type(error).__name__ == "RuntimeError" and str(error).startswith("Required bindings")
+
+
+def call_or_exit(program: str, fn: Callable, **kwargs):
+    """``fn(**kwargs)`` under the one error policy of every binary.
+
+    A user error (``errors.USER_ERRORS``: a bad input file, flag, gin binding, missing path or
+    permission) exits non-zero with one line ``PROGRAM: error: ...`` and no traceback; anything
+    else is a bug and keeps its traceback.
+    """
     try:
-        return fn(**kwargs)
-    except errors as e:
+        try:
+            return fn(**kwargs)
+        except RuntimeError as e:
+            if _is_missing_gin_binding(e):
+                raise errors.ConfigError(
+                    f"{e} (set them with --gin.NAME=VALUE or in a gin file)"
+                ) from e
+            raise
+    except errors.USER_ERRORS as e:
         # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
         lines = [ln for ln in str(e).splitlines() if not ln.startswith("  In call to configurable")]
         sys.exit(f"{program}: error: " + "\n".join(lines))
@@ -108,3 +127,14 @@ def call_or_exit(program: str, errors: tuple[type[BaseException], ...], fn: Call
 def parse_gin_flags() -> None:
     f = flags.FLAGS
     parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths)
+
+
+def run_job(program: str, fn: Callable, **kwargs):
+    """What every binary's ``main`` does after checking its flags: parse ``--gin_file`` /
+    ``--gin_bindings``, then ``fn(**kwargs)``, both under :func:`call_or_exit`."""
+
+    def job():
+        parse_gin_flags()
+        return fn(**kwargs)
+
+    return call_or_exit(program, job)

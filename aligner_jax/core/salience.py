@@ -55,6 +55,8 @@ from fractions import Fraction
 import jax
 import jax.numpy as jnp
 
+from aligner_jax.common.errors import ConfigError
+
 SALIENCE_METHODS = ("lp", "relu", "hard_topk", "l1", "none")
 LP_INITS = ("exact", "threshold", "zero")
 
@@ -76,7 +78,7 @@ def _ratio_fraction(ratio: float, name: str) -> Fraction:
             f"{name}={ratio!r} must be a Python float (a static ratio), not a traced array."
         )
     if not 0.0 < float(ratio) <= 1.0:
-        raise ValueError(f"{name}={ratio!r} must be a ratio in (0, 1].")
+        raise ConfigError(f"{name}={ratio!r} must be a ratio in (0, 1].")
     return Fraction(repr(float(ratio))).limit_denominator(_MAX_RATIO_DENOMINATOR)
 
 
@@ -115,13 +117,13 @@ def sparsity_k(mask: jax.Array, alpha: float) -> jax.Array:
 
 def _check_solver_args(epsilon: float, num_iters: int, init: str) -> None:
     if not isinstance(epsilon, int | float) or not epsilon > 0:
-        raise ValueError(f"epsilon={epsilon!r} must be a Python float > 0 (ε of Eq. 4 / Eq. 9).")
+        raise ConfigError(f"epsilon={epsilon!r} must be a Python float > 0 (ε of Eq. 4 / Eq. 9).")
     if not isinstance(num_iters, int) or num_iters < 0:
-        raise ValueError(f"num_iters={num_iters!r} must be a Python int >= 0 (Eq. 5 updates).")
+        raise ConfigError(f"num_iters={num_iters!r} must be a Python int >= 0 (Eq. 5 updates).")
     if init not in LP_INITS:
-        raise ValueError(f"init={init!r} is not one of {LP_INITS} (initialisation of Eq. 5).")
+        raise ConfigError(f"init={init!r} is not one of {LP_INITS} (initialisation of Eq. 5).")
     if init != "exact" and num_iters < 1:
-        raise ValueError(
+        raise ConfigError(
             f"init={init!r} needs num_iters >= 1 Eq. 5 updates (got {num_iters}); about 2,000–4,000 "
             "are needed to converge at epsilon=0.002 from init='zero', 200–500 from 'threshold'. "
             "Use init='exact' for the converged solution with num_iters=0."
@@ -336,7 +338,7 @@ def unary_salience(
       u ``[..., m]``, zero on padding.
     """
     if method not in SALIENCE_METHODS:
-        raise ValueError(
+        raise ConfigError(
             f"Unknown salience method {method!r}; valid methods are {SALIENCE_METHODS} "
             "(ALIGNER §3.2 and the ablations of §4.3)."
         )

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import salience as salience_lib
 
 # ---------------------------------------------------------------------------------------------
@@ -160,33 +161,33 @@ class AlignmentStrategy:
             "differentiable": ("k", "epsilon", "num_iters"),
         }
         if self.kind not in needed:
-            raise ValueError(f"Unknown alignment kind {self.kind!r}; valid forms: {VALID_FORMS}.")
+            raise ConfigError(f"Unknown alignment kind {self.kind!r}; valid forms: {VALID_FORMS}.")
         for name, value in fields.items():
             if name in needed[self.kind] and value is None:
-                raise ValueError(
+                raise ConfigError(
                     f"Alignment {self.kind!r} needs {name}; valid forms: {VALID_FORMS}."
                 )
             if name not in needed[self.kind] and value is not None:
-                raise ValueError(
+                raise ConfigError(
                     f"Alignment {self.kind!r} takes no {name} (got {value!r}); "
                     f"valid forms: {VALID_FORMS}."
                 )
         if self.k is not None and (
             not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1
         ):
-            raise ValueError(f"Alignment {self.kind!r}: k={self.k!r} must be an int >= 1.")
+            raise ConfigError(f"Alignment {self.kind!r}: k={self.k!r} must be an int >= 1.")
         if self.p is not None:
             if not isinstance(self.p, int | float) or not 0.0 < self.p <= 1.0:
-                raise ValueError(f"Alignment 'top_p': p={self.p!r} must be a fraction in (0, 1].")
+                raise ConfigError(f"Alignment 'top_p': p={self.p!r} must be a fraction in (0, 1].")
             object.__setattr__(self, "p", float(self.p))
         if self.epsilon is not None:
             if not isinstance(self.epsilon, int | float) or not self.epsilon > 0:
-                raise ValueError(f"Alignment {self.kind!r}: epsilon={self.epsilon!r} must be > 0.")
+                raise ConfigError(f"Alignment {self.kind!r}: epsilon={self.epsilon!r} must be > 0.")
             object.__setattr__(self, "epsilon", float(self.epsilon))
         if self.num_iters is not None and (
             not isinstance(self.num_iters, int) or self.num_iters < 0
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"Alignment {self.kind!r}: num_iters={self.num_iters!r} must be an int >= 0."
             )
 
@@ -209,13 +210,13 @@ class AlignmentStrategy:
         if isinstance(spec, AlignmentStrategy):
             return spec
         if not isinstance(spec, str):
-            raise ValueError(
+            raise ConfigError(
                 f"Alignment strategy {spec!r} must be a string; valid forms: {VALID_FORMS}."
             )
         try:
             return cls._parse_text(re.sub(r"\s+", "", spec).lower())
         except ValueError as error:
-            raise ValueError(
+            raise ConfigError(
                 f"Invalid alignment strategy {spec!r}: {error}. Valid forms: {VALID_FORMS}."
             ) from None
 
@@ -289,9 +290,9 @@ class AlignmentStrategy:
         return jnp.minimum(k, jnp.asarray(length).astype(jnp.int32))
 
 
-def as_strategy(strategy: str | AlignmentStrategy) -> AlignmentStrategy:
-    """``AlignmentStrategy.parse`` for a string, the strategy itself otherwise."""
-    return AlignmentStrategy.parse(strategy)
+def canonical_name(strategy: str | AlignmentStrategy) -> str:
+    """The canonical spelling of a strategy (``top_p:0.5%`` → ``top_p:0.005``): result keys."""
+    return str(AlignmentStrategy.parse(strategy))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +436,7 @@ def pairwise_alignment(
     d_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Ã for any strategy (dispatch on ``strategy.kind``)."""
-    strategy = as_strategy(strategy)
+    strategy = AlignmentStrategy.parse(strategy)
     kind = strategy.kind
     if kind == "top_k":
         return top_k_alignment(s, q_mask, d_mask, strategy.k)
@@ -524,7 +525,7 @@ def topk_family_scores(
     Returns:
       ``[len(strategies), *s.shape[:-2]]``.
     """
-    strategies = tuple(as_strategy(x) for x in strategies)
+    strategies = tuple(AlignmentStrategy.parse(x) for x in strategies)
     if not strategies:
         raise ValueError("topk_family_scores needs at least one strategy.")
     for strategy in strategies:

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
+
 
 def xtr_train_scores(
     q: jax.Array, q_mask: jax.Array, d: jax.Array, d_mask: jax.Array, k_train: int
@@ -49,7 +51,7 @@ def xtr_train_scores(
             f"xtr_train_scores expects q [B, n, h] and d [C, m, h]; got {q.shape}, {d.shape}."
         )
     if not isinstance(k_train, int) or k_train < 1:
-        raise ValueError(f"k_train={k_train!r} must be a Python int >= 1 (XTR §3.1 top-k_train).")
+        raise ConfigError(f"k_train={k_train!r} must be a Python int >= 1 (XTR §3.1 top-k_train).")
     num_docs, doc_len = d.shape[:2]
     q_mask = jnp.asarray(q_mask, bool)
     d_mask = jnp.asarray(d_mask, bool)

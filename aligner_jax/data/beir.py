@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aligner_jax.common.errors import BeirDownloadError, BeirFormatError
+from aligner_jax.common.errors import BeirDownloadError, BeirFormatError, ConfigError
 
 BEIR_URL_TEMPLATE = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -411,7 +411,7 @@ def load_beir(
       A `BeirDataset` whose `queries` are the queries judged in the split (BEIR convention).
     """
     if unknown_qrels not in UNKNOWN_QRELS_MODES:
-        raise ValueError(
+        raise ConfigError(
             f"unknown_qrels={unknown_qrels!r} (flag --unknown_qrels): expected one of "
             f"{list(UNKNOWN_QRELS_MODES)}."
         )
@@ -503,6 +503,50 @@ def load_beir(
 # --------------------------------------------------------------------------------------------
 # Download.
 
+
+def load_pair(
+    dataset_dir: str | Path, query_id: str | None, doc_id: str | None
+) -> tuple[str | None, str | None]:
+    """Query text and document text (``title + " " + text``) by id from a BEIR folder.
+
+    Either id may be None (that text then comes from elsewhere). Raises ``BeirFormatError``
+    naming the id and the file when an id is absent (or the file is missing or malformed).
+    """
+    dataset_dir = Path(dataset_dir)
+    if not dataset_dir.is_dir():
+        raise BeirFormatError(
+            f"--dataset_dir={dataset_dir}: not a folder; give a BEIR folder with corpus.jsonl "
+            "and queries.jsonl."
+        )
+    query_text = doc_text = None
+    if query_id is not None:
+        path = dataset_dir / "queries.jsonl"
+        queries = load_queries(path)
+        if query_id not in queries:
+            examples = ", ".join(repr(q) for q in list(queries)[:5])
+            raise BeirFormatError(
+                f"--query_id={query_id!r}: no query with this id in {path} ({len(queries)} "
+                f"queries; the first ids are {examples})."
+            )
+        query_text = queries[query_id]
+    if doc_id is not None:
+        path = dataset_dir / "corpus.jsonl"
+        count, first = 0, []
+        for doc in iter_corpus(path, check_duplicates=False):
+            if doc.doc_id == doc_id:
+                doc_text = document_text(doc)
+                break
+            count += 1
+            if len(first) < 5:
+                first.append(repr(doc.doc_id))
+        else:
+            raise BeirFormatError(
+                f"--doc_id={doc_id!r}: no document with this id in {path} ({count} documents; "
+                f"the first ids are {', '.join(first)})."
+            )
+    return query_text, doc_text
+
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -527,7 +571,7 @@ def download_dataset(
     raise `BeirDownloadError` with what to do instead.
     """
     if not _NAME_RE.match(name):
-        raise ValueError(f"dataset name {name!r}: expected a BEIR name such as 'scifact'.")
+        raise ConfigError(f"dataset name {name!r}: expected a BEIR name such as 'scifact'.")
     to_dir = Path(to_dir)
     target = to_dir / name
     if (target / "corpus.jsonl").is_file():

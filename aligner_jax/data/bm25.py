@@ -26,6 +26,8 @@ import numpy as np
 import Stemmer
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
+
 
 def _top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the `k` largest scores, best first; equal scores keep index order.
@@ -91,15 +93,15 @@ class BM25Index:
                 f"BM25Index.build: {len(doc_ids)} doc_ids but {len(texts)} texts; they must align."
             )
         if not doc_ids:
-            raise ValueError("BM25Index.build: the corpus is empty; nothing to index.")
+            raise ConfigError("BM25Index.build: the corpus is empty; nothing to index.")
         if len(set(doc_ids)) != len(doc_ids):
             seen: set[str] = set()
             duplicate = next(d for d in doc_ids if d in seen or seen.add(d))
-            raise ValueError(
+            raise ConfigError(
                 f"BM25Index.build: duplicate doc_id {duplicate!r}; ids must be unique."
             )
         if stemmer_language and stemmer_language not in Stemmer.algorithms():
-            raise ValueError(
+            raise ConfigError(
                 f"stemmer_language={stemmer_language!r}: not a PyStemmer language; choose one of "
                 f"{Stemmer.algorithms()} or None."
             )
@@ -147,7 +149,7 @@ class BM25Index:
         scores are ordered by index position.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"BM25Index.search: k={k!r}, expected a positive integer.")
+            raise ConfigError(f"BM25Index.search: k={k!r}, expected a positive integer.")
         query_ids = [str(q) for q in queries]
         tokenized = self.tokenize(list(queries.values()))
         results: dict[str, dict[str, float]] = {}
@@ -187,9 +189,9 @@ def mine_hard_negatives(
       exclude_identical_ids: never return the document whose id equals the query id.
     """
     if isinstance(num_negatives, bool) or not isinstance(num_negatives, int) or num_negatives < 1:
-        raise ValueError(f"num_negatives={num_negatives!r}: expected a positive integer.")
+        raise ConfigError(f"num_negatives={num_negatives!r}: expected a positive integer.")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < num_negatives:
-        raise ValueError(
+        raise ConfigError(
             f"depth={depth!r}: expected an integer >= num_negatives ({num_negatives})."
         )
     missing = [qid for qid in queries if qid not in positives]

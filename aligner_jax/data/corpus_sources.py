@@ -22,6 +22,7 @@ import gin
 import numpy as np
 
 from aligner_jax.common import errors, files
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 
 SEQIO_PREFIX = "seqio:"
@@ -41,7 +42,7 @@ class CorpusFeatures:
 def _decode(value, where: str, key: str) -> str:
     if isinstance(value, np.ndarray):
         if value.ndim != 0:
-            raise ValueError(f"{where}: feature {key!r} must be a scalar, got shape {value.shape}")
+            raise ConfigError(f"{where}: feature {key!r} must be a scalar, got shape {value.shape}")
         value = value.item()
     if isinstance(value, bytes):
         try:
@@ -54,24 +55,24 @@ def _decode(value, where: str, key: str) -> str:
 
 
 def _dataset(spec: str, split: str):
-    import seqio  # noqa: PLC0415
+    import seqio  # noqa: PLC0415  (imports TensorFlow: only for seqio:/tfds: corpora)
 
     if spec.startswith(SEQIO_PREFIX):
         name = spec[len(SEQIO_PREFIX) :]
         try:
             task = seqio.get_mixture_or_task(name)
         except ValueError as e:
-            raise ValueError(
+            raise ConfigError(
                 f"--corpus={spec}: no seqio task or mixture named {name!r} is registered "
                 "(import the module that registers it, e.g. a gin `import` line)"
             ) from e
         if not isinstance(task, seqio.Task):
-            raise ValueError(f"--corpus={spec}: {name!r} is a mixture; name one of its tasks")
+            raise ConfigError(f"--corpus={spec}: {name!r} is a mixture; name one of its tasks")
         source = task.source
     else:
         source = seqio.TfdsDataSource(tfds_name=spec[len(TFDS_PREFIX) :])
     if split not in source.splits:
-        raise ValueError(
+        raise ConfigError(
             f"--corpus_split={split}: {spec} has splits {sorted(source.splits)}, not {split!r}"
         )
     return source.get_dataset(split=split, shuffle=False)
@@ -89,7 +90,7 @@ def iter_dataset_documents(
     available = set(dataset.element_spec)
     for key, binding in ((features.id_key, "id_key"), (features.text_key, "text_key")):
         if key not in available:
-            raise ValueError(
+            raise ConfigError(
                 f"--corpus={spec} ({split}): no feature {key!r}; it has {sorted(available)}. "
                 f"Set --gin.CorpusFeatures.{binding}='...'"
             )

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import tokenization
 from aligner_jax.models.bert import BertConfig, BertEncoder
 from aligner_jax.weights import bert_safetensors, minilm
@@ -92,7 +93,7 @@ def iter_encoded_batches(
         boundaries = tokenization.default_bucket_boundaries(max(len(s) for s in sequences))
     workers = default_concurrent_batches() if concurrent_batches is None else concurrent_batches
     if workers < 1:
-        raise ValueError(f"concurrent_batches={concurrent_batches} must be ≥ 1.")
+        raise ConfigError(f"concurrent_batches={concurrent_batches} must be ≥ 1.")
     batches = tokenization.length_buckets(
         [len(s) for s in sequences], boundaries, max_tokens_per_batch
     )

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import partitioning
@@ -164,7 +165,7 @@ class Encoder:
         cfg = self.config
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         if len(lengths) and lengths.min() == 0:
-            raise ValueError("encode: a text produced no tokens (empty tokenisation)")
+            raise ConfigError("encode: a text produced no tokens (empty tokenisation)")
 
         def encode_fn(params, ids, mask):
             return self._run(params, ids, mask, kind)

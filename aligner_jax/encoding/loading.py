@@ -21,6 +21,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import tokenization
 from aligner_jax.encoding.encoder import EncoderBundle
 from aligner_jax.models import aligner as aligner_lib
@@ -63,7 +64,7 @@ def load_backbone_params(spec: str, backbone_config, seed: int = 0):
         return t5x_import.load_t5x_encoder(spec[len("t5x:") :], backbone_config)
     if spec == "random":
         return None
-    raise ValueError(
+    raise ConfigError(
         f"load_encoder.backbone_weights={spec!r}: expected 'minilm', 't5x:/path/to/checkpoint_N' "
         "or 'random'"
     )
@@ -80,7 +81,7 @@ def load_encoder(
 ) -> EncoderBundle:
     """An :class:`EncoderBundle` ready for encoding (see the module docstring)."""
     if config.backbone is None:
-        raise ValueError(
+        raise ConfigError(
             "AlignerConfig.backbone is not bound: include a gin model file "
             "(e.g. --gin_file=models/minilm.gin)"
         )

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import tokenizers
 
+from aligner_jax.common.errors import ConfigError
+
 DEFAULT_QUERY_MAXLEN = 64
 DEFAULT_DOC_MAXLEN = 256
 
@@ -51,7 +53,7 @@ class Tokenizer:
         try:
             base = tokenizers.Tokenizer.from_file(self.path)
         except Exception as e:  # the Rust library raises plain Exceptions
-            raise ValueError(f"{self.path}: not a valid tokenizers JSON file ({e}).") from e
+            raise ConfigError(f"{self.path}: not a valid tokenizers JSON file ({e}).") from e
         self._json = base.to_str()
         self._by_max_length: dict[int, tokenizers.Tokenizer] = {}
         base.no_padding()
@@ -65,14 +67,14 @@ class Tokenizer:
     def _special_id(self, token: str) -> int:
         token_id = self._untruncated.token_to_id(token)
         if token_id is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.path}: the vocabulary has no {token} token (not a BERT vocab)."
             )
         return int(token_id)
 
     def _tokenizer(self, max_length: int) -> tokenizers.Tokenizer:
         if not isinstance(max_length, int | np.integer) or max_length < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"max_length={max_length!r} must be an int ≥ 2 (room for [CLS] and [SEP])."
             )
         max_length = int(max_length)
@@ -138,7 +140,7 @@ class SentencePieceTokenizer:
     """
 
     def __init__(self, model_file: str | os.PathLike):
-        import sentencepiece  # noqa: PLC0415
+        import sentencepiece  # noqa: PLC0415  (optional: T5 tokenizers only)
 
         self.path = os.fspath(model_file)
         if not os.path.isfile(self.path):
@@ -229,7 +231,7 @@ def pad_batch(
 def default_bucket_boundaries(max_length: int, step: int = DEFAULT_BUCKET_STEP) -> tuple[int, ...]:
     """Multiples of ``step`` up to ``max_length`` (which is always the last boundary)."""
     if max_length < 1 or step < 1:
-        raise ValueError(f"max_length={max_length} and step={step} must be positive.")
+        raise ConfigError(f"max_length={max_length} and step={step} must be positive.")
     bounds = list(range(step, max_length, step))
     return tuple(bounds + [max_length])
 
@@ -267,12 +269,12 @@ def length_buckets(
     lengths = np.asarray(lengths, dtype=np.int64)
     bounds = np.asarray(boundaries, dtype=np.int64)
     if bounds.ndim != 1 or bounds.size == 0 or np.any(np.diff(bounds) <= 0) or bounds[0] < 1:
-        raise ValueError(
+        raise ConfigError(
             f"length_buckets: boundaries={list(boundaries)} must be a non-empty, strictly "
             "increasing list of positive lengths."
         )
     if max_tokens_per_batch < 1:
-        raise ValueError(
+        raise ConfigError(
             f"length_buckets: max_tokens_per_batch={max_tokens_per_batch} must be ≥ 1."
         )
     if lengths.size and lengths.max() > bounds[-1]:

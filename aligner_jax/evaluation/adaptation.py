@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import gin
 import numpy as np
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 
 PAPER_STRATEGIES = (
@@ -52,21 +53,21 @@ class AdaptationConfig:
     metric: str = "ndcg@10"
 
     def __post_init__(self):
-        names = [str(scoring.AlignmentStrategy.parse(s)) for s in self.strategies]
-        if str(scoring.AlignmentStrategy.parse(self.default)) not in names:
-            raise ValueError(
+        names = self.strategy_names
+        if self.default_name not in names:
+            raise ConfigError(
                 f"AdaptationConfig.default={self.default!r} must be one of the strategies {names}"
             )
         if self.fold_size < 1:
-            raise ValueError(f"AdaptationConfig.fold_size={self.fold_size}: must be >= 1")
+            raise ConfigError(f"AdaptationConfig.fold_size={self.fold_size}: must be >= 1")
 
     @property
     def strategy_names(self) -> list[str]:
-        return [str(scoring.AlignmentStrategy.parse(s)) for s in self.strategies]
+        return [scoring.canonical_name(s) for s in self.strategies]
 
     @property
     def default_name(self) -> str:
-        return str(scoring.AlignmentStrategy.parse(self.default))
+        return scoring.canonical_name(self.default)
 
 
 @dataclasses.dataclass
@@ -118,7 +119,7 @@ def few_shot_adaptation(
         if sorted(per_query[s]) != qids:
             raise ValueError(f"few_shot_adaptation: strategy {s} covers other queries")
     if len(qids) <= config.fold_size:
-        raise ValueError(
+        raise ConfigError(
             f"few_shot_adaptation needs more than fold_size={config.fold_size} queries to "
             f"score the remaining ones; got {len(qids)}"
         )

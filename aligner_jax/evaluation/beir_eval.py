@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from aligner_jax.common import errors, files
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, scoring
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading as loading_lib
@@ -120,7 +121,7 @@ def evaluate(
     strategies = [strategy]
     if adapt:
         if search_config.refine == "xtr":
-            raise ValueError(
+            raise ConfigError(
                 "--adapt re-scores candidates with alignment strategies: use refine='full'"
             )
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]

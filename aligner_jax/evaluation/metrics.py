@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pytrec_eval
 
+from aligner_jax.common.errors import ConfigError
+
 Qrels = Mapping[str, Mapping[str, int]]
 Results = Mapping[str, Mapping[str, float]]
 
@@ -85,7 +87,7 @@ def top_k_results(results: Results, k: int) -> dict[str, dict[str, float]]:
 
 def _check_k(k, name: str) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"{name}={k!r}: expected a positive integer cut-off.")
+        raise ConfigError(f"{name}={k!r}: expected a positive integer cut-off.")
     return k
 
 
@@ -115,7 +117,7 @@ def _normalise_qrels(qrels: Qrels) -> dict[str, dict[str, int]]:
         if judged:
             out[str(qid)] = {str(d): int(r) for d, r in judged.items()}
     if not out:
-        raise ValueError("qrels is empty: there is no judged query to evaluate.")
+        raise ConfigError("qrels is empty: there is no judged query to evaluate.")
     return out
 
 
@@ -143,11 +145,13 @@ def evaluate_run(
     """
     k_values = sorted({_check_k(k, "k_values entry") for k in k_values})
     if not k_values:
-        raise ValueError("k_values is empty: give at least one cut-off, e.g. (10, 100).")
+        raise ConfigError("k_values is empty: give at least one cut-off, e.g. (10, 100).")
     metrics = tuple(dict.fromkeys(metrics))
     unknown = [m for m in metrics if m not in METRIC_NAMES]
     if unknown or not metrics:
-        raise ValueError(f"metrics={list(metrics)}: expected a non-empty subset of {METRIC_NAMES}.")
+        raise ConfigError(
+            f"metrics={list(metrics)}: expected a non-empty subset of {METRIC_NAMES}."
+        )
 
     judged = _normalise_qrels(qrels)
     run = _normalise_results(results, ignore_identical_ids)

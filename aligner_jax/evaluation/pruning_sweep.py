@@ -22,6 +22,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading as loading_lib
@@ -52,7 +53,7 @@ def sweep(
     """Runs the β^d × β^q grid (and the strategy sweep); returns what sweep.json holds."""
     search_config = search_config or search_lib.SearchConfig()
     if search_config.exhaustive:
-        raise ValueError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
+        raise ConfigError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
     encoding_config = encoding_config or EncodingConfig()
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -79,7 +80,7 @@ def sweep(
             t0 = time.perf_counter()
             out = search_lib.Searcher(store, cfg, index).search(qids, encoded, strategies=names)
             wall = time.perf_counter() - t0
-            ev = metrics.evaluate_run(dataset.qrels, out.results[str_of(alignment)])
+            ev = metrics.evaluate_run(dataset.qrels, out.results[scoring.canonical_name(alignment)])
             point = {
                 "beta_d": bd,
                 "beta_q": bq,
@@ -101,8 +102,10 @@ def sweep(
             )
             if len(names) > 1:
                 for name in names:
-                    evs = metrics.evaluate_run(dataset.qrels, out.results[str_of(name)])
-                    strategy_scores[str_of(name)] = evs.aggregate["ndcg@10"]
+                    evs = metrics.evaluate_run(
+                        dataset.qrels, out.results[scoring.canonical_name(name)]
+                    )
+                    strategy_scores[scoring.canonical_name(name)] = evs.aggregate["ndcg@10"]
         del index
     report = {
         "dataset": dataset.name,
@@ -120,10 +123,6 @@ def sweep(
     if plot:
         plot_sweep(report, output)
     return report
-
-
-def str_of(spec: str) -> str:
-    return str(scoring.AlignmentStrategy.parse(spec))
 
 
 def markdown(report: dict) -> str:
@@ -179,10 +178,10 @@ def markdown(report: dict) -> str:
 
 def plot_sweep(report: dict, output: Path) -> list[Path]:
     """Figure 6/7-style PNGs (small: 100 dpi)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415  (plotting only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (after choosing the Agg backend)
 
     points = report["points"]
     name = report["dataset"]

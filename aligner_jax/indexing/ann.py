@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from aligner_jax.common import errors, files
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import token_store as ts
 
@@ -73,7 +74,7 @@ class ScannConfig:
 
     def __post_init__(self):
         if self.reorder_dtype not in REORDER_DTYPES:
-            raise ValueError(
+            raise ConfigError(
                 f"ScannConfig.reorder_dtype={self.reorder_dtype!r}: choose one of {REORDER_DTYPES}"
             )
 
@@ -97,7 +98,7 @@ def prune_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
     Ties (e.g. uniform salience when the model has no salience head) keep the earlier tokens.
     """
     if not 0.0 < beta_d <= 1.0:
-        raise ValueError(f"beta_d={beta_d}: the document pruning ratio must be in (0, 1]")
+        raise ConfigError(f"beta_d={beta_d}: the document pruning ratio must be in (0, 1]")
     if beta_d >= 1.0:
         return np.arange(store.num_tokens, dtype=np.int64)
     kept = []
@@ -162,7 +163,7 @@ def _build_scann(data: np.ndarray, k_prime: int, config: ScannConfig):
             training_sample_size=min(config.training_sample_size, n),
             min_partition_size=min(config.min_partition_size, n),
         )
-    from scann.scann_ops.py.scann_builder import ReorderType  # noqa: PLC0415
+    from scann.scann_ops.py.scann_builder import ReorderType  # noqa: PLC0415  (TensorFlow; lazy)
 
     quantize = {
         "float32": ReorderType.FLOAT32,
@@ -198,7 +199,7 @@ class TokenIndex:
         build_seconds: float = 0.0,
     ):
         if backend not in BACKENDS:
-            raise ValueError(f"search backend {backend!r}: choose one of {BACKENDS}")
+            raise ConfigError(f"search backend {backend!r}: choose one of {BACKENDS}")
         self.store = store
         self.backend = backend
         self.rows = rows
@@ -244,11 +245,11 @@ class TokenIndex:
         k_prime: int = 4000,
     ) -> TokenIndex:
         if backend not in BACKENDS:
-            raise ValueError(f"search backend {backend!r}: choose one of {BACKENDS}")
+            raise ConfigError(f"search backend {backend!r}: choose one of {BACKENDS}")
         start = time.perf_counter()
         rows = prune_rows(store, beta_d)
         if len(rows) == 0:
-            raise ValueError(f"{store.directory}: the index holds no tokens to search")
+            raise ConfigError(f"{store.directory}: the index holds no tokens to search")
         config = scann_config or ScannConfig()
         searchers, bounds = [], [slice(0, len(rows))]
         if backend == "scann":

@@ -22,6 +22,7 @@ import jax
 from absl import logging
 
 from aligner_jax.common import errors, files
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
@@ -46,9 +47,9 @@ class IndexingConfig:
 
     def __post_init__(self):
         if self.shard_size < 1:
-            raise ValueError(f"IndexingConfig.shard_size={self.shard_size}: must be >= 1")
+            raise ConfigError(f"IndexingConfig.shard_size={self.shard_size}: must be >= 1")
         if not 0.0 < self.store_beta_d <= 1.0:
-            raise ValueError(f"IndexingConfig.store_beta_d={self.store_beta_d}: must be in (0, 1]")
+            raise ConfigError(f"IndexingConfig.store_beta_d={self.store_beta_d}: must be in (0, 1]")
 
 
 @dataclasses.dataclass
@@ -178,7 +179,7 @@ def build_token_store(
             total_tokens / max(encode_seconds, 1e-9),
         )
     if total_docs == 0:
-        raise ValueError("indexing: the corpus holds no documents")
+        raise ConfigError("indexing: the corpus holds no documents")
     num_shards = -(-total_docs // config.shard_size)
     complete = finalize(directory, num_shards, settings)
     stats = _sum_stats(directory, num_shards)
@@ -284,7 +285,7 @@ def index_corpus(
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     if not 0 <= process_index < process_count:
-        raise ValueError(
+        raise ConfigError(
             f"--process_index={process_index} must be in [0, --process_count={process_count})"
         )
     documents, info = corpus_sources.open_corpus(corpus, corpus_split)

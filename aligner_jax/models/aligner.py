@@ -25,11 +25,12 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import salience as salience_lib
 from aligner_jax.models import bert, t5
 
 PROJECTIONS = ("identity", "dense")
-SALIENCE_METHODS = ("lp", "relu", "hard_topk", "l1", "none")
+SALIENCE_METHODS = salience_lib.SALIENCE_METHODS
 QUERY, DOC = "query", "doc"
 
 
@@ -70,19 +71,19 @@ class AlignerConfig:
 
     def __post_init__(self):
         if self.projection not in PROJECTIONS:
-            raise ValueError(
+            raise ConfigError(
                 f"AlignerConfig.projection={self.projection!r}: choose one of {PROJECTIONS}"
             )
         if self.salience not in SALIENCE_METHODS:
-            raise ValueError(
+            raise ConfigError(
                 f"AlignerConfig.salience={self.salience!r}: choose one of {SALIENCE_METHODS}"
             )
         if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"AlignerConfig.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'")
+            raise ConfigError(f"AlignerConfig.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'")
         for name in ("alpha_q", "alpha_d"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
-                raise ValueError(f"AlignerConfig.{name}={value}: must be in (0, 1]")
+                raise ConfigError(f"AlignerConfig.{name}={value}: must be in (0, 1]")
 
     @property
     def output_dim(self) -> int:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import salience as salience_lib
 from aligner_jax.core import scoring, xtr
 from aligner_jax.models import aligner as aligner_lib
@@ -57,10 +58,12 @@ class LossConfig:
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"LossConfig.objective={self.objective!r}: choose one of {OBJECTIVES}")
+            raise ConfigError(
+                f"LossConfig.objective={self.objective!r}: choose one of {OBJECTIVES}"
+            )
         scoring.AlignmentStrategy.parse(self.alignment)  # validates the spelling
         if self.temperature <= 0:
-            raise ValueError(f"LossConfig.temperature={self.temperature}: must be > 0")
+            raise ConfigError(f"LossConfig.temperature={self.temperature}: must be > 0")
 
 
 @gin.configurable
@@ -142,7 +145,7 @@ class AlignerModel:
         """Inference: ``encode_queries`` / ``encode_documents`` → (vectors, salience, mask);
         ``similarity`` → [B, G] scores of each query against its own documents."""
         if mode not in SCORE_MODES:
-            raise ValueError(f"score_batch mode={mode!r}: choose one of {SCORE_MODES}")
+            raise ConfigError(f"score_batch mode={mode!r}: choose one of {SCORE_MODES}")
         if mode == "encode_queries":
             return self.encode(params, batch["query_tokens"], aligner_lib.QUERY)
         if mode == "encode_documents":

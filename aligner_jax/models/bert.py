@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
+
 Dtype = Any
 
 # Logit bias of padding keys: exp(-1e9 - max) underflows to exactly 0, yet it is finite (filler
@@ -78,19 +80,19 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig: hidden_size={self.hidden_size} must be divisible by "
                 f"num_attention_heads={self.num_attention_heads}."
             )
         if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig: hidden_act={self.hidden_act!r} is not supported; use one of "
                 f"{sorted(_ACTIVATIONS)}."
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             rate = getattr(self, name)
             if not 0.0 <= rate < 1.0:
-                raise ValueError(f"BertConfig: {name}={rate} must be in [0, 1).")
+                raise ConfigError(f"BertConfig: {name}={rate} must be in [0, 1).")
 
     @property
     def head_dim(self) -> int:
@@ -107,13 +109,13 @@ class BertConfig:
         """
         model_type = hf_config.get("model_type", "bert")
         if model_type != "bert":
-            raise ValueError(
+            raise ConfigError(
                 f"{source}: model_type={model_type!r} is not supported; "
                 "aligner_jax.models.bert implements model_type 'bert' only."
             )
         position_type = hf_config.get("position_embedding_type", "absolute")
         if position_type != "absolute":
-            raise ValueError(
+            raise ConfigError(
                 f"{source}: position_embedding_type={position_type!r} is not supported "
                 "(only 'absolute')."
             )
@@ -122,7 +124,7 @@ class BertConfig:
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{source}: {e}") from e
+            raise ConfigError(f"{source}: {e}") from e
 
     def to_hf_config(self) -> dict[str, Any]:
         """The inverse of ``from_hf_config`` (what ``config.json`` would hold)."""
@@ -173,7 +175,7 @@ class BertEmbeddings(nn.Module):
         cfg = self.config
         length = input_ids.shape[1]
         if length > cfg.max_position_embeddings:
-            raise ValueError(
+            raise ConfigError(
                 f"Sequence length {length} exceeds max_position_embeddings="
                 f"{cfg.max_position_embeddings} of the BERT config; truncate inputs (e.g. "
                 "Tokenizer.encode_batch(..., max_length=...)) to at most that length."

@@ -20,6 +20,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from aligner_jax.common.errors import ConfigError
+
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 
@@ -60,7 +62,7 @@ def create_mesh(num_partitions: int = 1, devices: Sequence[jax.Device] | None = 
     """
     devices = list(jax.devices() if devices is None else devices)
     if num_partitions < 1 or len(devices) % num_partitions:
-        raise ValueError(
+        raise ConfigError(
             f"--gin.create_mesh.num_partitions={num_partitions} must divide the number of "
             f"devices ({len(devices)})."
         )

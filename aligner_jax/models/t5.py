@@ -43,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from aligner_jax.common.errors import ConfigError
+
 Array = jax.Array
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -117,18 +119,20 @@ class T5Config:
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"T5Config.{name} must be a positive integer, got {value!r}.")
+                raise ConfigError(f"T5Config.{name} must be a positive integer, got {value!r}.")
         buckets = self.relative_attention_num_buckets
         if not isinstance(buckets, (int, np.integer)) or buckets < 4 or buckets % 2:
-            raise ValueError(
+            raise ConfigError(
                 "T5Config.relative_attention_num_buckets must be an even integer >= 4 "
                 f"(half per direction), got {buckets!r}."
             )
         if not 0.0 <= float(self.dropout_rate) < 1.0:
-            raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}.")
+            raise ConfigError(
+                f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}."
+            )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
-                raise ValueError(
+                raise ConfigError(
                     f"T5Config.{name}={getattr(self, name)!r} is not supported; use one of "
                     f"{sorted(_DTYPES)} (e.g. --gin.T5Config.{name}='bfloat16')."
                 )
@@ -137,7 +141,7 @@ class T5Config:
             activations = (activations,)
         activations = tuple(activations)
         if not activations or any(a not in _ACTIVATIONS for a in activations):
-            raise ValueError(
+            raise ConfigError(
                 f"T5Config.mlp_activations={self.mlp_activations!r}: each entry must be one of "
                 f"{sorted(_ACTIVATIONS)}, e.g. ('gelu', 'linear') for T5 v1.1."
             )

@@ -22,6 +22,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.indexing import ann as ti
@@ -57,22 +58,22 @@ class SearchConfig:
 
     def __post_init__(self):
         if self.backend not in ti.BACKENDS:
-            raise ValueError(
+            raise ConfigError(
                 f"SearchConfig.backend={self.backend!r}: choose one of {ti.BACKENDS} "
                 "(e.g. --gin.SearchConfig.backend=\"'exact'\")"
             )
         if self.refine not in REFINE_MODES:
-            raise ValueError(f"SearchConfig.refine={self.refine!r}: choose one of {REFINE_MODES}")
+            raise ConfigError(f"SearchConfig.refine={self.refine!r}: choose one of {REFINE_MODES}")
         if self.k_prime < 0:
-            raise ValueError(f"SearchConfig.k_prime={self.k_prime}: must be >= 0")
+            raise ConfigError(f"SearchConfig.k_prime={self.k_prime}: must be >= 0")
         if self.refine == "xtr" and self.k_prime == 0:
-            raise ValueError(
+            raise ConfigError(
                 "SearchConfig.refine='xtr' scores from retrieved tokens: set k_prime > 0"
             )
         for name in ("beta_q", "beta_d"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
-                raise ValueError(f"SearchConfig.{name}={value}: must be in (0, 1]")
+                raise ConfigError(f"SearchConfig.{name}={value}: must be in (0, 1]")
 
     @property
     def exhaustive(self) -> bool:
@@ -143,10 +144,7 @@ class Searcher:
     ) -> SearchOutput:
         """Ranks the store's documents for each encoded query with each strategy."""
         cfg = self.config
-        strategies = tuple(
-            s if isinstance(s, scoring.AlignmentStrategy) else scoring.AlignmentStrategy.parse(s)
-            for s in strategies
-        )
+        strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
         names = [str(s) for s in strategies]
         if cfg.refine == "xtr":
             names = ["xtr"]

@@ -28,6 +28,8 @@ import gin
 import jax
 import numpy as np
 
+from aligner_jax.common.errors import ConfigError
+
 DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
 
 
@@ -68,7 +70,7 @@ class DataConfig:
 def _local_batch_size(global_batch: int) -> int:
     count = jax.process_count()
     if global_batch % count:
-        raise ValueError(
+        raise ConfigError(
             f"DataConfig.batch_size={global_batch} must be divisible by the number of processes "
             f"({count})"
         )
@@ -90,7 +92,7 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     if config.task not in seqio.TaskRegistry.names() and config.task not in (
         seqio.MixtureRegistry.names()
     ):
-        raise ValueError(
+        raise ConfigError(
             f"DataConfig.task={config.task!r} is not a registered seqio task or mixture "
             f"(registered tasks: {sorted(seqio.TaskRegistry.names())})"
         )
@@ -125,9 +127,9 @@ def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) 
     an interrupted call leaves no partial file.
     """
     if jax.process_count() != 1:
-        raise ValueError("save_batches runs on one process (it writes global batches)")
+        raise ConfigError("save_batches runs on one process (it writes global batches)")
     if num_batches < 1:
-        raise ValueError(f"save_batches: num_batches={num_batches} must be at least 1")
+        raise ConfigError(f"save_batches: num_batches={num_batches} must be at least 1")
     source = dataclasses.replace(config, cached_batches=None)
     stream = train_batches(source)
     batches = [next(stream) for _ in range(num_batches)]
@@ -143,7 +145,7 @@ def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) 
 def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, np.ndarray]]:
     path = Path(config.cached_batches)
     if jax.process_count() != 1:
-        raise ValueError(
+        raise ConfigError(
             f"DataConfig.cached_batches={str(path)!r} replays global batches on one process; "
             f"this job has {jax.process_count()}: run the seqio task instead"
         )
@@ -154,13 +156,13 @@ def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, 
             saved = json.loads(str(f["identity"]))
             arrays = {k: f[k] for k in BATCH_KEYS}
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(
+        raise ConfigError(
             f"DataConfig.cached_batches: {path} is not a saved batch file ({e})"
         ) from e
     want = config.identity()
     if saved != want:
         diff = {k: (saved.get(k), want.get(k)) for k in want if saved.get(k) != want.get(k)}
-        raise ValueError(
+        raise ConfigError(
             f"DataConfig.cached_batches: {path} was saved from another pipeline; differing "
             f"fields (saved, now): {diff}"
         )
@@ -171,7 +173,7 @@ def _replay(path: Path, arrays: dict[str, np.ndarray], start_batch: int):
     count = len(arrays["query_tokens"])
     for index in range(start_batch, count):
         yield {k: v[index] for k, v in arrays.items()}
-    raise ValueError(
+    raise ConfigError(
         f"DataConfig.cached_batches: {path} holds {count} batches and the run needs more (from "
         f"batch {max(start_batch, count)}); save more with input_pipeline.save_batches"
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 import gin
 import optax
 
+from aligner_jax.common.errors import ConfigError
+
 OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
 
 
@@ -30,7 +32,7 @@ def warmup_linear_decay(
 ) -> optax.Schedule:
     """Linear warm-up to ``peak_value`` then linear decay to ``end_value`` at ``total_steps``."""
     if total_steps <= warmup_steps:
-        raise ValueError(
+        raise ConfigError(
             f"warmup_linear_decay: total_steps={total_steps} must exceed warmup_steps={warmup_steps}"
         )
     return optax.join_schedules(
@@ -71,7 +73,7 @@ def create_optimizer(
     elif name == "sgd":
         opt = optax.sgd(learning_rate, momentum=b1)
     else:
-        raise ValueError(f"create_optimizer.name={name!r}: choose one of {OPTIMIZERS}")
+        raise ConfigError(f"create_optimizer.name={name!r}: choose one of {OPTIMIZERS}")
     if clip_norm:
         opt = optax.chain(optax.clip_by_global_norm(clip_norm), opt)
     return opt

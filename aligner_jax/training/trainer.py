@@ -28,7 +28,7 @@ from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from aligner_jax.common.errors import NonFiniteLossError
+from aligner_jax.common.errors import ConfigError, NonFiniteLossError
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
 from aligner_jax.models.aligner_model import AlignerModel
@@ -289,7 +289,7 @@ def _restore_or_init(
     backbone weights loaded from ``backbone_weights``)."""
     latest = mngr.latest_step()
     if checkpoint.restore == "none" and latest is not None:
-        raise ValueError(
+        raise ConfigError(
             f"{checkpointing.checkpoint_dir(mngr.directory.parent)} already holds checkpoints "
             "but --gin.CheckpointConfig.restore='none': use another MODEL_DIR or restore='latest'"
         )
@@ -306,7 +306,7 @@ def _restore_or_init(
     if checkpoint.restore == "latest" and latest is not None:
         state, data_state = checkpointing.restore(mngr, latest, abstract_state)
         if data_state.get("pipeline") != data.identity():
-            raise ValueError(
+            raise ConfigError(
                 f"{mngr.directory}/{latest}: the checkpoint was written with another input "
                 f"pipeline {data_state.get('pipeline')} than now {data.identity()}; resume with the "
                 "same task/seed/batch size or use another MODEL_DIR"

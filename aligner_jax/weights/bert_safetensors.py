@@ -26,7 +26,9 @@ from absl import logging
 from flax import linen as nn
 from flax import traverse_util
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
+from aligner_jax.common.errors import CheckpointError, ConfigError
 from aligner_jax.models.bert import BertConfig, BertEncoder
 
 # Tensors of a BERT checkpoint that the encoder does not use: the registered position-id buffer
@@ -65,7 +67,7 @@ def read_bert_config(model_dir: str | os.PathLike) -> BertConfig:
     try:
         hf_config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e}).") from e
+        raise ConfigError(f"{path}: invalid JSON ({e}).") from e
     return BertConfig.from_hf_config(hf_config, source=str(path))
 
 
@@ -167,7 +169,7 @@ def load_bert_from_safetensors(
             try:
                 flax_path = hf_to_flax_path(short, config.num_hidden_layers)
             except ValueError:
-                raise ValueError(
+                raise CheckpointError(
                     f"{path}: tensor {name!r} is not part of a BERT encoder with "
                     f"num_hidden_layers={config.num_hidden_layers} (check config.json)."
                 ) from None
@@ -175,7 +177,7 @@ def load_bert_from_safetensors(
                 skipped.append(name)
                 continue
             if flax_path in loaded:
-                raise ValueError(
+                raise CheckpointError(
                     f"{path}: tensors {source_of[flax_path]!r} and {name!r} both map to "
                     f"parameter {'/'.join(flax_path)}; the checkpoint holds the encoder twice."
                 )
@@ -184,7 +186,7 @@ def load_bert_from_safetensors(
             if flax_path[-1] == "kernel":
                 array = array.T  # PyTorch Linear stores [out, in].
             if array.shape != expected[flax_path]:
-                raise ValueError(
+                raise CheckpointError(
                     f"{path}: tensor {name!r} has shape {hf_shape}, expected "
                     f"{_hf_shape(flax_path, expected[flax_path])} from "
                     f"{model_dir / 'config.json'} (parameter {'/'.join(flax_path)})."
@@ -195,7 +197,7 @@ def load_bert_from_safetensors(
     if missing:
         names = ", ".join(repr(flax_to_hf_name(p)) for p in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        raise ValueError(f"{path}: {len(missing)} encoder tensor(s) missing: {names}{more}.")
+        raise CheckpointError(f"{path}: {len(missing)} encoder tensor(s) missing: {names}{more}.")
     if skipped:
         logging.info(
             "%s: skipped %d tensors not used by the encoder: %s", path, len(skipped), skipped
@@ -234,7 +236,6 @@ def save_bert_to_safetensors(
     The inverse of ``load_bert_from_safetensors``: kernels are transposed back to ``[out, in]``.
     Returns the folder.
     """
-    from safetensors.numpy import save_file
 
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)

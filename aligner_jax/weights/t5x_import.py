@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from flax import serialization, traverse_util
@@ -180,7 +181,7 @@ def _absolute_ts_spec(spec: Mapping[str, Any], step_dir: str) -> dict[str, Any]:
 def _read_classic(
     msgpack_file: epath.Path, wanted: Mapping[str, tuple[int, ...]], param_dtype: np.dtype
 ) -> dict[str, np.ndarray]:
-    import tensorstore as ts
+    import tensorstore as ts  # noqa: PLC0415  (only classic T5X checkpoints need it)
 
     step_dir = os.fspath(msgpack_file.parent)
     leaves = _read_msgpack_target(msgpack_file)
@@ -229,7 +230,6 @@ def _classic_shape(leaf: Any) -> tuple[int, ...] | None:
 
 
 def _orbax_metadata_tree(state_dir: epath.Path) -> Any:
-    import orbax.checkpoint as ocp
 
     metadata = ocp.PyTreeCheckpointer().metadata(state_dir)
     # orbax >= 0.9 wraps the tree: StepMetadata.item_metadata.tree; older versions return it.
@@ -240,7 +240,6 @@ def _orbax_metadata_tree(state_dir: epath.Path) -> Any:
 def _read_orbax(
     state_dir: epath.Path, wanted: Mapping[str, tuple[int, ...]], param_dtype: np.dtype
 ) -> dict[str, np.ndarray]:
-    import orbax.checkpoint as ocp
 
     tree = _orbax_metadata_tree(state_dir)
     if not isinstance(tree, Mapping) or "target" not in tree:

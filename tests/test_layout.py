@@ -1,0 +1,209 @@
+"""The package's import graph follows the pipeline (issue: layout).
+
+Stages run one way: common → core → data, models → weights → encoding → tasks → training,
+indexing → retrieval → evaluation → binaries (the top-level modules). A module may import its own
+package and any earlier stage, never a later one or a sibling of its own stage; there is no import
+cycle, counting function-local imports; and a function-local import exists only to keep a heavy
+optional dependency off the import path, with a one-line reason beside it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "aligner_jax"
+
+STAGES = {
+    "common": 0,
+    "core": 1,
+    "data": 2,
+    "models": 2,
+    "weights": 3,
+    "encoding": 4,
+    "tasks": 5,
+    "training": 6,
+    "indexing": 6,
+    "retrieval": 7,
+    "evaluation": 8,
+}
+BINARY_STAGE = 9
+# Function-local imports are allowed only for these (TensorFlow, plotting, optional tokenisers).
+HEAVY = {
+    "scann",
+    "seqio",
+    "clu",
+    "matplotlib",
+    "torch",
+    "tensorflow",
+    "tensorstore",
+    "sentencepiece",
+}
+HEAVY_OWN = {"aligner_jax.tasks"}  # importing registers seqio tasks (imports TensorFlow)
+
+
+def _source_files() -> dict[str, Path]:
+    files = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = path
+    for path in sorted((REPO / "tasks").glob("*.py")):
+        stem = path.stem
+        files["aligner_jax.tasks" if stem == "__init__" else f"aligner_jax.tasks.{stem}"] = path
+    return files
+
+
+FILES = _source_files()
+
+
+def _imports(path: Path):
+    """(imported module, is_local, line text) for every aligner_jax/heavy import in the file."""
+    tree = ast.parse(path.read_text())
+    lines = path.read_text().splitlines()
+    local_nodes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for inner in ast.walk(node):
+                if inner is not node and isinstance(inner, ast.Import | ast.ImportFrom):
+                    local_nodes.add(id(inner))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = []
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                names.append(candidate if candidate in FILES else node.module)
+        else:
+            continue
+        for name in names:
+            yield name, id(node) in local_nodes, lines[node.lineno - 1]
+
+
+def _stage(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 2 and parts[1] not in STAGES:
+        return BINARY_STAGE  # a top-level module is a binary
+    return STAGES[parts[1]] if len(parts) > 1 else BINARY_STAGE
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for module, path in FILES.items():
+        graph[module] = {
+            name
+            for name, _, _ in _imports(path)
+            if name.startswith("aligner_jax.") and name in FILES
+        }
+    return graph
+
+
+def _package_of(module: str) -> str | None:
+    """The stage package a module lives in (a package's ``__init__`` is its own), else None."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and parts[1] in STAGES else None
+
+
+def backward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, imported in graph.items():
+        if module == "aligner_jax":
+            continue  # the lazy public API
+        package = _package_of(module)
+        for target in imported:
+            if package is not None and _package_of(target) == package:
+                continue
+            if package is None and _stage(target) == BINARY_STAGE:
+                bad.append(f"{module} -> {target} (a binary importing another binary)")
+            elif package is not None and _stage(target) >= _stage(module):
+                bad.append(f"{module} (stage {_stage(module)}) -> {target} ({_stage(target)})")
+    return sorted(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state, stack, found = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_every_module_belongs_to_a_stage():
+    for module in FILES:
+        parts = module.split(".")
+        if len(parts) > 2:
+            assert parts[1] in STAGES, f"{module}: subpackage {parts[1]!r} is not a pipeline stage"
+            assert len(parts) == 3, f"{module}: subpackages are one level deep"
+
+
+def test_no_import_from_a_later_stage_or_a_sibling_stage():
+    bad = backward_imports(_graph())
+    assert not bad, "imports against the pipeline order:\n" + "\n".join(bad)
+
+
+def test_core_imports_nothing_but_the_error_types():
+    for module, imported in _graph().items():
+        if module.startswith("aligner_jax.core."):
+            others = {t for t in imported if not t.startswith("aligner_jax.core.")}
+            assert others <= {"aligner_jax.common.errors"}, f"{module} imports {others}"
+
+
+def test_no_import_cycles():
+    found = cycles(_graph())
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_local_imports_only_for_heavy_dependencies_with_a_reason():
+    bad = []
+    for module, path in FILES.items():
+        if module == "aligner_jax":
+            continue  # the public API imports lazily on purpose
+        for name, is_local, line in _imports(path):
+            if not is_local:
+                continue
+            heavy = name.split(".")[0] in HEAVY or name in HEAVY_OWN
+            reason = "#" in line and line.split("#", 1)[1].replace("noqa: PLC0415", "").strip()
+            if not heavy or not reason:
+                bad.append(f"{path.relative_to(REPO)}: {line.strip()}")
+    assert not bad, "function-local imports without a heavy dependency or a reason:\n" + "\n".join(
+        bad
+    )
+
+
+@pytest.mark.parametrize("binary", ["evaluate", "index", "train", "sweep", "explain"])
+def test_binaries_are_thin(binary):
+    lines = (PACKAGE / f"{binary}.py").read_text().splitlines()
+    assert len(lines) <= 80, f"aligner_jax/{binary}.py has {len(lines)} lines (a binary is ≤ 80)"
+
+
+def test_the_checks_catch_a_cycle_and_a_backward_import():
+    fake = {
+        "aligner_jax.core.scoring": {"aligner_jax.retrieval.searcher"},
+        "aligner_jax.retrieval.searcher": {"aligner_jax.core.scoring"},
+        "aligner_jax.training.trainer": {"aligner_jax.indexing.indexer"},
+        "aligner_jax.evaluate": {"aligner_jax.train"},
+    }
+    assert cycles(fake) == [
+        ["aligner_jax.core.scoring", "aligner_jax.retrieval.searcher", "aligner_jax.core.scoring"]
+    ]
+    assert backward_imports(fake) == [
+        "aligner_jax.core.scoring (stage 1) -> aligner_jax.retrieval.searcher (7)",
+        "aligner_jax.evaluate -> aligner_jax.train (a binary importing another binary)",
+        "aligner_jax.training.trainer (stage 6) -> aligner_jax.indexing.indexer (6)",
+    ]
