@@ -10,8 +10,30 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Logical axis names of every parameter and activation (t5x style; models.partitioning maps them).
+LOGICAL_AXES = frozenset(
+    {
+        "batch",
+        "length",
+        "embed",
+        "mlp",
+        "heads",
+        "kv",
+        "joined_kv",
+        "vocab",
+        "relpos_buckets",
+        "abspos_buckets",
+        "token_type",
+        "proj",
+        "salience",
+    }
+)
 
 TOY_DOCS: dict[str, dict[str, str]] = {
     "d0": {
@@ -133,3 +155,16 @@ def scatter_add_dtypes(fn, *args) -> set[str]:
 
     text = str(jax.make_jaxpr(fn)(*args))
     return set(re.findall(r":(\w+)\[[^\]]*\] = scatter-add", text))
+
+
+def run_module(module: str, *args: str, cwd=REPO, timeout: float = 600, **env: str):
+    """``python -m MODULE ARGS`` from the repository root, quiet TensorFlow, on the CPU."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **env)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

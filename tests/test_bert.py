@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixtures import scatter_add_dtypes
+from fixtures import LOGICAL_AXES, scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
@@ -29,21 +29,6 @@ TINY = BertConfig(
     max_position_embeddings=12,
     type_vocab_size=2,
 )
-LOGICAL_AXES = {
-    "batch",
-    "length",
-    "embed",
-    "mlp",
-    "heads",
-    "kv",
-    "joined_kv",
-    "vocab",
-    "relpos_buckets",
-    "abspos_buckets",
-    "token_type",
-    "proj",
-    "salience",
-}
 SENTENCES = [
     "Hello world.",
     "Microstructural development of human newborn cerebral white matter assessed in vivo by "

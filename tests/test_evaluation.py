@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gin
 import pytest
-from fixtures import write_toy_beir
+from fixtures import run_module, write_toy_beir
 
 from aligner_jax.common import cli, errors, files
 from aligner_jax.evaluation import beir_eval
@@ -28,12 +25,6 @@ def toy(tmp_path):
 def _parse(*files, bindings=()):
     gin.clear_config()
     cli.parse_gin(list(files), list(bindings))
-
-
-@pytest.fixture(autouse=True)
-def _clear_gin():
-    yield
-    gin.clear_config()
 
 
 def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
@@ -105,15 +96,7 @@ def test_interrupted_store_is_completed_not_rebuilt(toy, tmp_path):
 
 
 def _run_binary(*args, cwd=REPO):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run(
-        [sys.executable, "-m", "aligner_jax.evaluate", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_module("aligner_jax.evaluate", *args, cwd=cwd)
 
 
 def test_binary_reports_bad_input_with_file_and_line(tmp_path):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import html
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import gin
 import numpy as np
 import pytest
-from fixtures import write_toy_beir
+from fixtures import run_module, write_toy_beir
 
 from aligner_jax.common import cli, errors
 from aligner_jax.core import scoring
@@ -245,15 +242,7 @@ def test_unknown_ids_name_the_id_and_file(tmp_path):
 
 
 def _run_binary(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    return subprocess.run(
-        [sys.executable, "-m", "aligner_jax.explain", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_module("aligner_jax.explain", *args, timeout=300)
 
 
 def test_binary_writes_page_end_to_end(tmp_path):

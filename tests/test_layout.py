@@ -10,6 +10,8 @@ optional dependency off the import path, with a one-line reason beside it.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,4 +208,19 @@ def test_the_checks_catch_a_cycle_and_a_backward_import():
         "aligner_jax.core.scoring (stage 1) -> aligner_jax.retrieval.searcher (7)",
         "aligner_jax.evaluate -> aligner_jax.train (a binary importing another binary)",
         "aligner_jax.training.trainer (stage 6) -> aligner_jax.indexing.indexer (6)",
+    ]
+
+
+def test_public_api_is_lazy_and_complete():
+    code = (
+        "import sys, aligner_jax\n"
+        "assert 'jax' not in sys.modules and 'aligner_jax.evaluation' not in sys.modules\n"
+        "from aligner_jax import Encoder, Searcher, TokenStore, evaluate, load_encoder, train\n"
+        "print(Searcher.__module__, TokenStore.__module__, evaluate.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "aligner_jax.retrieval.searcher",
+        "aligner_jax.indexing.token_store",
+        "aligner_jax.evaluation.beir_eval",
     ]

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixtures import scatter_add_dtypes
+from fixtures import LOGICAL_AXES, scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 
@@ -27,21 +27,6 @@ TINY = t5.T5Config(
     mlp_dim=64,
     dropout_rate=0.1,
 )
-LOGICAL_NAMES = {
-    "batch",
-    "length",
-    "embed",
-    "mlp",
-    "heads",
-    "kv",
-    "joined_kv",
-    "vocab",
-    "relpos_buckets",
-    "abspos_buckets",
-    "token_type",
-    "proj",
-    "salience",
-}
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +179,7 @@ def test_every_param_has_logical_axis_names(boxed_variables):
     for leaf in leaves:
         assert isinstance(leaf, nn.LogicallyPartitioned)
         assert len(leaf.names) == leaf.value.ndim
-        assert set(leaf.names) <= LOGICAL_NAMES
+        assert set(leaf.names) <= LOGICAL_AXES
     specs = t5.params_logical_axes(TINY)
     assert tuple(specs["encoder"]["layers_1"]["attention"]["out"]["kernel"]) == (
         "joined_kv",

@@ -41,11 +41,9 @@ _NOUNS = (
 
 
 @pytest.fixture(autouse=True)
-def _fresh_config():
-    gin.clear_config()
-    sources.clear_examples_cache()
+def _fresh_examples_cache():
+    sources.clear_examples_cache()  # gin is cleared by conftest
     yield
-    gin.clear_config()
     sources.clear_examples_cache()
 
 

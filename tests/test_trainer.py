@@ -78,13 +78,6 @@ def toy(tmp_path):
     return write_beir_fixture(tmp_path / "data", docs, queries, qrels, split="test")
 
 
-@pytest.fixture(autouse=True)
-def _clear_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
 # The two tiny backbones: gin files, bindings that turn dropout off, and the backbone path of an
 # MLP input kernel (split over the mesh's model axis when sharded).
 MODELS = {

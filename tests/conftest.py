@@ -1,0 +1,25 @@
+"""Scaffolding shared by every test: a clean gin config and one way to run a binary.
+
+Constants and data builders shared across files (tiny BEIR folders, logical axis names) live in
+``fixtures.py``; pytest fixtures live here.
+"""
+
+from __future__ import annotations
+
+import gin
+import pytest
+from fixtures import run_module
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    """Every test starts and ends with an empty gin config (binaries parse their own)."""
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture()
+def run_binary():
+    """``run_binary("evaluate", "--flag=...")`` runs ``python -m aligner_jax.evaluate``."""
+    return lambda name, *args, **kw: run_module(f"aligner_jax.{name}", *args, **kw)
