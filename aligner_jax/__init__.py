@@ -14,7 +14,7 @@ Python use (the names below are imported lazily: ``import aligner_jax`` stays li
     bundle = aligner_jax.load_encoder()                  # the bundled all-MiniLM-L6-v2
     encoder = aligner_jax.Encoder(bundle)
     store = aligner_jax.TokenStore(".../index")          # written by aligner-index / aligner-eval
-    report = aligner_jax.evaluate(dataset_dir=".../beir/scifact", output_dir="/tmp/out")
+    report = aligner_jax.evaluate_beir(dataset_dir=".../beir/scifact", output_dir="/tmp/out")
 """
 
 from __future__ import annotations
@@ -23,20 +23,23 @@ import importlib
 
 __version__ = "0.1.0"
 
+# ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library
+# functions are exported as ``evaluate_beir`` and ``train_model`` so that no name means two things.
 _PUBLIC = {
-    "load_encoder": "aligner_jax.encoding.loading",
-    "Encoder": "aligner_jax.encoding.encoder",
-    "TokenStore": "aligner_jax.indexing.token_store",
-    "Searcher": "aligner_jax.retrieval.searcher",
-    "evaluate": "aligner_jax.evaluation.beir_eval",
-    "train": "aligner_jax.training.trainer",
+    "load_encoder": ("aligner_jax.encoding.loading", "load_encoder"),
+    "Encoder": ("aligner_jax.encoding.encoder", "Encoder"),
+    "TokenStore": ("aligner_jax.indexing.token_store", "TokenStore"),
+    "Searcher": ("aligner_jax.retrieval.searcher", "Searcher"),
+    "evaluate_beir": ("aligner_jax.evaluation.beir_eval", "evaluate"),
+    "train_model": ("aligner_jax.training.trainer", "train"),
 }
 __all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        module, attribute = _PUBLIC[name]
+        value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'aligner_jax' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import gin
 import pytest
 from fixtures import run_module, write_toy_beir
 
-from aligner_jax.common import cli, errors, files
+from aligner_jax.common import cli, errors, fileio
 from aligner_jax.evaluation import beir_eval
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
@@ -86,12 +86,12 @@ def test_interrupted_store_is_completed_not_rebuilt(toy, tmp_path):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
     index = tmp_path / "index"
     beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
-    checksums = {p.name: files.sha256_file(p) for p in sorted(index.glob("shard-*"))}
+    checksums = {p.name: fileio.sha256_file(p) for p in sorted(index.glob("shard-*"))}
     (index / ts.MANIFEST).unlink()
     (index / "shard-00002.json").unlink()  # the last shard never committed
     assert not indexer.store_is_complete_for(index, {})
     beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index))
-    assert {p.name: files.sha256_file(p) for p in sorted(index.glob("shard-*"))} == checksums
+    assert {p.name: fileio.sha256_file(p) for p in sorted(index.glob("shard-*"))} == checksums
     assert json.loads((index / ts.MANIFEST).read_text())["counts"]["num_shards"] == 3
 
 

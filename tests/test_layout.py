@@ -215,8 +215,8 @@ def test_public_api_is_lazy_and_complete():
     code = (
         "import sys, aligner_jax\n"
         "assert 'jax' not in sys.modules and 'aligner_jax.evaluation' not in sys.modules\n"
-        "from aligner_jax import Encoder, Searcher, TokenStore, evaluate, load_encoder, train\n"
-        "print(Searcher.__module__, TokenStore.__module__, evaluate.__module__)\n"
+        "from aligner_jax import Encoder, Searcher, TokenStore, evaluate_beir, load_encoder, train_model\n"
+        "print(Searcher.__module__, TokenStore.__module__, evaluate_beir.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [

@@ -21,7 +21,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from aligner_jax.common import errors, files
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 
@@ -130,6 +130,6 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
     info = {
         "path": str(path.resolve()),
         "bytes": path.stat().st_size,
-        "sha256": files.sha256_file(path),
+        "sha256": fileio.sha256_file(path),
     }
     return beir.iter_corpus(path), info

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, files
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, scoring
 from aligner_jax.data import beir
@@ -43,7 +43,7 @@ def corpus_info(dataset: beir.BeirDataset) -> dict:
         "dataset": dataset.name,
         "path": str(Path(dataset.path).resolve()),
         "num_docs": len(dataset.corpus),
-        "sha256": files.sha256_file(corpus_file),
+        "sha256": fileio.sha256_file(corpus_file),
     }
 
 
@@ -93,6 +93,54 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else 0.0
 
 
+@dataclasses.dataclass
+class PreparedRun:
+    """What an evaluation and a sweep both start from: the dataset, the encoder, the token store
+    of the corpus (built or reused) and the encoded queries."""
+
+    output: Path
+    dataset: beir.BeirDataset
+    encoder: Encoder
+    store: ts.TokenStore
+    encode_corpus_s: float
+    index_reused: bool
+    qids: list[str]
+    queries: list
+    encode_queries_s: float
+
+
+def prepare(
+    dataset_dir: str,
+    output_dir: str,
+    split: str = "test",
+    index_dir: str | None = None,
+    encoding_config: EncodingConfig | None = None,
+    unknown_qrels: str = "error",
+    verify_checksums: bool = False,
+) -> PreparedRun:
+    """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
+    ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query."""
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    logging.info(
+        "%s/%s: %d documents, %d queries",
+        dataset.name,
+        split,
+        len(dataset.corpus),
+        len(dataset.queries),
+    )
+    encoder = Encoder(loading_lib.load_encoder(), encoding_config or EncodingConfig())
+    index_path = Path(index_dir) if index_dir else output / "index"
+    store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
+    qids = list(dataset.queries)
+    t0 = time.perf_counter()
+    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
+    return PreparedRun(
+        output, dataset, encoder, store, encode_s, reused, qids, encoded, time.perf_counter() - t0
+    )
+
+
 @gin.configurable
 def evaluate(
     dataset_dir: str,
@@ -126,20 +174,11 @@ def evaluate(
             )
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
-    logging.info(
-        "%s/%s: %d documents, %d queries",
-        dataset.name,
-        split,
-        len(dataset.corpus),
-        len(dataset.queries),
+    run = prepare(
+        dataset_dir, output_dir, split, index_dir, encoding_config, unknown_qrels, verify_checksums
     )
-    bundle = loading_lib.load_encoder()
-    encoder = Encoder(bundle, encoding_config)
-    index_path = Path(index_dir) if index_dir else output / "index"
-    store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
+    output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
+    encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
 
     token_index, build_s = None, 0.0
     if not search_config.exhaustive:
@@ -148,10 +187,7 @@ def evaluate(
         )
         build_s = token_index.build_seconds
 
-    qids = list(dataset.queries)
-    t0 = time.perf_counter()
-    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
-    query_encode_s = time.perf_counter() - t0
+    query_encode_s = run.encode_queries_s
     searcher = search_lib.Searcher(store, search_config, token_index)
     out = searcher.search(qids, encoded, strategies=tuple(strategies))
     name = "xtr" if search_config.refine == "xtr" else str(strategy)

@@ -24,9 +24,7 @@ from absl import logging
 
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
-from aligner_jax.data import beir
-from aligner_jax.encoding import loading as loading_lib
-from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.encoding.encoder import EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
 from aligner_jax.evaluation import beir_eval, metrics
 from aligner_jax.indexing import ann as ti
@@ -54,16 +52,14 @@ def sweep(
     search_config = search_config or search_lib.SearchConfig()
     if search_config.exhaustive:
         raise ConfigError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
-    encoding_config = encoding_config or EncodingConfig()
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    dataset = beir.load_beir(dataset_dir, split=split)
-    bundle = loading_lib.load_encoder()
-    encoder = Encoder(bundle, encoding_config)
-    index_path = Path(index_dir) if index_dir else output / "index"
-    store, _, _ = beir_eval.ensure_token_store(dataset, encoder, index_path)
-    qids = list(dataset.queries)
-    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
+    run = beir_eval.prepare(dataset_dir, output_dir, split, index_dir, encoding_config)
+    output, dataset, store, qids, encoded = (
+        run.output,
+        run.dataset,
+        run.store,
+        run.qids,
+        run.queries,
+    )
 
     points = []
     strategy_scores = {}

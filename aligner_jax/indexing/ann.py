@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, files
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import token_store as ts
@@ -288,7 +288,7 @@ class TokenIndex:
             "scann_config": dataclasses.asdict(self.scann_config),
             "store_fingerprint": self.store.manifest["model"].get("fingerprint"),
         }
-        files.atomic_write_json(directory / "token_index.json", meta)
+        fileio.atomic_write_json(directory / "token_index.json", meta)
 
     @classmethod
     def load(cls, store: ts.TokenStore, directory: Path) -> TokenIndex:

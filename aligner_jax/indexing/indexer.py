@@ -21,7 +21,7 @@ import gin
 import jax
 from absl import logging
 
-from aligner_jax.common import errors, files
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
@@ -110,7 +110,7 @@ def _check_or_write_config(directory: Path, settings: dict) -> None:
             )
     else:
         directory.mkdir(parents=True, exist_ok=True)
-        files.atomic_write_json(path, settings)
+        fileio.atomic_write_json(path, settings)
 
 
 def build_token_store(

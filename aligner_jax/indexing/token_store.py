@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aligner_jax.common import errors, files
+from aligner_jax.common import errors, fileio
 
 FORMAT = "aligner_jax.indexing.token_store/1"
 MANIFEST = "manifest.json"
@@ -84,25 +84,25 @@ def write_shard(
     files = {}
     for key, array in arrays.items():
         path = directory / f"{name}.{key}.npy"
-        files.atomic_save_npy(path, array)
+        fileio.atomic_save_npy(path, array)
         files[key] = {
             "path": path.name,
             "bytes": path.stat().st_size,
-            "sha256": files.sha256_file(path),
+            "sha256": fileio.sha256_file(path),
         }
     ids_path = directory / f"{name}.doc_ids.json"
-    files.atomic_write_bytes(ids_path, json.dumps([d.doc_id for d in docs]).encode())
+    fileio.atomic_write_bytes(ids_path, json.dumps([d.doc_id for d in docs]).encode())
     files["doc_ids"] = {
         "path": ids_path.name,
         "bytes": ids_path.stat().st_size,
-        "sha256": files.sha256_file(ids_path),
+        "sha256": fileio.sha256_file(ids_path),
     }
     entry = {"name": name, "index": shard_index, "num_docs": len(docs), "num_tokens": total}
     entry["files"] = files
     if stats:
         entry["stats"] = stats
-    files.fsync_dir(directory)
-    files.atomic_write_json(directory / f"{name}.json", entry)
+    fileio.fsync_dir(directory)
+    fileio.atomic_write_json(directory / f"{name}.json", entry)
     return entry
 
 
@@ -127,7 +127,7 @@ def read_shard_marker(directory: Path, shard_index: int) -> dict | None:
 def write_manifest(directory: Path, manifest: dict) -> None:
     manifest = dict(manifest)
     manifest["format"] = FORMAT
-    files.atomic_write_json(Path(directory) / MANIFEST, manifest)
+    fileio.atomic_write_json(Path(directory) / MANIFEST, manifest)
 
 
 def read_manifest(directory: Path) -> dict:
@@ -168,7 +168,7 @@ def verify_files(directory: Path, shards: Iterable[dict], checksums: bool) -> No
                     f"{path} has {size} bytes, the manifest says {meta['bytes']}: the file is "
                     "truncated or was altered; rebuild this index"
                 )
-            if checksums and files.sha256_file(path) != meta["sha256"]:
+            if checksums and fileio.sha256_file(path) != meta["sha256"]:
                 raise errors.IndexIntegrityError(
                     f"{path}: sha256 does not match the manifest: the file was altered or "
                     "corrupted; rebuild this index"

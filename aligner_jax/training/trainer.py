@@ -13,8 +13,10 @@ or infinite loss stops the job with a clear message and no checkpoint of the bad
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
 from aligner_jax.models.aligner_model import AlignerModel
 from aligner_jax.training import checkpointing, input_pipeline, optimizers
+from aligner_jax.weights import param_checks
 
 TRAIN_LOG = "train_log.jsonl"
 
@@ -117,18 +120,8 @@ def train(
             jax.eval_shape(init_state, jax.random.PRNGKey(seed)), state_shardings
         )
         mngr = checkpointing.manager(model_dir, checkpoint)
-        state, start_step = _restore_or_init(
-            mngr,
-            checkpoint,
-            abstract_state,
-            init_state,
-            state_from,
-            state_shardings,
-            model,
-            backbone_weights,
-            seed,
-            data,
-        )
+        fresh = _FreshState(abstract_state, init_state, state_from, state_shardings, seed)
+        state, start_step = _restore_or_init(mngr, checkpoint, data, fresh, model, backbone_weights)
         base_rng = jax.random.PRNGKey(seed + 1)
 
         def train_step(state: TrainState, batch):
@@ -273,20 +266,22 @@ def _hparams(model, data, steps, seed, partitions) -> dict:
     }
 
 
-def _restore_or_init(
-    mngr,
-    checkpoint,
-    abstract_state,
-    init_state,
-    state_from,
-    state_shardings,
-    model,
-    backbone_weights,
-    seed,
-    data,
-):
+@dataclasses.dataclass(frozen=True)
+class _FreshState:
+    """How to make a train state: its abstract (sharded) shape, the jittable constructors from a
+    seed or from parameters, and where each leaf lives on the mesh."""
+
+    abstract: Any
+    init: Callable[[jax.Array], TrainState]
+    from_params: Callable[[Any], TrainState]
+    shardings: Any
+    seed: int
+
+
+def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone_weights):
     """Restores the newest (or a given) checkpoint, or initialises a fresh state (with the
     backbone weights loaded from ``backbone_weights``)."""
+    abstract_state, state_shardings = fresh.abstract, fresh.shardings
     latest = mngr.latest_step()
     if checkpoint.restore == "none" and latest is not None:
         raise ConfigError(
@@ -314,16 +309,18 @@ def _restore_or_init(
         start = int(data_state["batches_consumed"])
         logging.info("resumed from step %d (%d batches consumed)", latest, start)
         return state, start
-    state = jax.jit(init_state, out_shardings=state_shardings)(jax.random.PRNGKey(seed))
+    state = jax.jit(fresh.init, out_shardings=state_shardings)(jax.random.PRNGKey(fresh.seed))
     if backbone_weights and backbone_weights != "random":
-        loaded = loading_lib.load_backbone_params(backbone_weights, model.config.backbone, seed)
-        loading_lib.check_param_tree(
+        loaded = loading_lib.load_backbone_params(
+            backbone_weights, model.config.backbone, fresh.seed
+        )
+        param_checks.check_param_tree(
             state.params["backbone"], loaded, f"backbone {backbone_weights!r}"
         )
         params = dict(state.params)
         params["backbone"] = jax.device_put(
             jax.tree_util.tree_map(jnp.asarray, loaded), state_shardings.params["backbone"]
         )
-        state = jax.jit(state_from, out_shardings=state_shardings)(params)
+        state = jax.jit(fresh.from_params, out_shardings=state_shardings)(params)
         logging.info("backbone initialised from %s", backbone_weights)
     return state, 0
