@@ -53,13 +53,8 @@ def sweep(
     if search_config.exhaustive:
         raise ConfigError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
     run = beir_eval.prepare(dataset_dir, output_dir, split, index_dir, encoding_config)
-    output, dataset, store, qids, encoded = (
-        run.output,
-        run.dataset,
-        run.store,
-        run.qids,
-        run.queries,
-    )
+    output, dataset, store = run.output, run.dataset, run.store
+    bundle, qids, encoded = run.encoder.bundle, run.qids, run.queries
 
     points = []
     strategy_scores = {}
