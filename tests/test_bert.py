@@ -141,7 +141,9 @@ def test_iter_encoded_batches_streams_all_sequences_in_any_concurrency():
         np.testing.assert_array_equal(i1, i3)
         for a, b in zip(v1, v3, strict=True):
             np.testing.assert_array_equal(a, b)
-    collected = batching.encode_sequences(encode, params, seqs, (4, 8, 12), 16)
+    collected = batching.encode_sequences(
+        encode, params, seqs, boundaries=(4, 8, 12), max_tokens_per_batch=16
+    )
     direct_ids, direct_mask = tokenization.pad_batch(seqs, 12)
     direct = np.asarray(encode(params, direct_ids, direct_mask))
     for i, seq in enumerate(seqs):

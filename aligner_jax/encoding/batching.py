@@ -125,25 +125,12 @@ def iter_encoded_batches(
 
 
 def encode_sequences(
-    encode_fn: Callable[[Any, jax.Array, jax.Array], jax.Array],
-    params: Any,
-    sequences: Sequence[np.ndarray],
-    boundaries: Sequence[int] | None = None,
-    max_tokens_per_batch: int = tokenization.DEFAULT_MAX_TOKENS_PER_BATCH,
-    pad_id: int = 0,
-    concurrent_batches: int | None = None,
+    encode_fn, params, sequences: Sequence[np.ndarray], **options
 ) -> list[np.ndarray]:
-    """``iter_encoded_batches`` collected in input order: ``[len_i, H]`` float32 per sequence."""
+    """``iter_encoded_batches`` (same arguments) collected in input order: ``[len_i, H]`` float32
+    per sequence."""
     out: list[np.ndarray | None] = [None] * len(sequences)
-    for indices, vectors in iter_encoded_batches(
-        encode_fn,
-        params,
-        sequences,
-        boundaries,
-        max_tokens_per_batch,
-        pad_id,
-        concurrent_batches,
-    ):
+    for indices, vectors in iter_encoded_batches(encode_fn, params, sequences, **options):
         for i, v in zip(indices, vectors, strict=True):
             out[i] = v
     return out  # type: ignore[return-value]

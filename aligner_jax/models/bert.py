@@ -163,6 +163,23 @@ def _dense(config: BertConfig, features: int, axes: tuple[str, str], dtype, para
     )
 
 
+def _output_and_residual(module: nn.Module, h, x, axes: tuple[str, str], deterministic: bool):
+    """BERT's ``*Output`` block of a sub-layer: LayerNorm(x + Dropout(Dense(h))), post-LN.
+
+    Called inside ``module``'s compact ``__call__``: the layers it makes are that module's
+    ``output`` and ``LayerNorm`` (the Hugging Face names)."""
+    cfg = module.config
+    h = _dense(cfg, cfg.hidden_size, axes, module.dtype, module.param_dtype, "output")(h)
+    h = nn.Dropout(cfg.hidden_dropout_prob)(h, deterministic=deterministic)
+    out = _LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=module.dtype,
+        param_dtype=module.param_dtype,
+        name="LayerNorm",
+    )(h + x)
+    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
 class BertEmbeddings(nn.Module):
     """Word + absolute position + token type embeddings, LayerNorm, dropout."""
 
@@ -278,17 +295,7 @@ class BertSelfAttention(nn.Module):
         context = context.transpose(0, 2, 1, 3).reshape(batch, length, hidden)
         context = nn.with_logical_constraint(context, ("batch", "length", "joined_kv"))
 
-        out = _dense(cfg, hidden, ("joined_kv", "embed"), self.dtype, self.param_dtype, "output")(
-            context
-        )
-        out = nn.Dropout(cfg.hidden_dropout_prob)(out, deterministic=deterministic)
-        out = _LayerNorm(
-            epsilon=cfg.layer_norm_eps,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="LayerNorm",
-        )(out + x)
-        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+        return _output_and_residual(self, context, x, ("joined_kv", "embed"), deterministic)
 
 
 class BertLayer(nn.Module):
@@ -314,17 +321,7 @@ class BertLayer(nn.Module):
         )(x)
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
         h = _ACTIVATIONS[cfg.hidden_act](h)
-        h = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), self.dtype, self.param_dtype, "output")(
-            h
-        )
-        h = nn.Dropout(cfg.hidden_dropout_prob)(h, deterministic=deterministic)
-        out = _LayerNorm(
-            epsilon=cfg.layer_norm_eps,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="LayerNorm",
-        )(h + x)
-        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+        return _output_and_residual(self, h, x, ("mlp", "embed"), deterministic)
 
 
 class BertEncoder(nn.Module):
