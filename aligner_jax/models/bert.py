@@ -180,12 +180,16 @@ def _output_and_residual(module: nn.Module, h, x, axes: tuple[str, str], determi
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
 
-class BertEmbeddings(nn.Module):
-    """Word + absolute position + token type embeddings, LayerNorm, dropout."""
+class _BertModule(nn.Module):
+    """The attributes every BERT sub-module carries: its config and compute / parameter dtypes."""
 
     config: BertConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+
+
+class BertEmbeddings(_BertModule):
+    """Word + absolute position + token type embeddings, LayerNorm, dropout."""
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, deterministic: bool):
@@ -234,7 +238,7 @@ class BertEmbeddings(nn.Module):
         return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(_BertModule):
     """Multi-head self-attention with output projection, residual and LayerNorm.
 
     ``softmax(q·kᵀ / sqrt(D) + mask) V`` per head, computed in a CPU-friendly form with the same
@@ -248,10 +252,6 @@ class BertSelfAttention(nn.Module):
     * the softmax normalisation divides the ``[L, D]`` context instead of the ``[L, L]``
       probabilities (D ≪ L) when dropout is off.
     """
-
-    config: BertConfig
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x, key_bias, deterministic: bool):
@@ -298,12 +298,8 @@ class BertSelfAttention(nn.Module):
         return _output_and_residual(self, context, x, ("joined_kv", "embed"), deterministic)
 
 
-class BertLayer(nn.Module):
+class BertLayer(_BertModule):
     """One Transformer block: self-attention, then the feed-forward network (post-LN)."""
-
-    config: BertConfig
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x, key_bias, deterministic: bool):
@@ -324,7 +320,7 @@ class BertLayer(nn.Module):
         return _output_and_residual(self, h, x, ("mlp", "embed"), deterministic)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(_BertModule):
     """The BERT encoder: token ids → last-layer hidden states (the token vectors of ALIGNER §2.2).
 
     Attributes:
@@ -340,10 +336,6 @@ class BertEncoder(nn.Module):
       layer_{i}/attention/{query,key,value,output}/{kernel,bias}, layer_{i}/attention/LayerNorm
       layer_{i}/{intermediate,output}/{kernel,bias}, layer_{i}/LayerNorm/{scale,bias}
     """
-
-    config: BertConfig
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(
