@@ -11,7 +11,6 @@ configuration, timings, index bytes), ``OUTPUT_DIR/run.tsv`` (TREC run) and
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,11 +81,12 @@ def ensure_token_store(
 
 
 def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:
-    with open(path, "w") as f:
-        for qid, docs in results.items():
-            ranked = sorted(docs.items(), key=lambda kv: -kv[1])
-            for rank, (doc_id, score) in enumerate(ranked, start=1):
-                f.write(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+    lines = []
+    for qid, docs in results.items():
+        ranked = sorted(docs.items(), key=lambda kv: -kv[1])
+        for rank, (doc_id, score) in enumerate(ranked, start=1):
+            lines.append(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+    fileio.atomic_write_text(path, "".join(lines))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -249,9 +249,9 @@ def evaluate(
             "oracle": adapted.oracle,
             "oracle_strategy": adapted.oracle_strategy,
         }
-    (output / "metrics.json").write_text(json.dumps(report, indent=1) + "\n")
+    fileio.atomic_write_json(output / "metrics.json", report, sort_keys=False)
     write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
-    (output / "config.gin").write_text(gin.operative_config_str())
+    fileio.atomic_write_text(output / "config.gin", gin.operative_config_str())
     print(summary(report))
     return report
 
@@ -276,8 +276,10 @@ def write_adaptation(
         **result.as_dict(),
         "per_query": per_query,
     }
-    (output / "adaptation.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (output / "adaptation.md").write_text(adaptation_lib.markdown_table({dataset.name: result}))
+    fileio.atomic_write_json(output / "adaptation.json", payload, sort_keys=False)
+    fileio.atomic_write_text(
+        output / "adaptation.md", adaptation_lib.markdown_table({dataset.name: result})
+    )
     return result
 
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from aligner_jax.common import fileio
 from aligner_jax.evaluation.explanation import Explanation, TokenizedText, Word
 
 # Colours of the linked query words (cycled), readable on a white or pale yellow background.
@@ -283,5 +284,5 @@ def write_html(ex: Explanation, output: str | Path) -> Path:
     if output.is_dir():
         raise IsADirectoryError(f"--output={output} is a folder; give a file name such as x.html.")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_html(ex), encoding="utf-8")
+    fileio.atomic_write_text(output, render_html(ex))
     return output

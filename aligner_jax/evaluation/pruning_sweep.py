@@ -14,7 +14,6 @@ milliseconds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding.encoder import EncodingConfig
@@ -109,8 +109,8 @@ def sweep(
         "points": points,
         "strategies": strategy_scores,
     }
-    (output / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
-    (output / "sweep.md").write_text(markdown(report))
+    fileio.atomic_write_json(output / "sweep.json", report, sort_keys=False)
+    fileio.atomic_write_text(output / "sweep.md", markdown(report))
     if plot:
         plot_sweep(report, output)
     return report

@@ -30,6 +30,7 @@ from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError, NonFiniteLossError
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
@@ -144,7 +145,7 @@ def train(
         if start_step == 0:
             writer.write_hparams(_hparams(model, data, num_train_steps, seed, num_partitions))
         log_file = open(model_dir / TRAIN_LOG, "a")  # noqa: SIM115 (closed below)
-        (model_dir / "config.gin").write_text(gin.operative_config_str())
+        fileio.atomic_write_text(model_dir / "config.gin", gin.operative_config_str())
         last_saved = start_step
         window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
         metrics_host: dict[str, float] = {}
