@@ -58,6 +58,7 @@ setuptools.setup(
             "aligner-eval=aligner_jax.evaluate:console_entry",
             "aligner-train=aligner_jax.train:console_entry",
             "aligner-index=aligner_jax.index:console_entry",
+            "aligner-search=aligner_jax.search:console_entry",
             "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
         ]

@@ -35,6 +35,7 @@ flags.DEFINE_string("index_dir", None, "Output folder of the token store (resuma
 flags.DEFINE_integer("process_index", None, "This process's index (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() first.")
+flags.DEFINE_bool("search_index", True, "Also build the compressed search index (aligner-search).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -52,6 +53,7 @@ def main(argv: Sequence[str]) -> None:
         process_index=FLAGS.process_index,
         process_count=FLAGS.process_count,
         corpus_split=FLAGS.corpus_split,
+        search_index=FLAGS.search_index,
     )
     print(indexer.format_summary(summary))
     print(json.dumps(summary.as_dict()))

@@ -125,18 +125,18 @@ def test_searcher_token_search_vs_exhaustive(store):
     ids = [f"q{i}" for i in range(5)]
     exhaustive = search_lib.Searcher(
         store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=10)
-    ).search(ids, queries)
+    ).run(ids, queries)
     assert all(c == store.num_docs for c in exhaustive.num_candidates)
     index = ti.TokenIndex.build(store, "exact")
     # With k' = all tokens every document is a candidate: identical rankings.
     full = search_lib.Searcher(
         store, search_lib.SearchConfig(backend="exact", k_prime=store.num_tokens, top_k=10), index
-    ).search(ids, queries)
+    ).run(ids, queries)
     for qid in ids:
         assert list(full.results["top_k:1"][qid]) == list(exhaustive.results["top_k:1"][qid])
     small = search_lib.Searcher(
         store, search_lib.SearchConfig(backend="exact", k_prime=3, top_k=10), index
-    ).search(ids, queries)
+    ).run(ids, queries)
     for qid, n in zip(ids, small.num_candidates, strict=True):
         assert 1 <= n <= 3 * 6
         # Every candidate's refined score equals its exhaustive score.
@@ -158,7 +158,7 @@ def test_query_pruning_and_xtr_refinement(store):
     assert q.salience[keep].min() >= np.sort(q.salience)[::-1][len(keep) - 1]
     index = ti.TokenIndex.build(store, "exact")
     cfg = search_lib.SearchConfig(backend="exact", k_prime=20, refine="xtr", top_k=5)
-    out = search_lib.Searcher(store, cfg, index).search(["q"], [q])
+    out = search_lib.Searcher(store, cfg, index).run(["q"], [q])
     scores, docs, _ = index.search(q.vectors, 20)
     cand, expected = xtr.xtr_inference_scores_numpy(scores, docs)
     best = dict(zip(cand, expected, strict=True))

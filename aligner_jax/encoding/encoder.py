@@ -64,6 +64,8 @@ class EncoderBundle:
     params: Any
     tokenizer: Any
     name: str
+    # How load_encoder made it (backbone_weights, checkpoint, tokenizer, seed): see ``spec``.
+    source: dict | None = None
     _fingerprint: str | None = None
 
     @property
@@ -97,6 +99,16 @@ class EncoderBundle:
                 digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
+
+    def spec(self) -> dict:
+        """What ``loading.encoder_from_spec`` needs to rebuild this encoder in another process:
+        the architecture (``AlignerConfig`` with its backbone config) and ``source``."""
+        cfg = dataclasses.asdict(self.config)
+        cfg["backbone"] = {
+            "type": type(self.config.backbone).__name__,
+            **dataclasses.asdict(self.config.backbone),
+        }
+        return {"name": self.name, "source": self.source, "config": cfg, "info": self.info()}
 
     def info(self) -> dict:
         cfg = self.config

@@ -25,7 +25,7 @@ from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import tokenization
 from aligner_jax.encoding.encoder import EncoderBundle
 from aligner_jax.models import aligner as aligner_lib
-from aligner_jax.models import bert
+from aligner_jax.models import bert, t5
 from aligner_jax.weights import (
     aligner_checkpoint,
     bert_safetensors,
@@ -86,10 +86,16 @@ def load_encoder(
             "(e.g. --gin_file=models/minilm.gin)"
         )
     tok = load_tokenizer(tokenizer)
+    source = {
+        "backbone_weights": _absolute(backbone_weights, "t5x:"),
+        "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
+        "tokenizer": _absolute(tokenizer, "sentencepiece:"),
+        "seed": seed,
+    }
     if checkpoint:
         params, step = aligner_checkpoint.restore_params(checkpoint, config)
         label = name or f"{Path(checkpoint).resolve()}@{step}"
-        return EncoderBundle(config=config, params=params, tokenizer=tok, name=label)
+        return EncoderBundle(config=config, params=params, tokenizer=tok, name=label, source=source)
     params = aligner_lib.init_params(config, seed)
     backbone = load_backbone_params(backbone_weights, config.backbone, seed)
     if backbone is not None:
@@ -99,7 +105,39 @@ def load_encoder(
         params = dict(params)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
     label = name or f"{backbone_weights}/{config.projection}/{config.salience}"
-    return EncoderBundle(config=config, params=params, tokenizer=tok, name=label)
+    return EncoderBundle(config=config, params=params, tokenizer=tok, name=label, source=source)
+
+
+def _absolute(spec: str, prefix: str) -> str:
+    """``spec`` with a relative path made absolute (``minilm``/``random`` unchanged)."""
+    if spec in ("minilm", "random"):
+        return spec
+    has_prefix = spec.startswith(prefix)
+    path = spec[len(prefix) :] if has_prefix else spec
+    return (prefix if has_prefix else "") + str(Path(path).resolve())
+
+
+_BACKBONES = {"BertConfig": bert.BertConfig, "T5Config": t5.T5Config}
+
+
+def encoder_from_spec(spec: dict, checkpoint: str | None = None) -> EncoderBundle:
+    """Rebuilds the encoder an index was built with from ``EncoderBundle.spec()`` (saved as the
+    index's ``encoder.json``); ``checkpoint`` replaces the recorded one."""
+    source = spec.get("source") or {}
+    cfg = dict(spec["config"])
+    backbone = dict(cfg.pop("backbone"))
+    kind = backbone.pop("type")
+    if kind not in _BACKBONES:
+        raise ConfigError(f"encoder spec: unknown backbone type {kind!r}")
+    tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
+    config = aligner_lib.AlignerConfig(**tuples(cfg), backbone=_BACKBONES[kind](**tuples(backbone)))
+    return load_encoder(
+        config=config,
+        backbone_weights=source.get("backbone_weights", "minilm"),
+        checkpoint=checkpoint or source.get("checkpoint"),
+        tokenizer=source.get("tokenizer", "minilm"),
+        seed=source.get("seed", 0),
+    )
 
 
 def bundle_with(bundle: EncoderBundle, **config_changes) -> EncoderBundle:

@@ -23,12 +23,13 @@ from absl import logging
 from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, scoring
-from aligner_jax.data import beir
+from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
 from aligner_jax.evaluation import metrics
 from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import searcher as search_lib
@@ -67,6 +68,7 @@ def ensure_token_store(
                 f"({manifest.get('corpus', {}).get('path')}); use another --index_dir"
             )
         reused = True
+        indexer.write_encoder_spec(index_dir, encoder.bundle)
         logging.info("Reusing the token store in %s", index_dir)
     else:
         summary = indexer.build_token_store(
@@ -80,13 +82,22 @@ def ensure_token_store(
     return store, seconds, reused
 
 
-def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:
-    lines = []
-    for qid, docs in results.items():
-        ranked = sorted(docs.items(), key=lambda kv: -kv[1])
-        for rank, (doc_id, score) in enumerate(ranked, start=1):
-            lines.append(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
-    fileio.atomic_write_text(path, "".join(lines))
+def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.CentroidIndex, float]:
+    """The store's persisted compressed index, built (once) when missing or stale; returns it
+    and the seconds spent building (0 when loaded)."""
+    if ci.CentroidIndex.exists(store.directory):
+        try:
+            index = ci.CentroidIndex.load(store)
+        except errors.IndexIntegrityError as e:
+            logging.warning("rebuilding the search index: %s", e)
+        else:
+            if index.meta["config"]["beta_d"] == beta_d:
+                logging.info("Loaded the search index of %s", store.directory)
+                return index, 0.0
+            logging.info("rebuilding the search index for beta_d=%s", beta_d)
+    start = time.perf_counter()
+    config = dataclasses.replace(ci.CentroidIndexConfig(), beta_d=beta_d)
+    return ci.CentroidIndex.build(store, config), time.perf_counter() - start
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -180,16 +191,20 @@ def evaluate(
     output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
 
-    token_index, build_s = None, 0.0
-    if not search_config.exhaustive:
+    token_index, centroid_index, build_s = None, None, 0.0
+    if search_config.exhaustive:
+        pass
+    elif search_config.backend == "centroid":
+        centroid_index, build_s = open_centroid_index(store, search_config.beta_d)
+    else:
         token_index = ti.TokenIndex.build(
             store, search_config.backend, beta_d=search_config.beta_d, k_prime=search_config.k_prime
         )
         build_s = token_index.build_seconds
 
     query_encode_s = run.encode_queries_s
-    searcher = search_lib.Searcher(store, search_config, token_index)
-    out = searcher.search(qids, encoded, strategies=tuple(strategies))
+    searcher = search_lib.Searcher(store, search_config, token_index, centroid_index=centroid_index)
+    out = searcher.run(qids, encoded, strategies=tuple(strategies))
     name = "xtr" if search_config.refine == "xtr" else str(strategy)
     results = out.results[name]
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
@@ -236,7 +251,9 @@ def evaluate(
         "scoring_flops": flops.run_flops(out.costs, store.dim, search_config.k_prime),
         "index_bytes": {
             "refinement_store": store.nbytes(),
-            "token_index": token_index.nbytes() if token_index else 0,
+            "token_index": token_index.nbytes()
+            if token_index
+            else (centroid_index.nbytes() if centroid_index else 0),
         },
         "dataset_stats": dataset.stats.as_dict(),
         "devices": [str(d) for d in jax.devices()],
@@ -250,7 +267,7 @@ def evaluate(
             "oracle_strategy": adapted.oracle_strategy,
         }
     fileio.atomic_write_json(output / "metrics.json", report, sort_keys=False)
-    write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
+    runs.write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
     fileio.atomic_write_text(output / "config.gin", gin.operative_config_str())
     print(summary(report))
     return report

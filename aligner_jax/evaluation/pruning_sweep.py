@@ -69,7 +69,7 @@ def sweep(
             if strategies and bd == 1.0 and bq == 1.0:
                 names += [s for s in strategies if s != alignment]
             t0 = time.perf_counter()
-            out = search_lib.Searcher(store, cfg, index).search(qids, encoded, strategies=names)
+            out = search_lib.Searcher(store, cfg, index).run(qids, encoded, strategies=names)
             wall = time.perf_counter() - t0
             ev = metrics.evaluate_run(dataset.qrels, out.results[scoring.canonical_name(alignment)])
             point = {

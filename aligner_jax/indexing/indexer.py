@@ -27,9 +27,11 @@ from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.indexing import centroid_index
 from aligner_jax.indexing import token_store as ts
 
 CONFIG_FILE = "index_config.json"
+ENCODER_FILE = "encoder.json"  # how to rebuild the query encoder (EncoderBundle.spec)
 
 
 @gin.configurable
@@ -113,6 +115,13 @@ def _check_or_write_config(directory: Path, settings: dict) -> None:
         fileio.atomic_write_json(path, settings)
 
 
+def write_encoder_spec(directory: Path, bundle) -> None:
+    """Saves ``encoder.json`` (the model that encodes this store's queries) unless it exists."""
+    path = Path(directory) / ENCODER_FILE
+    if not path.exists():
+        fileio.atomic_write_json(path, bundle.spec())
+
+
 def build_token_store(
     documents: Iterable[beir.Document],
     encoder: Encoder,
@@ -132,6 +141,7 @@ def build_token_store(
         "corpus": corpus_info or {},
     }
     _check_or_write_config(directory, settings)
+    write_encoder_spec(directory, encoder.bundle)
     maxlen = encoder.bundle.config.doc_maxlen
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens = 0.0, 0, 0
@@ -271,6 +281,7 @@ def index_corpus(
     corpus_split: str = "train",
     config: IndexingConfig | None = None,
     encoding_config=None,
+    search_index: bool = False,
 ) -> IndexingSummary:
     """The ``aligner-index`` job: stream ``corpus`` into a token store.
 
@@ -279,7 +290,9 @@ def index_corpus(
 
     Each process (``jax.process_index()`` of ``jax.process_count()`` by default) encodes its own
     shards; every process finalises the manifest once all shards exist, so the last one to
-    finish completes the index. Re-running resumes after the last complete shard.
+    finish completes the index. Re-running resumes after the last complete shard. With
+    ``search_index``, the compressed search index (``CentroidIndexConfig``) is built once the
+    store is complete (by the process that completes it), unless a valid one exists.
     """
     config = config or IndexingConfig()
     process_index = jax.process_index() if process_index is None else process_index
@@ -291,7 +304,7 @@ def index_corpus(
     documents, info = corpus_sources.open_corpus(corpus, corpus_split)
     bundle = loading.load_encoder()
     encoder = Encoder(bundle, encoding_config or EncodingConfig())
-    return build_token_store(
+    summary = build_token_store(
         documents,
         encoder,
         index_dir,
@@ -300,3 +313,11 @@ def index_corpus(
         process_count=process_count,
         corpus_info=info,
     )
+    if search_index and summary.complete:
+        store = ts.TokenStore(index_dir)
+        try:
+            centroid_index.CentroidIndex.load(store)
+            logging.info("the search index of %s is up to date", index_dir)
+        except errors.IndexIntegrityError:
+            centroid_index.CentroidIndex.build(store)
+    return summary

@@ -1,6 +1,12 @@
-"""Search: query tokens → token MIPS → candidate documents → refinement → ranked documents.
+"""Search: query tokens → candidate documents → refinement → ranked documents.
 
-The three steps are named and timed (XTR notebook habit):
+``Searcher.load(index_dir)`` opens a persisted index (token store + compressed centroid index +
+the encoder that built it) and answers free text: ``search("...", k=10)`` → ``[(doc_id,
+score)]``. Backends: ``centroid`` (the compressed index of :mod:`indexing.centroid_index`, four
+stages in :mod:`retrieval.centroid_search`: milliseconds per query on a CPU), ``scann`` and
+``exact`` (token MIPS, below), or exhaustive refinement (``k_prime = 0``: the quality ceiling).
+
+For the token-MIPS backends the three steps are named and timed (XTR notebook habit):
 
   1. ``token_search``: the top β^q of the query's tokens by salience each retrieve their k′ nearest
      document tokens from the token index (ScaNN or exact); their documents are the candidates.
@@ -15,6 +21,7 @@ The three steps are named and timed (XTR notebook habit):
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 
@@ -22,14 +29,20 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import errors
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
-from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import centroid_search as cs
 from aligner_jax.retrieval import refine as refine_lib
 
 REFINE_MODES = ("full", "xtr")
+BACKENDS = ("centroid",) + ti.BACKENDS
+MODES = ("fast", "exhaustive")
 
 
 @gin.configurable
@@ -38,9 +51,10 @@ class SearchConfig:
     """Search settings (bind in gin, e.g. ``SearchConfig.backend = 'exact'``).
 
     Attributes:
-      backend: token MIPS backend, ``scann`` or ``exact``.
-      k_prime: token neighbours per query token (paper: 4000). 0 = every document is a candidate
-        (exhaustive refinement, no token search).
+      backend: ``centroid`` (compressed index, fast), or token MIPS with ``scann`` or ``exact``.
+      k_prime: token neighbours per query token of ``scann``/``exact`` (paper: 4000; the
+        ``centroid`` backend sizes its stages by ``CentroidSearchConfig`` instead). 0 = every
+        document is a candidate (exhaustive refinement, no candidate generation).
       beta_q: fraction of each query's tokens (top by salience) used for token search (§3.2).
       beta_d: fraction of each document's tokens (top by salience) in the token index (§3.2).
       refine: ``full`` (gather stored token vectors, Eq. 1–2) or ``xtr`` (f_XTR′).
@@ -57,15 +71,19 @@ class SearchConfig:
     query_batch_size: int = 8
 
     def __post_init__(self):
-        if self.backend not in ti.BACKENDS:
+        if self.backend not in BACKENDS:
             raise ConfigError(
-                f"SearchConfig.backend={self.backend!r}: choose one of {ti.BACKENDS} "
+                f"SearchConfig.backend={self.backend!r}: choose one of {BACKENDS} "
                 "(e.g. --gin.SearchConfig.backend=\"'exact'\")"
             )
         if self.refine not in REFINE_MODES:
             raise ConfigError(f"SearchConfig.refine={self.refine!r}: choose one of {REFINE_MODES}")
         if self.k_prime < 0:
             raise ConfigError(f"SearchConfig.k_prime={self.k_prime}: must be >= 0")
+        if self.refine == "xtr" and self.backend == "centroid" and self.k_prime:
+            raise ConfigError(
+                "SearchConfig.refine='xtr' scores retrieved tokens: use backend 'scann' or 'exact'"
+            )
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
                 "SearchConfig.refine='xtr' scores from retrieved tokens: set k_prime > 0"
@@ -101,7 +119,8 @@ def prune_query_tokens(encoded: EncodedText, beta_q: float) -> np.ndarray:
 
 
 class Searcher:
-    """Retrieves and ranks documents of a token store for encoded queries."""
+    """Retrieves and ranks documents of a token store for queries (encoded, or free text with
+    an ``encoder``)."""
 
     def __init__(
         self,
@@ -109,13 +128,102 @@ class Searcher:
         config: SearchConfig,
         token_index: ti.TokenIndex | None = None,
         refine_config: refine_lib.RefineConfig | None = None,
+        centroid_index: ci.CentroidIndex | None = None,
+        centroid_config: cs.CentroidSearchConfig | None = None,
+        encoder: Encoder | None = None,
+        alignment: str = "top_k:1",
     ):
-        if not config.exhaustive and token_index is None:
+        if not config.exhaustive and config.backend == "centroid" and centroid_index is None:
+            raise ValueError("a centroid index is needed for backend='centroid'")
+        if not config.exhaustive and config.backend != "centroid" and token_index is None:
             raise ValueError("a token index is needed when k_prime > 0")
         self.store = store
         self.config = config
         self.token_index = token_index
-        self.refiner = refine_lib.Refiner(store, refine_config) if config.refine == "full" else None
+        self.encoder = encoder
+        self.alignment = scoring.AlignmentStrategy.parse(alignment)
+        self.centroid = None
+        if centroid_index is not None and not config.exhaustive:
+            self.centroid = cs.CentroidSearcher(store, centroid_index, centroid_config)
+        self._refine_config = refine_config
+        self._refiner = None
+
+    @property
+    def refiner(self) -> refine_lib.Refiner | None:
+        """Refinement over the float store, built on first use (the centroid backend's default
+        top-1 path never needs it)."""
+        if self._refiner is None and self.config.refine == "full":
+            self._refiner = refine_lib.Refiner(self.store, self._refine_config)
+        return self._refiner
+
+    @classmethod
+    def load(
+        cls,
+        index_dir: str,
+        mode: str = "fast",
+        checkpoint: str | None = None,
+        encoder: Encoder | None = None,
+        alignment: str = "top_k:1",
+        verify_checksums: bool = False,
+        centroid_config: cs.CentroidSearchConfig | None = None,
+        **overrides,
+    ) -> Searcher:
+        """Opens a persisted index for free-text search.
+
+        Args:
+          index_dir: a token store folder with its ``search_index/`` (``aligner-index
+            --search_index``) and ``encoder.json``.
+          mode: ``fast`` (the compressed centroid index) or ``exhaustive`` (every document
+            refined with the float store: the quality ceiling).
+          checkpoint: a trained model folder replacing the recorded one (same fingerprint).
+          encoder: a ready :class:`Encoder` instead of the recorded model.
+          alignment: the alignment strategy of the final stage (§3.1).
+          overrides: ``SearchConfig`` fields (e.g. ``top_k``, ``beta_q``).
+        Refuses an encoder whose fingerprint differs from the store's.
+        """
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r}: choose one of {MODES}")
+        store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
+        if encoder is None:
+            spec_path = store.directory / "encoder.json"
+            if not spec_path.exists():
+                raise errors.MissingPathError(
+                    f"{spec_path} does not exist: this index does not record its model; pass "
+                    "the model (--gin_file of the model, or --checkpoint)"
+                )
+            spec = json.loads(spec_path.read_text())
+            encoder = Encoder(loading.encoder_from_spec(spec, checkpoint), EncodingConfig())
+        ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
+        if mode == "exhaustive":
+            config = SearchConfig(**{"backend": "exact", **overrides, "k_prime": 0})
+            return cls(store, config, encoder=encoder, alignment=alignment)
+        config = SearchConfig(**{"backend": "centroid", "k_prime": 1, **overrides})
+        index = ci.CentroidIndex.load(store, verify_checksums=verify_checksums)
+        return cls(
+            store,
+            config,
+            centroid_index=index,
+            centroid_config=centroid_config,
+            encoder=encoder,
+            alignment=alignment,
+        )
+
+    # -- free text -------------------------------------------------------------------------------
+    def search(self, text: str, k: int = 10) -> list[tuple[str, float]]:
+        """The ``k`` best documents for a free-text query: ``[(doc_id, score)]``, best first."""
+        return self.search_batch([text], k)[0]
+
+    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
+        """``search`` for several queries (encoded together)."""
+        if self.encoder is None:
+            raise ConfigError("this Searcher has no encoder: open it with Searcher.load")
+        if k < 1:
+            raise ConfigError(f"k={k}: must be >= 1")
+        encoded = self.encoder.encode(list(texts), "query")
+        ids = [str(i) for i in range(len(encoded))]
+        out = self.run(ids, encoded, (self.alignment,), progress_every=0, k=k)
+        ranked = out.results[next(iter(out.results))]
+        return [list(ranked[i].items()) for i in ids]
 
     # -- step 1 --------------------------------------------------------------------------------
     def token_search(self, queries: Sequence[EncodedText]):
@@ -135,16 +243,21 @@ class Searcher:
         return out
 
     # -- steps 2 and 3 ---------------------------------------------------------------------------
-    def search(
+    def run(
         self,
         query_ids: Sequence[str],
         queries: Sequence[EncodedText],
         strategies: Sequence[scoring.AlignmentStrategy | str] = ("top_k:1",),
         progress_every: int = 50,
+        k: int | None = None,
     ) -> SearchOutput:
-        """Ranks the store's documents for each encoded query with each strategy."""
+        """Ranks the store's documents for each encoded query with each strategy (the top ``k``,
+        default ``SearchConfig.top_k``)."""
         cfg = self.config
+        k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
+        if self.centroid is not None:
+            return self._run_centroid(query_ids, queries, strategies, progress_every, k)
         names = [str(s) for s in strategies]
         if cfg.refine == "xtr":
             names = ["xtr"]
@@ -187,30 +300,74 @@ class Searcher:
                     )
                 )
                 for s, name in enumerate(names):
-                    results[name][qid] = self._rank(cands, scores[s])
+                    results[name][qid] = self._rank(cands, scores[s], k)
             token_ms += [1000.0 * (t1 - t0) / len(batch)] * len(batch)
             refine_ms += [1000.0 * (t2 - t1) / len(batch)] * len(batch)
-            done = lo + len(batch)
-            if progress_every and (done // progress_every) != (lo // progress_every):
-                elapsed = time.perf_counter() - start_all
-                logging.info(
-                    "search: %d/%d queries, %.1f queries/s, median %d candidates",
-                    done,
-                    len(queries),
-                    done / elapsed,
-                    int(np.median(num_candidates)),
-                )
+            _progress(lo + len(batch), lo, len(queries), progress_every, start_all, num_candidates)
         return SearchOutput(results, token_ms, refine_ms, num_candidates, costs)
+
+    def _run_centroid(self, query_ids, queries, strategies, progress_every, k) -> SearchOutput:
+        """One query at a time through the four stages of :mod:`centroid_search`."""
+        names = [str(s) for s in strategies]
+        fast = strategies in ((scoring.AlignmentStrategy.parse("top_k:1"),),)
+        results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
+        search_ms, num_candidates, costs = [], [], []
+        ids = self.store.doc_ids
+        start_all = time.perf_counter()
+        for i, (qid, q) in enumerate(zip(query_ids, queries, strict=True)):
+            t0 = time.perf_counter()
+            refine_fn = None
+            if not fast:
+                qbatch = refine_lib.QueryBatch.from_encoded(
+                    [q], self.refiner.config.query_bucket(len(q.token_ids))
+                )
+                refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
+            rankings, counts = self.centroid.search(
+                q.vectors,
+                q.salience,
+                prune_query_tokens(q, self.config.beta_q),
+                k,
+                refine_fn,
+            )
+            search_ms.append(1000.0 * (time.perf_counter() - t0))
+            for name, (docs, scores) in zip(names, rankings, strict=True):
+                results[name][qid] = {
+                    ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
+                }
+            num_candidates.append(counts.candidates)
+            costs.append(
+                flops.QueryCost(
+                    query_tokens=len(q.token_ids),
+                    searched_tokens=len(q.token_ids),
+                    candidates=counts.refined,
+                    candidate_doc_tokens=0,
+                    retrieved_hits=0,
+                )
+            )
+            _progress(i + 1, i, len(queries), progress_every, start_all, num_candidates)
+        return SearchOutput(results, [0.0] * len(search_ms), search_ms, num_candidates, costs)
 
     def _xtr_scores(self, token_scores, token_docs, n_query_tokens):
         cands, scores = xtr.xtr_inference_scores_numpy(token_scores, token_docs)
         return cands, scores[None, :]
 
-    def _rank(self, cands: np.ndarray, scores: np.ndarray) -> dict[str, float]:
-        k = min(self.config.top_k, len(cands))
+    def _rank(self, cands: np.ndarray, scores: np.ndarray, k: int) -> dict[str, float]:
+        k = min(k, len(cands))
         if k == 0:
             return {}
         top = np.argpartition(-scores, k - 1)[:k] if len(cands) > k else np.arange(len(cands))
         top = top[np.argsort(-scores[top], kind="stable")]
         ids = self.store.doc_ids
         return {ids[int(cands[j])]: float(scores[j]) for j in top if np.isfinite(scores[j])}
+
+
+def _progress(done, before, total, every, start, num_candidates) -> None:
+    if every and (done // every) != (before // every):
+        elapsed = time.perf_counter() - start
+        logging.info(
+            "search: %d/%d queries, %.1f queries/s, median %d candidates",
+            done,
+            total,
+            done / elapsed,
+            int(np.median(num_candidates)),
+        )

@@ -1,0 +1,110 @@
+"""Residual compression of token vectors: centroid id + b-bit residual (PLAID §4.1).
+
+A token v is stored as the id of its centroid c and its residual r = v − c quantised per
+dimension on a uniform grid of 2^b levels between per-dimension bounds fitted on a sample
+(tail quantiles, ``TAILS``): r̂_d = lo_d + (idx_d + ½)·step_d. The grid is uniform (PLAID's
+buckets are quantiles) so that a dot product with a compressed token is linear in the stored
+levels and needs no decompression:
+
+  q·v̂ = q·c + Σ_d q_d·lo_d + ½ Σ_d q_d·step_d + Σ_d (q_d·step_d)·idx_d
+
+— one gather from the query–centroid scores, a per-query constant, and one BLAS product with the
+levels. Levels are packed 8/b to a byte in *planes*: plane p holds dimensions
+[p·D′/P, (p+1)·D′/P) (D′ = D padded to a multiple of P = 8/b), so unpacking is a shift and a mask
+per plane, with no interleaving. Pure NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+BITS = (2, 4, 8)
+TAILS = {2: 0.01, 4: 0.002, 8: 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualCodec:
+    """Per-dimension uniform quantiser of residuals: ``lower`` and ``step`` are ``[D]`` float32."""
+
+    bits: int
+    lower: np.ndarray
+    step: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return len(self.lower)
+
+    @property
+    def planes(self) -> int:
+        return 8 // self.bits
+
+    @property
+    def padded_dim(self) -> int:
+        return -(-self.dim // self.planes) * self.planes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.padded_dim // self.planes
+
+    @classmethod
+    def fit(cls, residuals: np.ndarray, bits: int, tail: float | None = None) -> ResidualCodec:
+        """Fits the grid bounds to the ``tail`` / ``1 − tail`` quantiles of each dimension
+        (default: ``TAILS[bits]``; coarser grids clip more of the tails to resolve the bulk)."""
+        tail = TAILS.get(bits, 0.0) if tail is None else tail
+        if bits not in BITS:
+            raise ValueError(f"residual bits={bits}: choose one of {BITS}")
+        residuals = np.asarray(residuals, np.float32)
+        lower = np.quantile(residuals, tail, axis=0).astype(np.float32)
+        upper = np.quantile(residuals, 1.0 - tail, axis=0).astype(np.float32)
+        step = np.maximum(upper - lower, 1e-6) / (1 << bits)
+        return cls(bits, lower, step.astype(np.float32))
+
+    def _pad(self, x: np.ndarray) -> np.ndarray:
+        extra = self.padded_dim - self.dim
+        return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)]) if extra else x
+
+    def encode(self, residuals: np.ndarray) -> np.ndarray:
+        """``[N, D]`` residuals → ``[N, bytes_per_token]`` uint8 packed levels."""
+        levels = np.floor((np.asarray(residuals, np.float32) - self.lower) / self.step)
+        levels = self._pad(np.clip(levels, 0, (1 << self.bits) - 1).astype(np.uint8))
+        width = self.bytes_per_token
+        packed = np.zeros((len(levels), width), np.uint8)
+        for p in range(self.planes):
+            packed |= levels[:, p * width : (p + 1) * width] << np.uint8(self.bits * p)
+        return packed
+
+    def levels(self, packed: np.ndarray) -> list[np.ndarray]:
+        """The planes of levels of ``packed [N, W]``: P arrays ``[N, W]`` uint8."""
+        mask = np.uint8((1 << self.bits) - 1)
+        if self.planes == 1:
+            return [packed]
+        return [(packed >> np.uint8(self.bits * p)) & mask for p in range(self.planes)]
+
+    def decode(self, packed: np.ndarray) -> np.ndarray:
+        """``[N, W]`` packed → ``[N, D]`` float32 residuals (grid cell centres)."""
+        levels = np.concatenate(self.levels(packed), axis=1)[:, : self.dim].astype(np.float32)
+        return self.lower + (levels + 0.5) * self.step
+
+    def query_terms(self, queries: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Per-query factors of q·r̂: the plane weights ``q⊙step`` split as the planes
+        (P arrays ``[n, W]``) and the constant ``q·(lower + ½·step)`` ``[n]``."""
+        q = np.asarray(queries, np.float32)
+        weights = self._pad(q * self.step)
+        width = self.bytes_per_token
+        planes = [
+            np.ascontiguousarray(weights[:, p * width : (p + 1) * width])
+            for p in range(self.planes)
+        ]
+        return planes, q @ (self.lower + 0.5 * self.step)
+
+    def residual_scores(self, queries: np.ndarray, packed: np.ndarray) -> np.ndarray:
+        """r̂·q for every packed token and query: ``[N, n]`` float32, without decoding (token-major,
+        so that each plane is one BLAS product of a contiguous ``[N, W]`` matrix)."""
+        planes, constant = self.query_terms(queries)
+        out = np.empty((len(packed), len(constant)), np.float32)
+        out[:] = constant
+        for w, levels in zip(planes, self.levels(packed), strict=True):
+            out += levels.astype(np.float32) @ w.T
+        return out

@@ -1,0 +1,214 @@
+"""Fast candidate generation and scoring over the compressed index (PLAID §4, WARP §3), CPU first.
+
+For one query (token vectors q [n, D], saliences u^q), four stages, each vectorised NumPy/BLAS
+(no Python loop over documents or tokens, no per-op JAX dispatch):
+
+  1. **Centroid scores** S = q·Cᵀ ``[n, C]`` (one GEMM).
+  2. **Probe + imputation** (WARPSELECT): each query token kept by β^q probes its ``probes`` best
+     centroids; a document in a probed centroid's inverted list gets, for that token, the best
+     probed centroid score it owns; a document a token did not reach gets the token's *imputed*
+     score, the score of its first centroid not probed (an upper bound on what an unprobed token
+     can contribute, up to residuals). The mean over tokens ranks the candidates.
+  3. **Centroid interaction** (PLAID): the best ``interaction_docs`` candidates are re-scored with
+     every token's centroid score, Σ_i max_j S[i, code_j] (gathers from S, no vectors read).
+  4. **Compressed refinement**: the best ``refine_docs`` are scored with q·(c + r̂) using the packed
+     residuals without decoding them (``ResidualCodec.residual_scores``), with top-1 alignment
+     and saliences, Eq. 1–2 (other alignment strategies refine these documents from the float
+     store through ``refine.Refiner``, see ``searcher``).
+
+The ranking lists the refined documents by their score, then the other interaction documents,
+then the other candidates, each block by its own estimate, shifted below the block before it
+(so that any evaluator that sorts by score keeps this order).
+
+Defaults scale with the index: ``probes = max(2, ⌈C/1024⌉)``, ``refine_docs = clip(⌈√N⌉, 32,
+128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import gin
+import numpy as np
+
+from aligner_jax.common.errors import ConfigError
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import token_store as ts
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class CentroidSearchConfig:
+    """Candidate counts of the four stages (None: the corpus-scaled defaults of the module)."""
+
+    probes: int | None = None
+    interaction_docs: int | None = None
+    refine_docs: int | None = None
+
+    def __post_init__(self):
+        for name in ("probes", "interaction_docs", "refine_docs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--gin.CentroidSearchConfig.{name}={value}: must be >= 1")
+
+    def resolved(self, num_docs: int, num_centroids: int) -> tuple[int, int, int]:
+        probes = self.probes or max(2, math.ceil(num_centroids / 1024))
+        refine = self.refine_docs or int(np.clip(math.ceil(math.sqrt(num_docs)), 32, 128))
+        interaction = self.interaction_docs or 4 * refine
+        return min(probes, num_centroids), interaction, min(refine, interaction)
+
+
+def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``offsets[i]:offsets[i+1]`` of every ``i`` in ``ids``, concatenated, and their lengths."""
+    starts = offsets[ids]
+    lengths = offsets[ids + 1] - starts
+    ends = np.cumsum(lengths)
+    rows = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(
+        starts - ends + lengths, lengths
+    )
+    return rows, lengths
+
+
+def _segment_starts(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores, best first (ties: lower index first)."""
+    if k < len(scores):
+        part = np.argpartition(-scores, k - 1)[:k]
+    else:
+        part = np.arange(len(scores))
+    return part[np.argsort(-scores[part], kind="stable")]
+
+
+@dataclasses.dataclass
+class StageCounts:
+    candidates: int
+    interaction: int
+    refined: int
+
+
+class CentroidSearcher:
+    """Runs the four stages for one query at a time over a store and its compressed index."""
+
+    def __init__(
+        self,
+        store: ts.TokenStore,
+        index: ci.CentroidIndex,
+        config: CentroidSearchConfig | None = None,
+    ):
+        self.store = store
+        self.index = index
+        self.config = config or CentroidSearchConfig()
+        self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
+            store.num_docs, index.num_centroids
+        )
+        self.alive = np.ones(store.num_docs, bool)
+        self.alive[index.deleted] = False
+        self.uniform_salience = store.manifest["model"].get("salience") == "none"
+        self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
+
+    # -- stages ----------------------------------------------------------------------------------
+    def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray):
+        """Stage 2: (candidate docs, approximate scores) from the probed inverted lists."""
+        idx = self.index
+        sp = s[probe_rows]  # [n', C]
+        p = self.probes
+        width = min(p + 1, sp.shape[1])
+        top = np.argpartition(-sp, width - 1, axis=1)[:, :width]
+        top_scores = np.take_along_axis(sp, top, axis=1)
+        order = np.argsort(-top_scores, axis=1)
+        top = np.take_along_axis(top, order, axis=1)
+        top_scores = np.take_along_axis(top_scores, order, axis=1)
+        imputed = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
+        probed, probed_scores = top[:, :p], top_scores[:, :p]
+        rows, lengths = concatenated_ranges(idx.ivf_offsets, probed.ravel())
+        docs = idx.ivf_docs[rows]
+        values = np.repeat(probed_scores.ravel(), lengths)
+        token = np.repeat(np.repeat(np.arange(len(probe_rows)), probed.shape[1]), lengths)
+        cands, where = np.unique(docs, return_inverse=True)
+        m = np.repeat(imputed[:, None], len(cands), axis=1)
+        np.maximum.at(m, (token, where), values)
+        w = weights[probe_rows]
+        approx = (w @ m) / max(float(w.sum()), 1e-12)
+        keep = self.alive[cands]
+        return cands[keep], approx[keep]
+
+    def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``.
+
+        ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
+        rows, lengths = concatenated_ranges(self.store.offsets, docs)
+        best = np.maximum.reduceat(s_t[self.index.codes[rows]], _segment_starts(lengths), axis=0)
+        return (best @ weights) / max(float(weights.sum()), 1e-12)
+
+    def refine(
+        self, q: np.ndarray, s_t: np.ndarray, docs: np.ndarray, u_q: np.ndarray
+    ) -> np.ndarray:
+        """Stage 4: top-1 alignment with compressed vectors, Eq. 1–2 with u^q and u^d."""
+        rows, lengths = concatenated_ranges(self.store.offsets, docs)
+        sims = self.index.codec.residual_scores(q, self.index.residuals[rows])  # [T, n]
+        sims += s_t[self.index.codes[rows]]
+        starts = _segment_starts(lengths)
+        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, n]
+        if self.salience is None:
+            return (best @ u_q) / max(float(u_q.sum()), 1e-12)
+        # u^d of each row's selected (maximal) token; selection is by S alone (Eq. 2).
+        u_d = self.salience[rows]
+        at_max = sims == np.repeat(best, lengths, axis=0)
+        u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, axis=0)
+        a = u_sel * u_q[None, :]
+        z = a.sum(1)
+        return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)
+
+    # -- the query path ------------------------------------------------------------------------
+    def search(
+        self, q: np.ndarray, u_q: np.ndarray, probe_rows: np.ndarray, k: int, refine_fn=None
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], StageCounts]:
+        """Ranks documents for one query: ([(doc indices, scores)] per scoring, stage counts).
+
+        Without ``refine_fn`` stage 4 is top-1 alignment on compressed vectors (one ranking);
+        ``refine_fn(docs) -> [S, len(docs)]`` scores the refined documents otherwise (S rankings:
+        other alignment strategies, from the float store).
+        """
+        q = np.asarray(q, np.float32)
+        u_q = np.asarray(u_q, np.float32)
+        s = q @ self.index.centroids.T
+        s_t = np.ascontiguousarray(s.T)
+        cands, approx = self.candidates(s, probe_rows, u_q)
+        first = cands[_top(approx, min(self.interaction_docs, len(cands)))]
+        inter = self.interaction(s_t, first, u_q)
+        order = _top(inter, min(self.refine_docs, len(first)))
+        refined = first[order]
+        if refine_fn is None:
+            exact = self.refine(q, s_t, refined, u_q)[None, :]
+        else:
+            exact = np.asarray(refine_fn(refined))
+        rest = np.ones(len(first), bool)
+        rest[order] = False
+        others = ~np.isin(cands, first, assume_unique=True)
+        tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
+        rankings = [_merge([(refined, row)] + tail, k) for row in exact]
+        return rankings, StageCounts(len(cands), len(first), len(refined))
+
+
+def _merge(blocks, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenates ranked blocks, each shifted strictly below the previous block's minimum."""
+    docs, scores, floor = [], [], np.inf
+    remaining = k
+    for d, sc in blocks:
+        if remaining <= 0 or not len(d):
+            continue
+        top = _top(sc, min(remaining, len(d)))
+        d, sc = d[top], sc[top].astype(np.float64)
+        if np.isfinite(floor) and sc[0] >= floor:
+            sc = sc - (sc[0] - floor) - 1e-4
+        docs.append(d)
+        scores.append(sc)
+        floor = sc[-1]
+        remaining -= len(d)
+    if not docs:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate(docs), np.concatenate(scores).astype(np.float32)

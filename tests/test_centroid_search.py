@@ -1,0 +1,211 @@
+"""The compressed search index (k-means, residual codec, persistence) and its four-stage search."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from index_utils import random_documents, write_store
+
+from aligner_jax.common import errors
+from aligner_jax.core import scoring
+from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import codec as codec_lib
+from aligner_jax.indexing import kmeans
+from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import searcher as search_lib
+
+DIM = 16
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    docs = random_documents(60, DIM, seed=5, max_len=30)
+    return write_store(tmp_path_factory.mktemp("cstore") / "idx", docs, DIM, shard_size=11)
+
+
+@pytest.fixture(scope="module")
+def index(store):
+    return ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8))
+
+
+def _query(seed, n=5):
+    rng = np.random.default_rng(seed)
+    return EncodedText(
+        token_ids=rng.integers(5, 60, size=n).astype(np.int32),
+        vectors=_unit(rng.normal(size=(n, DIM))),
+        salience=rng.uniform(0.2, 1.0, size=n).astype(np.float32),
+    )
+
+
+def _float_top1(store, q):
+    """Eq. 1–2 top-1 scores of every document with the scoring core (float vectors)."""
+    length = int(store.doc_lengths.max())
+    v, d_mask, s, _ = store.gather_padded(np.arange(store.num_docs), length)
+    sim = scoring.similarity_matrix(q.vectors[None], v.astype(np.float32))
+    n = len(q.token_ids)
+    return np.asarray(
+        scoring.alignment_scores(
+            sim, np.ones((1, n), bool), d_mask, "top_k:1", u_q=q.salience[None], u_d=s
+        )
+    )
+
+
+@pytest.mark.parametrize("bits", codec_lib.BITS)
+def test_residual_scores_equal_decoded_dot_products(bits):
+    rng = np.random.default_rng(bits)
+    r = rng.normal(scale=0.1, size=(300, 13)).astype(np.float32)  # 13: padded to the planes
+    codec = codec_lib.ResidualCodec.fit(r, bits)
+    packed = codec.encode(r)
+    assert packed.shape == (300, codec.bytes_per_token) and packed.dtype == np.uint8
+    q = rng.normal(size=(4, 13)).astype(np.float32)
+    np.testing.assert_allclose(
+        codec.residual_scores(q, packed), codec.decode(packed) @ q.T, rtol=1e-4, atol=1e-4
+    )
+    inside = (r >= codec.lower) & (r < codec.lower + codec.step * (1 << bits))
+    err = np.abs(codec.decode(packed) - r)
+    assert np.all(err[inside] <= np.broadcast_to(codec.step / 2 + 1e-6, r.shape)[inside])
+
+
+def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():
+    rng = np.random.default_rng(0)
+    centres = _unit(rng.normal(size=(8, DIM)))
+    labels = np.repeat(np.arange(8), 50)
+    points = _unit(centres[labels] + 0.05 * rng.normal(size=(400, DIM)))
+    objective = []
+    for iterations in (1, 2, 4, 8):
+        centroids = kmeans.fit(points, 8, iterations=iterations, seed=1)
+        codes, best = kmeans.assign(points, centroids)
+        np.testing.assert_array_equal(codes, np.argmax(points @ centroids.T, axis=1))
+        np.testing.assert_allclose(np.linalg.norm(centroids, axis=1), 1.0, rtol=1e-5)
+        objective.append(float(best.mean()))
+    assert all(b >= a - 1e-6 for a, b in zip(objective, objective[1:], strict=False))
+    assert objective[-1] > 0.9  # tight clusters: most points sit next to their centroid
+    assert kmeans.default_num_centroids(1_242_251) == 4096
+    assert kmeans.default_num_centroids(1) == 1
+
+
+def test_index_persists_and_loads_identically(store, index):
+    loaded = ci.CentroidIndex.load(store, verify_checksums=True)
+    np.testing.assert_array_equal(loaded.codes, index.codes)
+    np.testing.assert_array_equal(loaded.residuals, index.residuals)
+    np.testing.assert_array_equal(loaded.ivf_docs, index.ivf_docs)
+    assert len(loaded.codes) == store.num_tokens
+    # every kept token's document is in its centroid's inverted list
+    doc_of = np.searchsorted(store.offsets, np.arange(store.num_tokens), side="right") - 1
+    for row in range(0, store.num_tokens, 37):
+        c = loaded.codes[row]
+        assert doc_of[row] in loaded.ivf_docs[loaded.ivf_offsets[c] : loaded.ivf_offsets[c + 1]]
+
+
+def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
+    import shutil
+
+    copy = tmp_path / "idx"
+    shutil.copytree(store.directory, copy)
+    from aligner_jax.indexing import token_store as ts
+
+    other = ts.TokenStore(copy)
+    residuals = copy / ci.SUBDIR / "shard-00000.residuals.npy"
+    with residuals.open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(errors.IndexIntegrityError, match="shard-00000.residuals.npy"):
+        ci.CentroidIndex.load(other)
+    residuals.write_bytes(residuals.read_bytes()[:-1])
+    raw = bytearray(residuals.read_bytes())
+    raw[-1] ^= 0xFF
+    residuals.write_bytes(bytes(raw))
+    with pytest.raises(errors.IndexIntegrityError, match="sha256"):
+        ci.CentroidIndex.load(other, verify_checksums=True)
+    meta = copy / ci.SUBDIR / ci.META
+    data = json.loads(meta.read_text())
+    data["store_manifest_sha256"] = "0" * 64
+    meta.write_text(json.dumps(data))
+    with pytest.raises(errors.IndexIntegrityError, match="another version of the token store"):
+        ci.CentroidIndex.load(other)
+
+
+@pytest.mark.parametrize("bits,tolerance", [(8, 0.005), (4, 0.03)])
+def test_all_stages_wide_open_equal_float_scores_within_tolerance(tmp_path, bits, tolerance):
+    """With every centroid probed and every document refined, stage 4 is Eq. 1–2 top-1 on
+    compressed vectors: within ``tolerance`` of the float scores (uniform saliences; with
+    learned saliences a near-tie can select another token and weight it differently)."""
+    docs = random_documents(60, DIM, seed=5, max_len=30)
+    for d in docs:
+        d.salience = np.ones_like(d.salience)
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=11)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=bits))
+    searcher = cs.CentroidSearcher(
+        store,
+        index,
+        cs.CentroidSearchConfig(
+            probes=index.num_centroids,
+            interaction_docs=store.num_docs,
+            refine_docs=store.num_docs,
+        ),
+    )
+    for seed in range(4):
+        q = dataclasses.replace(_query(seed), salience=np.ones(5, np.float32))
+        (ranking,), counts = searcher.search(
+            q.vectors, q.salience, np.arange(5), k=store.num_docs
+        )
+        docs, scores = ranking
+        assert counts.refined == store.num_docs and len(docs) == store.num_docs
+        reference = _float_top1(store, q)
+        np.testing.assert_allclose(scores, reference[docs], atol=tolerance)
+        assert reference[docs[0]] >= reference.max() - 2 * tolerance
+
+
+def test_default_stages_rank_like_exhaustive_on_planted_queries(store, index):
+    """Queries copied from a document's tokens find that document first with the defaults."""
+    searcher = cs.CentroidSearcher(store, index)
+    for d in (0, 17, 42):
+        v, s, t = store.document(d)
+        q = EncodedText(t[:6], _unit(np.asarray(v[:6], np.float32)), np.ones(len(t[:6]), np.float32))
+        (ranking,), _ = searcher.search(q.vectors, q.salience, np.arange(len(t[:6])), k=10)
+        assert ranking[0][0] == d
+        assert np.all(np.diff(ranking[1]) <= 0)  # ranked by score, blocks shifted below
+
+
+def test_searcher_centroid_backend_other_strategies_refine_from_float_store(store, index):
+    """Non-top-1 strategies score the refined documents exactly (float store, Refiner)."""
+    cfg = search_lib.SearchConfig(backend="centroid", top_k=5)
+    wide = cs.CentroidSearchConfig(probes=index.num_centroids, refine_docs=store.num_docs)
+    searcher = search_lib.Searcher(store, cfg, centroid_index=index, centroid_config=wide)
+    q = _query(9)
+    out = searcher.run(["q"], [q], strategies=("top_k:2", "top_k:1"))
+    exhaustive = search_lib.Searcher(store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5))
+    ref = exhaustive.run(["q"], [q], strategies=("top_k:2", "top_k:1"))
+    for name in ("top_k:2", "top_k:1"):
+        assert list(out.results[name]["q"]) == list(ref.results[name]["q"])
+        np.testing.assert_allclose(
+            list(out.results[name]["q"].values()), list(ref.results[name]["q"].values()), rtol=1e-5
+        )
+
+
+def test_tombstoned_documents_are_never_returned(store, index):
+    index.deleted = np.array([3, 4])
+    try:
+        searcher = cs.CentroidSearcher(store, index)
+        v, _, t = store.document(3)
+        q = _unit(np.asarray(v[:4], np.float32))
+        (ranking,), _ = searcher.search(q, np.ones(len(q), np.float32), np.arange(len(q)), 60)
+        assert 3 not in ranking[0] and 4 not in ranking[0]
+    finally:
+        index.deleted = np.zeros(0, np.int64)
+
+
+def test_config_ranges_are_checked():
+    with pytest.raises(errors.ConfigError, match="CentroidSearchConfig.probes"):
+        cs.CentroidSearchConfig(probes=0)
+    with pytest.raises(errors.ConfigError, match="residual_bits"):
+        ci.CentroidIndexConfig(residual_bits=3)
+    assert cs.CentroidSearchConfig().resolved(5183, 4096) == (4, 288, 72)
+    assert cs.CentroidSearchConfig().resolved(100, 64) == (2, 128, 32)
