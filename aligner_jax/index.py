@@ -5,14 +5,15 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
     --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
     --gin.IndexingConfig.shard_size=500
 
+Updates: ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact`` (see indexing/updates.py).
 ``--corpus`` may also name a seqio task (``seqio:TASK``, its raw source) or a TFDS dataset
 (``tfds:NAME``), split ``--corpus_split``; feature names via ``CorpusFeatures`` (gin).
 
 Reads the corpus as a stream and writes fixed-size shards atomically; a killed job re-run with
 the same flags resumes after its last complete shard. On N hosts run the same command on each
 (``--multiprocess`` for jax.distributed, or ``--process_index``/``--process_count``): each encodes
-its own shards, and the manifest is written when the last shard is done. ``aligner-eval
---index_dir=...`` then searches the store (it builds the ScaNN token index over all shards).
+its own shards, and the manifest is written when the last shard is done; then the compressed
+search index is built (``--nosearch_index`` skips it) for ``aligner-search`` and ``aligner-eval``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import jax
 from absl import app, flags
 
 from aligner_jax.common import cli
-from aligner_jax.indexing import indexer
+from aligner_jax.indexing import indexer, updates
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -36,11 +37,22 @@ flags.DEFINE_integer("process_index", None, "This process's index (default: jax.
 flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
 flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() first.")
 flags.DEFINE_bool("search_index", True, "Also build the compressed search index (aligner-search).")
+flags.DEFINE_string("add", None, "Update: add the documents of a corpus.jsonl to --index_dir.")
+flags.DEFINE_string("delete", None, "Update: tombstone documents (ID,ID,... or @file).")
+flags.DEFINE_bool("compact", False, "Update: re-cluster the search index if its centroids drifted.")
+flags.DEFINE_bool("force_compact", False, "Update: re-cluster the search index regardless.")
 
 
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.index_dir and (FLAGS.add or FLAGS.delete or FLAGS.compact or FLAGS.force_compact):
+        summary = cli.run_job(
+            "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, add=FLAGS.add,
+            delete=FLAGS.delete, compact_index=FLAGS.compact, force_compact=FLAGS.force_compact,
+        )  # fmt: skip
+        print(json.dumps(summary))
+        return
     if not FLAGS.corpus or not FLAGS.index_dir:
         raise app.UsageError("--corpus and --index_dir are required")
     if FLAGS.multiprocess:

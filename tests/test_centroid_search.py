@@ -153,9 +153,7 @@ def test_all_stages_wide_open_equal_float_scores_within_tolerance(tmp_path, bits
     )
     for seed in range(4):
         q = dataclasses.replace(_query(seed), salience=np.ones(5, np.float32))
-        (ranking,), counts = searcher.search(
-            q.vectors, q.salience, np.arange(5), k=store.num_docs
-        )
+        (ranking,), counts = searcher.search(q.vectors, q.salience, np.arange(5), k=store.num_docs)
         docs, scores = ranking
         assert counts.refined == store.num_docs and len(docs) == store.num_docs
         reference = _float_top1(store, q)
@@ -168,7 +166,9 @@ def test_default_stages_rank_like_exhaustive_on_planted_queries(store, index):
     searcher = cs.CentroidSearcher(store, index)
     for d in (0, 17, 42):
         v, s, t = store.document(d)
-        q = EncodedText(t[:6], _unit(np.asarray(v[:6], np.float32)), np.ones(len(t[:6]), np.float32))
+        q = EncodedText(
+            t[:6], _unit(np.asarray(v[:6], np.float32)), np.ones(len(t[:6]), np.float32)
+        )
         (ranking,), _ = searcher.search(q.vectors, q.salience, np.arange(len(t[:6])), k=10)
         assert ranking[0][0] == d
         assert np.all(np.diff(ranking[1]) <= 0)  # ranked by score, blocks shifted below
@@ -181,7 +181,9 @@ def test_searcher_centroid_backend_other_strategies_refine_from_float_store(stor
     searcher = search_lib.Searcher(store, cfg, centroid_index=index, centroid_config=wide)
     q = _query(9)
     out = searcher.run(["q"], [q], strategies=("top_k:2", "top_k:1"))
-    exhaustive = search_lib.Searcher(store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5))
+    exhaustive = search_lib.Searcher(
+        store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5)
+    )
     ref = exhaustive.run(["q"], [q], strategies=("top_k:2", "top_k:1"))
     for name in ("top_k:2", "top_k:1"):
         assert list(out.results[name]["q"]) == list(ref.results[name]["q"])
@@ -191,7 +193,7 @@ def test_searcher_centroid_backend_other_strategies_refine_from_float_store(stor
 
 
 def test_tombstoned_documents_are_never_returned(store, index):
-    index.deleted = np.array([3, 4])
+    store.deleted[[3, 4]] = True
     try:
         searcher = cs.CentroidSearcher(store, index)
         v, _, t = store.document(3)
@@ -199,7 +201,7 @@ def test_tombstoned_documents_are_never_returned(store, index):
         (ranking,), _ = searcher.search(q, np.ones(len(q), np.float32), np.arange(len(q)), 60)
         assert 3 not in ranking[0] and 4 not in ranking[0]
     finally:
-        index.deleted = np.zeros(0, np.int64)
+        store.deleted[:] = False
 
 
 def test_config_ranges_are_checked():

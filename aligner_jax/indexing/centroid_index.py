@@ -5,7 +5,8 @@ Built once from a complete token store (``aligner-index --search_index``, or by 
 the first time it searches a store) and loaded by every later search without rebuilding anything:
 
   ``search_index/search_index.json``          settings, counts, files with sizes and sha256,
-                                              the store's fingerprint, tombstones, update log
+                                              the store's fingerprint and manifest sha256,
+                                              update log (with centroid drift)
   ``search_index/centroids.npy``              float32 ``[C, D]`` (spherical k-means, JAX)
   ``search_index/codec.npy``                  float32 ``[2, D]`` residual grid (lower, step)
   ``search_index/shard-N.codes.npy``          uint16/int32 ``[T_N]`` centroid id of each token
@@ -15,7 +16,8 @@ the first time it searches a store) and loaded by every later search without reb
 
 Per-shard code files follow the store's shards, so adding documents (new store shards) only
 compresses the new tokens with the existing centroids; the inverted file is rebuilt from the codes
-(a sort, no encoding). Deleted documents are tombstones: kept on disk, never returned.
+(a sort, no encoding). Deleted documents are tombstones of the store's manifest: kept on
+disk, never returned.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 
 SUBDIR = "search_index"
+DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
 META = "search_index.json"
 FORMAT = "aligner_jax.indexing.centroid_index/1"
 
@@ -113,7 +116,6 @@ class CentroidIndex:
         self.codes = codes  # [T] all tokens, store order
         self.residuals = residuals  # [T, W]
         self.ivf_offsets, self.ivf_docs = ivf
-        self.deleted = np.asarray(meta.get("tombstones", []), np.int64)
 
     @property
     def num_centroids(self) -> int:
@@ -142,7 +144,7 @@ class CentroidIndex:
         sample_rows = np.sort(rng.choice(kept, size, replace=False))
         sample = np.asarray(store.vectors()[sample_rows], np.float32)
         centroids = kmeans.fit(sample, c, config.kmeans_iterations, config.seed)
-        codes_s, _ = kmeans.assign(sample, centroids)
+        codes_s, sample_scores = kmeans.assign(sample, centroids)
         codec = codec_lib.ResidualCodec.fit(sample - centroids[codes_s], config.residual_bits)
         del sample
         kmeans_s = time.perf_counter() - start
@@ -159,8 +161,9 @@ class CentroidIndex:
             "num_centroids": c,
             "dim": store.dim,
             "store_fingerprint": store.manifest["model"].get("fingerprint"),
+            # mean max centroid score of the k-means sample: the reference of the drift measure
+            "mean_centroid_score": float(sample_scores.mean()),
             "shards": [s["name"] for s in shards],
-            "tombstones": [],
             "updates": [
                 {
                     "op": "build",
@@ -200,13 +203,53 @@ class CentroidIndex:
         residuals = np.concatenate([np.load(out / f"{s}.residuals.npy") for s in meta["shards"]])
         return cls(out, meta, centroids, codec, codes, residuals, ivf)
 
+    # -- updates ----------------------------------------------------------------------------------
+    def update(self, store: ts.TokenStore, op: str, **record) -> CentroidIndex:
+        """Brings the index up to date with ``store`` after ``aligner-index --add/--delete``:
+        compresses the store's new shards with the existing centroids, rebuilds the inverted
+        file, and logs the update with its centroid drift (see ``drift``)."""
+        known = set(self.meta["shards"])
+        new = [s for s in store.manifest["shards"] if s["name"] not in known]
+        scores = []
+        for shard in sorted(new, key=lambda s: s["index"]):
+            _compress_shard(store, shard, self.centroids, self.codec, self.directory, scores)
+            self.meta["shards"].append(shard["name"])
+        if scores:
+            mean = float(np.concatenate(scores).mean())
+            record.update(
+                new_tokens=int(sum(len(x) for x in scores)),
+                mean_centroid_score=mean,
+                drift=self.meta["mean_centroid_score"] - mean,
+            )
+        record.update(op=op, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        self.meta["updates"].append(record)
+        return CentroidIndex._finish(store, self.directory, self.meta, self.centroids, self.codec)
+
+    def drift(self) -> float:
+        """How much worse the centroids fit the tokens added since the build: the build
+        sample's mean max centroid score minus that of all added tokens (token-weighted);
+        0 without additions. ``--compact`` re-clusters when it exceeds ``DRIFT_LIMIT``."""
+        adds = [u for u in self.meta["updates"] if u.get("new_tokens")]
+        if not adds:
+            return 0.0
+        tokens = sum(u["new_tokens"] for u in adds)
+        mean = sum(u["mean_centroid_score"] * u["new_tokens"] for u in adds) / tokens
+        return self.meta["mean_centroid_score"] - mean
+
     # -- loading --------------------------------------------------------------------------------
     @classmethod
     def exists(cls, store_dir: Path) -> bool:
         return (Path(store_dir) / SUBDIR / META).exists()
 
     @classmethod
-    def load(cls, store: ts.TokenStore, verify_checksums: bool = False) -> CentroidIndex:
+    def load_unchecked(cls, store: ts.TokenStore) -> CentroidIndex:
+        """Loads the index even when the store's manifest changed since (for updates)."""
+        return cls.load(store, _check_store=False)
+
+    @classmethod
+    def load(
+        cls, store: ts.TokenStore, verify_checksums: bool = False, _check_store: bool = True
+    ) -> CentroidIndex:
         """Loads the index of ``store`` (sizes always checked, sha256 on request)."""
         out = Path(store.directory) / SUBDIR
         path = out / META
@@ -221,9 +264,12 @@ class CentroidIndex:
             raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
         if meta.get("format") != FORMAT:
             raise errors.IndexIntegrityError(f"{path}: format {meta.get('format')!r} != {FORMAT!r}")
-        if meta["store_fingerprint"] != store.manifest["model"].get("fingerprint") or meta[
-            "store_manifest_sha256"
-        ] != fileio.sha256_file(Path(store.directory) / ts.MANIFEST):
+        stale = meta["store_manifest_sha256"] != fileio.sha256_file(
+            Path(store.directory) / ts.MANIFEST
+        )
+        if meta["store_fingerprint"] != store.manifest["model"].get("fingerprint") or (
+            stale and _check_store
+        ):
             raise errors.IndexIntegrityError(
                 f"{path}: built for another version of the token store in {store.directory}; "
                 "rebuild it with aligner-index --search_index --rebuild_search_index"
@@ -242,7 +288,7 @@ class CentroidIndex:
         codec = codec_lib.ResidualCodec(meta["config"]["residual_bits"], lower, step)
         codes = np.concatenate([load(f"{s}.codes") for s in meta["shards"]])
         residuals = np.concatenate([load(f"{s}.residuals") for s in meta["shards"]])
-        if len(codes) != store.num_tokens or len(residuals) != store.num_tokens:
+        if _check_store and (len(codes) != store.num_tokens or len(residuals) != store.num_tokens):
             raise errors.IndexIntegrityError(
                 f"{path}: {len(codes)} tokens, the store has {store.num_tokens}; rebuild"
             )
@@ -254,14 +300,19 @@ def _file_entry(path: Path) -> dict:
     return {"bytes": path.stat().st_size, "sha256": fileio.sha256_file(path)}
 
 
-def _compress_shard(store, shard: dict, centroids, codec, out: Path, chunk: int = 1 << 17) -> dict:
-    """Codes and packed residuals of one store shard's tokens."""
+def _compress_shard(
+    store, shard: dict, centroids, codec, out: Path, scores: list | None = None, chunk=1 << 17
+) -> dict:
+    """Codes and packed residuals of one store shard's tokens (max centroid scores appended to
+    ``scores`` when given)."""
     vectors = np.load(Path(store.directory) / shard["files"]["vectors"]["path"], mmap_mode="r")
     codes = np.empty(len(vectors), _code_dtype(len(centroids)))
     packed = np.empty((len(vectors), codec.bytes_per_token), np.uint8)
     for lo in range(0, len(vectors), chunk):
         v = np.asarray(vectors[lo : lo + chunk], np.float32)
-        c, _ = kmeans.assign(v, centroids)
+        c, best = kmeans.assign(v, centroids)
+        if scores is not None:
+            scores.append(best)
         codes[lo : lo + len(v)] = c
         packed[lo : lo + len(v)] = codec.encode(v - centroids[c])
     fileio.atomic_save_npy(out / f"{shard['name']}.codes.npy", codes)

@@ -122,6 +122,27 @@ def write_encoder_spec(directory: Path, bundle) -> None:
         fileio.atomic_write_json(path, bundle.spec())
 
 
+def encode_shard(
+    directory: Path, shard_index: int, docs: list[beir.Document], encoder: Encoder, config
+) -> dict:
+    """Encodes ``docs`` and writes them as shard ``shard_index``; returns its manifest entry."""
+    texts = [beir.document_text(d) for d in docs]
+    token_ids = encoder.tokenize(texts, "doc")
+    encoded = [None] * len(docs)
+    for i, e in encoder.encode_token_ids(token_ids, "doc"):
+        encoded[i] = _keep_top(e, config.store_beta_d)
+    shard_docs = [
+        ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
+        for d, e in zip(docs, encoded, strict=True)
+    ]
+    maxlen = encoder.bundle.config.doc_maxlen
+    stats = {
+        "truncated_docs": int(sum(len(t) >= maxlen for t in token_ids)),
+        "empty_docs": int(sum(not t.strip() for t in texts)),
+    }
+    return ts.write_shard(directory, shard_index, shard_docs, encoder.dim, stats)
+
+
 def build_token_store(
     documents: Iterable[beir.Document],
     encoder: Encoder,
@@ -142,7 +163,6 @@ def build_token_store(
     }
     _check_or_write_config(directory, settings)
     write_encoder_spec(directory, encoder.bundle)
-    maxlen = encoder.bundle.config.doc_maxlen
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens = 0.0, 0, 0
     start = time.perf_counter()
@@ -159,20 +179,7 @@ def build_token_store(
         for stale in directory.glob(f".{ts.shard_name(shard_index)}.*.tmp"):
             stale.unlink()  # left by a write that was killed before its rename
         t0 = time.perf_counter()
-        texts = [beir.document_text(d) for d in docs]
-        token_ids = encoder.tokenize(texts, "doc")
-        encoded = [None] * len(docs)
-        for i, e in encoder.encode_token_ids(token_ids, "doc"):
-            encoded[i] = _keep_top(e, config.store_beta_d)
-        shard_docs = [
-            ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
-            for d, e in zip(docs, encoded, strict=True)
-        ]
-        stats = {
-            "truncated_docs": int(sum(len(t) >= maxlen for t in token_ids)),
-            "empty_docs": int(sum(not t.strip() for t in texts)),
-        }
-        entry = ts.write_shard(directory, shard_index, shard_docs, encoder.dim, stats)
+        entry = encode_shard(directory, shard_index, docs, encoder, config)
         entries.append(entry)
         written += 1
         total_tokens += entry["num_tokens"]
@@ -236,7 +243,13 @@ def _sum_stats(directory: Path, num_shards: int) -> dict:
 
 
 def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
-    """Writes the manifest once every shard's marker exists; returns whether it is complete."""
+    """Writes the manifest once every shard's marker exists; returns whether it is complete.
+
+    A manifest already updated by ``aligner-index --add/--delete`` is kept as it is (rewriting
+    it from the original corpus's shards would drop the additions)."""
+    if (directory / ts.MANIFEST).exists() and ts.read_manifest(directory).get("updates"):
+        logging.info("indexing: %s was updated (--add/--delete); manifest kept", directory)
+        return True
     markers = [ts.read_shard_marker(directory, i) for i in range(num_shards)]
     missing = [i for i, m in enumerate(markers) if m is None]
     if missing:

@@ -222,6 +222,12 @@ class TokenStore:
             [0] + list(np.cumsum([s["num_tokens"] for s in shards])), dtype=np.int64
         )
         self.dim = int(self.manifest["model"]["dim"])
+        # Documents deleted by ``aligner-index --delete``: stored, never returned by search.
+        self.deleted = np.zeros(self.num_docs, bool)
+        tombstones = self.manifest.get("tombstones", [])
+        if tombstones:
+            position = {d: i for i, d in enumerate(self.doc_ids)}
+            self.deleted[[position[d] for d in tombstones]] = True
 
     def _load(self, meta: dict, shard: dict) -> np.ndarray:
         path = self.directory / meta["path"]

@@ -105,8 +105,7 @@ class CentroidSearcher:
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
             store.num_docs, index.num_centroids
         )
-        self.alive = np.ones(store.num_docs, bool)
-        self.alive[index.deleted] = False
+        self.alive = ~store.deleted
         self.uniform_salience = store.manifest["model"].get("salience") == "none"
         self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
 

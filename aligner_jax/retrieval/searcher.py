@@ -352,6 +352,10 @@ class Searcher:
         return cands, scores[None, :]
 
     def _rank(self, cands: np.ndarray, scores: np.ndarray, k: int) -> dict[str, float]:
+        cands = np.asarray(cands)
+        if self.store.deleted.any():  # tombstones (aligner-index --delete) are never returned
+            alive = ~self.store.deleted[cands]
+            cands, scores = cands[alive], scores[alive]
         k = min(k, len(cands))
         if k == 0:
             return {}

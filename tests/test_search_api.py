@@ -1,0 +1,185 @@
+"""The search API and binaries on a real (bundled MiniLM) index of the toy collection:
+aligner-index → Searcher.load / aligner-search, persistence, add/delete, one code path with
+aligner-eval."""
+
+from __future__ import annotations
+
+import json
+
+import gin
+import numpy as np
+import pytest
+from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, write_beir_fixture
+
+from aligner_jax.common import cli, errors
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import indexer
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import searcher as search_lib
+
+FIRST = {k: v for k, v in TOY_DOCS.items() if k not in ("d9", "d10", "d11")}
+LATER = {k: TOY_DOCS[k] for k in ("d9", "d10", "d11")}
+MODEL = "--gin_file=models/minilm_identity.gin"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api")
+    return {
+        "all": write_beir_fixture(root, TOY_DOCS, TOY_QUERIES, TOY_QRELS, name="all"),
+        "first": write_beir_fixture(root, FIRST, TOY_QUERIES, {}, name="first"),
+        "later": write_beir_fixture(root, LATER, TOY_QUERIES, {}, name="later"),
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def built(folders):
+    """aligner-index on the whole toy corpus (store + search index + encoder.json)."""
+    from fixtures import run_module
+
+    index_dir = folders["root"] / "index_all"
+    r = run_module(
+        "aligner_jax.index",
+        MODEL,
+        f"--corpus={folders['all'] / 'corpus.jsonl'}",
+        f"--index_dir={index_dir}",
+        "--gin.IndexingConfig.shard_size=5",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return index_dir
+
+
+def test_index_writes_a_self_describing_search_index(built):
+    assert (built / indexer.ENCODER_FILE).exists()
+    meta = json.loads((built / ci.SUBDIR / ci.META).read_text())
+    assert meta["shards"] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert meta["store_fingerprint"] == ts.read_manifest(built)["model"]["fingerprint"]
+    for name, entry in meta["files"].items():
+        assert (built / ci.SUBDIR / f"{name}.npy").stat().st_size == entry["bytes"]
+
+
+def test_free_text_search_ranks_the_relevant_document_first(built):
+    searcher = search_lib.Searcher.load(str(built))
+    ranked = searcher.search("honey bees in the hive", k=3)
+    assert [d for d, _ in ranked][:1] == ["d1"] and len(ranked) == 3
+    assert all(a[1] >= b[1] for a, b in zip(ranked, ranked[1:], strict=False))
+    batch = searcher.search_batch(["honey bees in the hive", "Sicilian defence chess"], k=2)
+    assert batch[0] == ranked[:2] and batch[1][0][0] == "d2"
+    exhaustive = search_lib.Searcher.load(str(built), mode="exhaustive")
+    ceiling = exhaustive.search("honey bees in the hive", k=3)
+    assert [d for d, _ in ceiling] == [d for d, _ in ranked]
+    np.testing.assert_allclose([s for _, s in ceiling], [s for _, s in ranked], atol=0.03)
+    with pytest.raises(errors.ConfigError, match="k=0"):
+        searcher.search("bees", k=0)
+
+
+def test_loaded_index_gives_what_the_building_process_gave(built, tmp_path):
+    """Persistence: a rebuilt-in-process index (same seed) and the loaded one rank identically."""
+    store = ts.TokenStore(built)
+    loaded = search_lib.Searcher.load(str(built))
+    fresh_index = ci.CentroidIndex.build(store)  # rewrites the same files, same seed
+    fresh = search_lib.Searcher(
+        store,
+        search_lib.SearchConfig(backend="centroid"),
+        centroid_index=fresh_index,
+        encoder=loaded.encoder,
+    )
+    for text in TOY_QUERIES.values():
+        assert fresh.search(text, k=12) == loaded.search(text, k=12)
+
+
+def test_another_model_is_refused(built):
+    cli.parse_gin(["models/minilm.gin"], ["AlignerConfig.projection = 'dense'"])
+    other = Encoder(loading.load_encoder(), EncodingConfig())
+    gin.clear_config()
+    with pytest.raises(errors.IndexIntegrityError, match="fingerprint"):
+        search_lib.Searcher.load(str(built), encoder=other)
+
+
+def test_eval_and_search_share_one_code_path(built, folders, run_binary, tmp_path):
+    out = tmp_path / "eval"
+    r = run_binary(
+        "evaluate",
+        "--gin_file=eval/zero_shot.gin",
+        f"--dataset_dir={folders['all']}",
+        f"--output_dir={out}",
+        f"--index_dir={built}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["timing"]["index_build_s"] == 0.0  # loaded, not rebuilt
+    run = {}
+    for line in (out / "run.tsv").read_text().splitlines():
+        qid, _, doc, rank, score, _ = line.split()
+        run.setdefault(qid, []).append((doc, float(score)))
+    searcher = search_lib.Searcher.load(str(built))
+    for qid, text in TOY_QUERIES.items():
+        mine = searcher.search(text, k=5)
+        assert [d for d, _ in mine] == [d for d, _ in run[qid][:5]]
+        np.testing.assert_allclose([s for _, s in mine], [s for _, s in run[qid][:5]], atol=1e-5)
+
+
+def test_search_binary_prints_titles_and_writes_a_trec_run(built, folders, run_binary, tmp_path):
+    r = run_binary("search", f"--index_dir={built}", "--query=black hole gravity", "--k=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "query: black hole gravity"
+    assert "d4" in lines[1] and "Black holes" in lines[1] and len(lines) == 3
+    run_file = tmp_path / "run.trec"
+    r = run_binary(
+        "search",
+        f"--index_dir={built}",
+        f"--queries={folders['all'] / 'queries.jsonl'}",
+        f"--output={run_file}",
+        "--k=4",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split() for line in run_file.read_text().splitlines()]
+    assert len(rows) == 4 * len(TOY_QUERIES) and rows[0][1] == "Q0" and rows[0][3] == "1"
+    assert f"wrote {run_file}" in r.stdout
+    r = run_binary("search", f"--index_dir={built}", "--queries=x.jsonl")
+    assert r.returncode != 0
+    assert (
+        r.stderr.strip().splitlines()[-1].endswith("--queries needs --output=RUN_FILE (a TREC run)")
+    )
+    assert "Traceback" not in r.stderr
+
+
+def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(built, folders, run_binary):
+    index_dir = folders["root"] / "index_grown"
+    r = run_binary(
+        "index",
+        MODEL,
+        f"--corpus={folders['first'] / 'corpus.jsonl'}",
+        f"--index_dir={index_dir}",
+        "--gin.IndexingConfig.shard_size=5",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_binary(
+        "index", f"--index_dir={index_dir}", f"--add={folders['later'] / 'corpus.jsonl'}"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = ts.read_manifest(index_dir)
+    assert [u["op"] for u in manifest["updates"]] == ["add"]
+    assert manifest["counts"]["num_docs"] == len(TOY_DOCS)
+    meta = json.loads((index_dir / ci.SUBDIR / ci.META).read_text())
+    assert meta["updates"][-1]["op"] == "add" and "drift" in meta["updates"][-1]
+    grown = search_lib.Searcher.load(str(index_dir), mode="exhaustive")
+    rebuilt = search_lib.Searcher.load(str(built), mode="exhaustive")
+    for text in TOY_QUERIES.values():
+        a, b = grown.search(text, k=12), rebuilt.search(text, k=12)
+        assert [d for d, _ in a] == [d for d, _ in b]
+        np.testing.assert_allclose([s for _, s in a], [s for _, s in b], atol=1e-5)
+    fast = search_lib.Searcher.load(str(index_dir))  # the added shards are searchable fast too
+    assert fast.search("beekeeper smoke veil", k=1)[0][0] == "d10"
+    r = run_binary("index", f"--index_dir={index_dir}", "--delete=d10,d1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for mode in ("fast", "exhaustive"):
+        ranked = search_lib.Searcher.load(str(index_dir), mode=mode).search("honey bees hive", k=12)
+        assert {"d1", "d10"}.isdisjoint(d for d, _ in ranked) and len(ranked) == 10
+    r = run_binary("index", f"--index_dir={index_dir}", "--delete=nope")
+    assert r.returncode != 0 and "not in" in r.stderr.splitlines()[-1]
+    assert "Traceback" not in r.stderr
