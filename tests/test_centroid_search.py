@@ -67,7 +67,7 @@ def test_residual_scores_equal_decoded_dot_products(bits):
     assert packed.shape == (300, codec.bytes_per_token) and packed.dtype == np.uint8
     q = rng.normal(size=(4, 13)).astype(np.float32)
     np.testing.assert_allclose(
-        codec.residual_scores(q, packed), codec.decode(packed) @ q.T, rtol=1e-4, atol=1e-4
+        codec.residual_scores(q, packed), q @ codec.decode(packed).T, rtol=1e-4, atol=1e-4
     )
     inside = (r >= codec.lower) & (r < codec.lower + codec.step * (1 << bits))
     err = np.abs(codec.decode(packed) - r)
@@ -161,9 +161,10 @@ def test_all_stages_wide_open_equal_float_scores_within_tolerance(tmp_path, bits
         assert reference[docs[0]] >= reference.max() - 2 * tolerance
 
 
-def test_default_stages_rank_like_exhaustive_on_planted_queries(store, index):
+@pytest.mark.parametrize("margin", [None, 0.15])
+def test_default_stages_rank_like_exhaustive_on_planted_queries(store, index, margin):
     """Queries copied from a document's tokens find that document first with the defaults."""
-    searcher = cs.CentroidSearcher(store, index)
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(refine_margin=margin))
     for d in (0, 17, 42):
         v, s, t = store.document(d)
         q = EncodedText(

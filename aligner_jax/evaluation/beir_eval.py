@@ -258,6 +258,15 @@ def evaluate(
         "dataset_stats": dataset.stats.as_dict(),
         "devices": [str(d) for d in jax.devices()],
     }
+    if searcher.centroid is not None:
+        stages = searcher.centroid
+        report["config"]["centroid_stages"] = {
+            "probes": stages.probes,
+            "interaction_docs": stages.interaction_docs,
+            "refine_docs": stages.refine_docs,
+            "num_centroids": stages.index.num_centroids,
+            "residual_bits": stages.index.codec.bits,
+        }
     if adapted is not None:
         report["adaptation"] = {
             "default": adapted.default,
@@ -309,7 +318,11 @@ def summary(report: dict) -> str:
         f"{report['num_tokens']} tokens)",
         f"model      {c['model']} (projection={c['projection']}, salience={c['salience']})",
         f"alignment  {c['alignment']}   search {c['search']}"
-        + (" exhaustive" if c["exhaustive"] else f" k'={c['k_prime']}")
+        + (
+            " exhaustive"
+            if c["exhaustive"]
+            else (f" {c['centroid_stages']}" if "centroid_stages" in c else f" k'={c['k_prime']}")
+        )
         + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
         f"   MRR@10 {100 * m['mrr@10']:.1f}",

@@ -13,6 +13,8 @@ the first time it searches a store) and loaded by every later search without reb
   ``search_index/shard-N.residuals.npy``      uint8 ``[T_N, W]`` packed b-bit residuals
   ``search_index/ivf_offsets.npy``, ``ivf_docs.npy``  centroid → documents owning one of its
                                               tokens kept by β^d pruning (CSR, int32)
+  ``search_index/doc_code_offsets.npy``, ``doc_codes.npy``  document → its distinct centroid
+                                              ids (CSR; centroid interaction)
 
 Per-shard code files follow the store's shards, so adding documents (new store shards) only
 compresses the new tokens with the existing centroids; the inverted file is rebuilt from the codes
@@ -41,7 +43,7 @@ from aligner_jax.indexing import token_store as ts
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
 META = "search_index.json"
-FORMAT = "aligner_jax.indexing.centroid_index/1"
+FORMAT = "aligner_jax.indexing.centroid_index/2"
 
 
 @gin.configurable
@@ -93,6 +95,17 @@ def _kept_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
     return pruning.top_fraction_segments(store.salience(), store.offsets, beta_d)
 
 
+def _doc_codes(codes: np.ndarray, offsets: np.ndarray, num_centroids: int):
+    """CSR document → its distinct centroid ids (what centroid interaction reads; about half
+    as many entries as tokens on SciFact)."""
+    docs = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    pairs = np.unique(docs * num_centroids + codes)
+    doc_of, code = np.divmod(pairs, num_centroids)
+    doc_offsets = np.zeros(len(offsets), np.int64)
+    np.cumsum(np.bincount(doc_of, minlength=len(offsets) - 1), out=doc_offsets[1:])
+    return doc_offsets, code.astype(codes.dtype)
+
+
 def _inverted_file(
     codes: np.ndarray, offsets: np.ndarray, kept: np.ndarray, num_centroids: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +121,9 @@ def _inverted_file(
 class CentroidIndex:
     """A loaded compressed index over a token store (see the module docstring)."""
 
-    def __init__(self, directory: Path, meta: dict, centroids, codec, codes, residuals, ivf):
+    def __init__(
+        self, directory: Path, meta: dict, centroids, codec, codes, residuals, ivf, doc_codes
+    ):
         self.directory = Path(directory)
         self.meta = meta
         self.centroids = centroids
@@ -116,6 +131,7 @@ class CentroidIndex:
         self.codes = codes  # [T] all tokens, store order
         self.residuals = residuals  # [T, W]
         self.ivf_offsets, self.ivf_docs = ivf
+        self.doc_code_offsets, self.doc_codes = doc_codes
 
     @property
     def num_centroids(self) -> int:
@@ -193,15 +209,18 @@ class CentroidIndex:
         codes = np.concatenate([np.load(out / f"{s}.codes.npy") for s in meta["shards"]])
         kept = _kept_rows(store, meta["config"]["beta_d"])
         ivf = _inverted_file(codes, store.offsets, kept, len(centroids))
+        doc_codes = _doc_codes(codes, store.offsets, len(centroids))
         fileio.atomic_save_npy(out / "ivf_offsets.npy", ivf[0])
         fileio.atomic_save_npy(out / "ivf_docs.npy", ivf[1])
-        names = ["centroids", "codec", "ivf_offsets", "ivf_docs"]
+        fileio.atomic_save_npy(out / "doc_code_offsets.npy", doc_codes[0])
+        fileio.atomic_save_npy(out / "doc_codes.npy", doc_codes[1])
+        names = ["centroids", "codec", "ivf_offsets", "ivf_docs", "doc_code_offsets", "doc_codes"]
         names += [f"{s}.{kind}" for s in meta["shards"] for kind in ("codes", "residuals")]
         meta["files"] = {n: _file_entry(out / f"{n}.npy") for n in names}
         meta["store_manifest_sha256"] = fileio.sha256_file(Path(store.directory) / ts.MANIFEST)
         fileio.atomic_write_json(out / META, meta)
         residuals = np.concatenate([np.load(out / f"{s}.residuals.npy") for s in meta["shards"]])
-        return cls(out, meta, centroids, codec, codes, residuals, ivf)
+        return cls(out, meta, centroids, codec, codes, residuals, ivf, doc_codes)
 
     # -- updates ----------------------------------------------------------------------------------
     def update(self, store: ts.TokenStore, op: str, **record) -> CentroidIndex:
@@ -263,7 +282,10 @@ class CentroidIndex:
         except json.JSONDecodeError as e:
             raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
         if meta.get("format") != FORMAT:
-            raise errors.IndexIntegrityError(f"{path}: format {meta.get('format')!r} != {FORMAT!r}")
+            raise errors.IndexIntegrityError(
+                f"{path}: format {meta.get('format')!r}, this version reads {FORMAT!r}; rebuild "
+                "it (aligner-index --index_dir=DIR --force_compact)"
+            )
         stale = meta["store_manifest_sha256"] != fileio.sha256_file(
             Path(store.directory) / ts.MANIFEST
         )
@@ -293,7 +315,8 @@ class CentroidIndex:
                 f"{path}: {len(codes)} tokens, the store has {store.num_tokens}; rebuild"
             )
         ivf = (load("ivf_offsets"), load("ivf_docs"))
-        return cls(out, meta, centroids, codec, codes, residuals, ivf)
+        doc_codes = (load("doc_code_offsets"), load("doc_codes"))
+        return cls(out, meta, centroids, codec, codes, residuals, ivf, doc_codes)
 
 
 def _file_entry(path: Path) -> dict:

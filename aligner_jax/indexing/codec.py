@@ -100,11 +100,11 @@ class ResidualCodec:
         return planes, q @ (self.lower + 0.5 * self.step)
 
     def residual_scores(self, queries: np.ndarray, packed: np.ndarray) -> np.ndarray:
-        """r̂·q for every packed token and query: ``[N, n]`` float32, without decoding (token-major,
-        so that each plane is one BLAS product of a contiguous ``[N, W]`` matrix)."""
+        """q·r̂ for every query and packed token: ``[n, N]`` float32, without decoding (one BLAS
+        product per plane, ``[n, W] @ [W, N]``)."""
         planes, constant = self.query_terms(queries)
-        out = np.empty((len(packed), len(constant)), np.float32)
-        out[:] = constant
+        out = np.empty((len(constant), len(packed)), np.float32)
+        out[:] = constant[:, None]
         for w, levels in zip(planes, self.levels(packed), strict=True):
-            out += levels.astype(np.float32) @ w.T
+            out += w @ levels.astype(np.float32).T
         return out

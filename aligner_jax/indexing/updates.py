@@ -119,16 +119,19 @@ def delete_documents(index_dir: str, ids: list[str]) -> dict:
 
 
 def compact(index_dir: str, force: bool = False) -> dict:
-    """Re-clusters the search index when its drift exceeds ``DRIFT_LIMIT`` (or ``force``)."""
+    """Re-clusters the search index when its drift exceeds ``DRIFT_LIMIT`` (or ``force``: also
+    (re)builds a missing, stale or older-format index with its recorded settings)."""
     directory = Path(index_dir)
     store = ts.TokenStore(directory)
-    index = ci.CentroidIndex.load_unchecked(store)
-    drift = index.drift()
-    if drift <= ci.DRIFT_LIMIT and not force:
-        logging.info("--compact: drift %.4f <= %.4f, nothing to do", drift, ci.DRIFT_LIMIT)
-        return {"drift": drift, "rebuilt": False}
-    config = ci.CentroidIndexConfig(**index.meta["config"])
-    ci.CentroidIndex.build(store, config)
+    drift = None
+    if not force:
+        drift = ci.CentroidIndex.load_unchecked(store).drift()
+        if drift <= ci.DRIFT_LIMIT:
+            logging.info("--compact: drift %.4f <= %.4f, nothing to do", drift, ci.DRIFT_LIMIT)
+            return {"drift": drift, "rebuilt": False}
+    meta_path = directory / ci.SUBDIR / ci.META
+    recorded = json.loads(meta_path.read_text()).get("config", {}) if meta_path.exists() else {}
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(**recorded))
     return {"drift": drift, "rebuilt": True}
 
 

@@ -13,7 +13,11 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      every token's centroid score, Σ_i max_j S[i, code_j] (gathers from S, no vectors read).
   4. **Compressed refinement**: the best ``refine_docs`` are scored with q·(c + r̂) using the packed
      residuals without decoding them (``ResidualCodec.residual_scores``), with top-1 alignment
-     and saliences, Eq. 1–2 (other alignment strategies refine these documents from the float
+     and saliences, Eq. 1–2. With ``refine_margin`` (default None: every token), only tokens
+     whose centroid score is within the margin of their document's best for some query token
+     are scored (the best one always is, so every query token aligns): faster, approximate —
+     the residual term can move a token by more than the margin (SciFact zero-shot, margin
+     0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
      store through ``refine.Refiner``, see ``searcher``).
 
 The ranking lists the refined documents by their score, then the other interaction documents,
@@ -45,8 +49,14 @@ class CentroidSearchConfig:
     probes: int | None = None
     interaction_docs: int | None = None
     refine_docs: int | None = None
+    refine_margin: float | None = None
 
     def __post_init__(self):
+        if self.refine_margin is not None and self.refine_margin < 0:
+            raise ConfigError(
+                f"--gin.CentroidSearchConfig.refine_margin={self.refine_margin}: must be >= 0 "
+                "(None: score every token)"
+            )
         for name in ("probes", "interaction_docs", "refine_docs"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -136,31 +146,38 @@ class CentroidSearcher:
         return cands[keep], approx[keep]
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``.
+        """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
+        from each document's distinct centroid ids.
 
         ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
-        rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        best = np.maximum.reduceat(s_t[self.index.codes[rows]], _segment_starts(lengths), axis=0)
+        rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
+        best = np.maximum.reduceat(
+            s_t[self.index.doc_codes[rows]], _segment_starts(lengths), axis=0
+        )
         return (best @ weights) / max(float(weights.sum()), 1e-12)
 
-    def refine(
-        self, q: np.ndarray, s_t: np.ndarray, docs: np.ndarray, u_q: np.ndarray
-    ) -> np.ndarray:
+    def refine(self, q: np.ndarray, s: np.ndarray, docs: np.ndarray, u_q: np.ndarray) -> np.ndarray:
         """Stage 4: top-1 alignment with compressed vectors, Eq. 1–2 with u^q and u^d."""
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        sims = self.index.codec.residual_scores(q, self.index.residuals[rows])  # [T, n]
-        sims += s_t[self.index.codes[rows]]
+        sims = s[:, self.index.codes[rows]]  # centroid part of q·v̂, [n, T]
+        margin = self.config.refine_margin
+        if margin is not None:  # only tokens within `margin` of their doc's best centroid score
+            best_c = np.maximum.reduceat(sims, _segment_starts(lengths), axis=1)
+            keep = (sims >= np.repeat(best_c, lengths, axis=1) - margin).any(axis=0)
+            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+            rows, sims = rows[keep], sims[:, keep]
+        sims += self.index.codec.residual_scores(q, self.index.residuals[rows])
         starts = _segment_starts(lengths)
-        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, n]
+        best = np.maximum.reduceat(sims, starts, axis=1)  # [n, docs]
         if self.salience is None:
-            return (best @ u_q) / max(float(u_q.sum()), 1e-12)
+            return (u_q @ best) / max(float(u_q.sum()), 1e-12)
         # u^d of each row's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = self.salience[rows]
-        at_max = sims == np.repeat(best, lengths, axis=0)
-        u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, axis=0)
-        a = u_sel * u_q[None, :]
-        z = a.sum(1)
-        return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)
+        at_max = sims == np.repeat(best, lengths, axis=1)
+        u_sel = np.maximum.reduceat(np.where(at_max, u_d[None, :], -np.inf), starts, axis=1)
+        a = u_q[:, None] * u_sel
+        z = a.sum(0)
+        return np.where(z > 0, (a * best).sum(0) / np.maximum(z, 1e-6), 0.0)
 
     # -- the query path ------------------------------------------------------------------------
     def search(
@@ -182,7 +199,7 @@ class CentroidSearcher:
         order = _top(inter, min(self.refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
-            exact = self.refine(q, s_t, refined, u_q)[None, :]
+            exact = self.refine(q, s, refined, u_q)[None, :]
         else:
             exact = np.asarray(refine_fn(refined))
         rest = np.ones(len(first), bool)
