@@ -14,7 +14,7 @@ is recorded as a row with its error message.
 
 Batch 1 (one query at a time), after one untimed warm-up query, with 1 and 2 BLAS/torch threads;
 the systems are interleaved (round r: every system at every thread count) and latencies pooled
-over ``--rounds``. Query encoding at batch 1 is timed separately. Writes
+over ``--rounds`` (the peers, slow on a CPU, run ``--peer_rounds`` of them). Query encoding at batch 1 is timed separately. Writes
 ``benchmarks/results/search_latency.{json,md,png}``; the JSON is ``{"rows": [...], "query_encoding":
 [...], "machine": ...}`` with one row per (system, setting, model, dataset, threads).
 """
@@ -62,8 +62,9 @@ _THREADS = flags.DEFINE_list("threads", ["1", "2"], "Thread counts.")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds (latencies pooled).")
 _K = flags.DEFINE_integer("k", 100, "Documents per query.")
 _MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Only the first N queries.")
+_PEER_ROUNDS = flags.DEFINE_integer("peer_rounds", 1, "Rounds for the peers (slow on a CPU).")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", "/work/peer-venv/bin/python", "Peers' Python.")
-_PEER_TIME_LIMIT = flags.DEFINE_float("peer_time_limit_s", 1200, "Per peer run.")
+_PEER_TIME_LIMIT = flags.DEFINE_float("peer_time_limit_s", 2400, "Per peer run.")
 _WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/aligner_search_latency", "Exports, peer indexes.")
 _OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/search_latency"), "Output prefix.")
 
@@ -222,6 +223,8 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                     entry = pooled.setdefault(key, {"results": res, "latency": [], "extra": {}})
                     entry["latency"] += lat
                     continue
+                if r >= _PEER_ROUNDS.value:
+                    continue
                 first = system not in built
                 out = _peer(system, vectors, work, threads, _K.value, _MAX_QUERIES.value, not first)
                 if first:
@@ -234,13 +237,14 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                     "peak_rss_bytes": out.get("peak_rss_bytes"),
                     "params": out.get("params"),
                 }
+    qrels = {q: dataset.qrels[q] for q in qids}  # the queries searched (all, or --max_queries)
     for (system, threads), entry in pooled.items():
         build_s, index_bytes = built.get(system, (None, None))
         if system == "exact":
             build_s, index_bytes = 0.0, store.num_tokens * store.dim * 2
         extra = {"peak_rss_bytes": _peak_rss(), "error": None, **entry["extra"]}
         rows.append(
-            _row(system, "default", model, dataset_name, threads, dataset.qrels, entry["results"], entry["latency"],
+            _row(system, "default", model, dataset_name, threads, qrels, entry["results"], entry["latency"],
                  build_s=build_s, index_bytes=index_bytes,
                  bytes_per_token=(index_bytes / store.num_tokens) if index_bytes else None,
                  num_tokens=store.num_tokens, dim=store.dim, **extra)

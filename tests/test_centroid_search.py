@@ -92,6 +92,19 @@ def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():
     assert kmeans.default_num_centroids(1) == 1
 
 
+def test_kmeans_reseeds_empty_clusters():
+    """More centroids than distinct points: empty clusters are re-seeded (this raised a
+    read-only-array ValueError before), every centroid stays a unit vector."""
+    rng = np.random.default_rng(1)
+    distinct = _unit(rng.normal(size=(5, DIM)))
+    points = np.repeat(distinct, 6, axis=0)
+    centroids = kmeans.fit(points, 12, iterations=3)
+    assert centroids.shape == (12, DIM)
+    np.testing.assert_allclose(np.linalg.norm(centroids, axis=1), 1.0, rtol=1e-5)
+    _, best = kmeans.assign(points, centroids)
+    np.testing.assert_allclose(best, 1.0, rtol=1e-5)  # every point has its own centroid
+
+
 def test_index_persists_and_loads_identically(store, index):
     loaded = ci.CentroidIndex.load(store, verify_checksums=True)
     np.testing.assert_array_equal(loaded.codes, index.codes)

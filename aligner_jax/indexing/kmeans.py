@@ -73,7 +73,7 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
     for it in range(iterations):
         codes, best = assign(sample, centroids)
         sums, counts = _sums(jnp.asarray(sample), jnp.asarray(codes), k)
-        sums, counts = np.asarray(sums), np.asarray(counts)
+        sums, counts = np.array(sums), np.asarray(counts)  # writable: re-seeding below
         empty = np.nonzero(counts == 0)[0]
         if len(empty):  # re-seed with the points farthest from their centroid
             worst = np.argsort(best)[: len(empty)]
