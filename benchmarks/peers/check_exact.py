@@ -64,7 +64,7 @@ def main(argv=None):
     loaded = [json.load(open(p)) for p in args.results]
     max_q = max((len(r.get("results") or {}) for r in loaded), default=0)
     exact = exact_topk(args.vectors, args.at, args.chunk_tokens, max_queries=max_q or None)
-    for path, r in zip(args.results, loaded):
+    for path, r in zip(args.results, loaded, strict=False):
         lat = np.asarray(r.get("latency_ms") or [], dtype=np.float64)
         res = r.get("results") or {}
         overlaps, top1 = [], []

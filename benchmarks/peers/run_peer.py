@@ -45,7 +45,6 @@ import sys
 import time
 import traceback
 
-
 # --------------------------------------------------------------------------
 # Settings: which --setting NAME=VALUE keys each system accepts, and where
 # they go.  Keys not listed are rejected (exit 2) so typos don't silently run
@@ -431,7 +430,7 @@ def work(args, result, build_kw, load_kw, search_kw) -> int:
         cpu_ms = result["cpu_ms"]
         results = result["results"]
         last_flush = time.perf_counter()
-        for qid, q in zip(query_ids, queries):
+        for qid, q in zip(query_ids, queries, strict=False):
             if time.perf_counter() - last_flush > 10.0:
                 phase(f"search ({len(latencies)}/{len(queries)} queries done)")
                 last_flush = time.perf_counter()
@@ -630,6 +629,7 @@ class XtrWarpRunner:
                 zip(
                     ["bound", "nprobe", "centroid_score_threshold", "max_candidates", "t_prime"],
                     self._auto,
+                    strict=False,
                 )
             )
         return {
