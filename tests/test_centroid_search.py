@@ -88,7 +88,7 @@ def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():
         objective.append(float(best.mean()))
     assert all(b >= a - 1e-6 for a, b in zip(objective, objective[1:], strict=False))
     assert objective[-1] > 0.9  # tight clusters: most points sit next to their centroid
-    assert kmeans.default_num_centroids(1_242_251) == 4096
+    assert kmeans.default_num_centroids(1_242_251) == 8192
     assert kmeans.default_num_centroids(1) == 1
 
 
@@ -223,5 +223,5 @@ def test_config_ranges_are_checked():
         cs.CentroidSearchConfig(probes=0)
     with pytest.raises(errors.ConfigError, match="residual_bits"):
         ci.CentroidIndexConfig(residual_bits=3)
-    assert cs.CentroidSearchConfig().resolved(5183, 4096) == (4, 288, 72)
-    assert cs.CentroidSearchConfig().resolved(100, 64) == (2, 128, 32)
+    assert cs.CentroidSearchConfig().resolved(5183, 8192) == (8, 216, 54)
+    assert cs.CentroidSearchConfig().resolved(100, 64) == (2, 160, 40)

@@ -19,7 +19,7 @@ from absl import logging
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
 
 
-def default_num_centroids(num_tokens: int, per_sqrt: float = 4.0) -> int:
+def default_num_centroids(num_tokens: int, per_sqrt: float = 8.0) -> int:
     """2^⌊log2(per_sqrt·√T)⌋ centroids for T indexed tokens (PLAID uses 16·√T; see
     ``CentroidIndexConfig.centroids_per_sqrt_token`` for why ours is smaller), at least 1."""
     if num_tokens <= 1:

@@ -24,8 +24,8 @@ The ranking lists the refined documents by their score, then the other interacti
 then the other candidates, each block by its own estimate, shifted below the block before it
 (so that any evaluator that sorts by score keeps this order).
 
-Defaults scale with the index: ``probes = max(2, ⌈C/1024⌉)``, ``refine_docs = clip(⌈√N⌉, 32,
-128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids.
+Defaults scale with the index: ``probes = max(2, ⌈C/1024⌉)``, ``refine_docs = clip(⌈0.75·√N⌉,
+40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class CentroidSearchConfig:
 
     def resolved(self, num_docs: int, num_centroids: int) -> tuple[int, int, int]:
         probes = self.probes or max(2, math.ceil(num_centroids / 1024))
-        refine = self.refine_docs or int(np.clip(math.ceil(math.sqrt(num_docs)), 32, 128))
+        refine = self.refine_docs or int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), 40, 128))
         interaction = self.interaction_docs or 4 * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
 
