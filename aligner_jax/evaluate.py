@@ -8,7 +8,8 @@ r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
-``--index_dir``, ``--unknown_qrels``, ``--verify_checksums``, ``--adapt``.
+``--index_dir``, ``--unknown_qrels``, ``--ignore_identical_ids``, ``--verify_checksums``,
+``--adapt``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from aligner_jax.common import cli
+from aligner_jax.data import beir
 from aligner_jax.evaluation import beir_eval
 
 FLAGS = flags.FLAGS
@@ -27,6 +29,13 @@ flags.DEFINE_string("output_dir", None, "Where metrics.json, run.tsv and config.
 flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
 flags.DEFINE_enum(
     "unknown_qrels", "error", ["error", "skip"], "qrels naming unknown queries/documents."
+)
+flags.DEFINE_enum(
+    "ignore_identical_ids",
+    "same_text",
+    list(beir.IDENTICAL_ID_MODES),
+    "Drop the document whose id is the query's id from its ranking: same_text (only when its "
+    "text is the query's, as in ArguAna/Quora), always (BEIR) or never.",
 )
 flags.DEFINE_bool("verify_checksums", False, "Verify every index file's sha256 when loading.")
 flags.DEFINE_bool(
@@ -51,6 +60,7 @@ def main(argv: Sequence[str]) -> None:
         split=FLAGS.split,
         index_dir=FLAGS.index_dir,
         unknown_qrels=FLAGS.unknown_qrels,
+        ignore_identical_ids=FLAGS.ignore_identical_ids,
         verify_checksums=FLAGS.verify_checksums,
         adapt=FLAGS.adapt,
     )

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import gin
 import pytest
-from fixtures import run_module, write_toy_beir
+from fixtures import (
+    TOY_DOCS,
+    TOY_QRELS,
+    TOY_QUERIES,
+    run_module,
+    trec_eval_run_file,
+    write_beir_fixture,
+    write_toy_beir,
+)
 
 from aligner_jax.common import cli, errors, fileio
 from aligner_jax.evaluation import beir_eval
@@ -131,3 +139,41 @@ def test_binary_flag_errors(tmp_path):
     assert proc.returncode != 0
     assert "SearchConfig.backend='faiss'" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr
+
+
+def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
+    """A query id that is also a document id: the judged-relevant, unrelated document "q2" stays
+    in q2's ranking; "q0", whose text is q0's text, is dropped from q0's ranking; metrics.json
+    equals pytrec_eval on run.tsv exactly."""
+    docs = dict(TOY_DOCS)
+    docs["q0"] = TOY_QUERIES["q0"].upper()  # the query itself (ArguAna/Quora style)
+    docs["q2"] = {"title": "Pancreas", "text": "Beta cells of the pancreas secrete insulin."}
+    qrels = {**TOY_QRELS, "q2": {"d7": 1, "q2": 1}}
+    data = write_beir_fixture(tmp_path / "data", docs, TOY_QUERIES, qrels)
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    out = tmp_path / "out"
+    report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
+    rows = [line.split() for line in (out / "run.tsv").read_text().splitlines()]
+    assert not [r for r in rows if r[0] == "q0" and r[2] == "q0"]
+    assert [r for r in rows if r[0] == "q2" and r[2] == "q2"]
+    assert report["config"]["ignore_identical_ids"] == "same_text"
+    ids = report["identical_ids"]
+    assert (ids["query_ids_in_corpus"], ids["dropped"], ids["kept_judged_relevant"]) == (2, 1, 1)
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+
+    # BEIR's rule, asked for explicitly: the judged-relevant "q2" leaves run.tsv and metrics alike.
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    beir_eval.evaluate(
+        dataset_dir=str(data),
+        output_dir=str(tmp_path / "always"),
+        index_dir=str(out / "index"),
+        ignore_identical_ids="always",
+    )
+    run = (tmp_path / "always" / "run.tsv").read_text()
+    assert "q2 Q0 q2 " not in run
+    saved = json.loads((tmp_path / "always" / "metrics.json").read_text())
+    assert saved["identical_ids"]["dropped_judged_relevant"] == 1
+    assert saved["metrics_all"] == trec_eval_run_file(
+        tmp_path / "always" / "run.tsv", data / "qrels/test.tsv"
+    )

@@ -81,11 +81,12 @@ def ensure_token_store(
 
 
 def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:
+    """A TREC run file in trec_eval's order; scores are written exactly (``repr``: they read
+    back as the same floats), so trec_eval on the file reproduces metrics.json."""
     lines = []
     for qid, docs in results.items():
-        ranked = sorted(docs.items(), key=lambda kv: -kv[1])
-        for rank, (doc_id, score) in enumerate(ranked, start=1):
-            lines.append(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
+        for rank, (doc_id, score) in enumerate(metrics.ranked(docs), start=1):
+            lines.append(f"{qid} Q0 {doc_id} {rank} {score!r} {tag}\n")
     fileio.atomic_write_text(path, "".join(lines))
 
 
@@ -154,8 +155,13 @@ def evaluate(
     verify_checksums: bool = False,
     adapt: bool = False,
     adaptation_config: adaptation_lib.AdaptationConfig | None = None,
+    ignore_identical_ids: str = "same_text",
 ) -> dict:
     """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json.
+
+    ``ignore_identical_ids`` (``beir.IDENTICAL_ID_MODES``) says when the document whose id is a
+    query's id is removed from that query's ranking; the rule is applied once, to the rankings
+    written to run.tsv, scored in metrics.json and used by the adaptation.
 
     With ``adapt``, the candidates are also re-scored with every strategy of
     ``adaptation_config`` and the few-shot alignment adaptation of §4.1 is reported in
@@ -191,11 +197,17 @@ def evaluate(
     searcher = search_lib.Searcher(store, search_config, token_index)
     out = searcher.search(qids, encoded, strategies=tuple(strategies))
     name = "xtr" if search_config.refine == "xtr" else str(strategy)
-    results = out.results[name]
+    identical = beir.IdenticalIds.of(
+        dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
+    )
+    if identical.query_ids_in_corpus:
+        logging.warning("%s", identical.describe())
+    ranked = {s: identical.apply(r) for s, r in out.results.items()}
+    results = ranked[name]
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
     adapted = None
     if adapt:
-        adapted = write_adaptation(output, dataset, out.results, adaptation_config)
+        adapted = write_adaptation(output, dataset, ranked, adaptation_config)
 
     report = {
         "dataset": dataset.name,
@@ -216,7 +228,9 @@ def evaluate(
             "beta_d": search_config.beta_d,
             "refine": search_config.refine,
             "top_k": search_config.top_k,
+            "ignore_identical_ids": ignore_identical_ids,
         },
+        "identical_ids": identical.as_dict(),
         "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
         "metrics_all": evaluation.aggregate,
         "per_query": {
@@ -296,6 +310,7 @@ def summary(report: dict) -> str:
         + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
         f"   MRR@10 {100 * m['mrr@10']:.1f}",
+        f"ids        {report['identical_ids']['description']}",
         f"timing     corpus encode {t['encode_corpus_s']:.1f}s"
         + (" (reused)" if t["index_reused"] else "")
         + f", token index build {t['index_build_s']:.1f}s, search p50 "
