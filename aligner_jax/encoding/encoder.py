@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
@@ -44,6 +45,15 @@ class EncodingConfig:
     max_tokens_per_batch: int = 1024
     concurrent_batches: int | None = None
     log_every_s: float = 20.0
+
+    def __post_init__(self):
+        name = type(self).__name__
+        checks.integer(f"{name}.bucket_multiple", self.bucket_multiple, minimum=1)
+        checks.integer(f"{name}.max_tokens_per_batch", self.max_tokens_per_batch, minimum=1)
+        checks.integer(
+            f"{name}.concurrent_batches", self.concurrent_batches, minimum=1, allow_none=True
+        )
+        checks.number(f"{name}.log_every_s", self.log_every_s, 0.0, low_open=True)
 
     def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
         return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)

@@ -21,7 +21,7 @@ import gin
 import jax
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import checks, errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
@@ -46,10 +46,8 @@ class IndexingConfig:
     store_beta_d: float = 1.0
 
     def __post_init__(self):
-        if self.shard_size < 1:
-            raise ConfigError(f"IndexingConfig.shard_size={self.shard_size}: must be >= 1")
-        if not 0.0 < self.store_beta_d <= 1.0:
-            raise ConfigError(f"IndexingConfig.store_beta_d={self.store_beta_d}: must be in (0, 1]")
+        checks.integer("IndexingConfig.shard_size", self.shard_size, minimum=1)
+        checks.number("IndexingConfig.store_beta_d", self.store_beta_d, 0.0, 1.0, low_open=True)
 
 
 @dataclasses.dataclass

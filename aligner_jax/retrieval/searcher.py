@@ -22,6 +22,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding.encoder import EncodedText
@@ -57,23 +58,19 @@ class SearchConfig:
     query_batch_size: int = 8
 
     def __post_init__(self):
-        if self.backend not in ti.BACKENDS:
-            raise ConfigError(
-                f"SearchConfig.backend={self.backend!r}: choose one of {ti.BACKENDS} "
-                "(e.g. --gin.SearchConfig.backend=\"'exact'\")"
-            )
-        if self.refine not in REFINE_MODES:
-            raise ConfigError(f"SearchConfig.refine={self.refine!r}: choose one of {REFINE_MODES}")
-        if self.k_prime < 0:
-            raise ConfigError(f"SearchConfig.k_prime={self.k_prime}: must be >= 0")
+        name = type(self).__name__
+        checks.choice(f"{name}.backend", self.backend, ti.BACKENDS)
+        checks.choice(f"{name}.refine", self.refine, REFINE_MODES)
+        checks.integer(f"{name}.k_prime", self.k_prime, minimum=0)
+        checks.number(f"{name}.beta_q", self.beta_q, 0.0, 1.0, low_open=True)
+        checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
+        checks.integer(f"{name}.top_k", self.top_k, minimum=1)
+        checks.integer(f"{name}.query_batch_size", self.query_batch_size, minimum=1)
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
-                "SearchConfig.refine='xtr' scores from retrieved tokens: set k_prime > 0"
+                "--gin.SearchConfig.refine='xtr' scores from retrieved tokens: set "
+                "--gin.SearchConfig.k_prime > 0"
             )
-        for name in ("beta_q", "beta_d"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ConfigError(f"SearchConfig.{name}={value}: must be in (0, 1]")
 
     @property
     def exhaustive(self) -> bool:
