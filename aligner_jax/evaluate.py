@@ -37,7 +37,12 @@ flags.DEFINE_enum(
     "Drop the document whose id is the query's id from its ranking: same_text (only when its "
     "text is the query's, as in ArguAna/Quora), always (BEIR) or never.",
 )
-flags.DEFINE_bool("verify_checksums", False, "Verify every index file's sha256 when loading.")
+flags.DEFINE_bool(
+    "verify_checksums",
+    False,
+    "Re-hash every index file (sha256) even if the store was verified before (it always is on "
+    "its first open, and again whenever a file changed).",
+)
 flags.DEFINE_bool(
     "adapt",
     False,

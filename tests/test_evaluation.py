@@ -177,3 +177,40 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
     assert saved["metrics_all"] == trec_eval_run_file(
         tmp_path / "always" / "run.tsv", data / "qrels/test.tsv"
     )
+
+
+def test_store_missing_documents_of_the_corpus_is_refused(toy, tmp_path):
+    """A shard removed from the manifest with its counts adjusted: the store is self-consistent
+    but holds 10 of the corpus's 12 documents; evaluating it is refused."""
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    index = tmp_path / "index"
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    manifest = json.loads((index / ts.MANIFEST).read_text())
+    gone = manifest["shards"].pop()
+    manifest["counts"] = {
+        "num_docs": manifest["counts"]["num_docs"] - gone["num_docs"],
+        "num_tokens": manifest["counts"]["num_tokens"] - gone["num_tokens"],
+        "num_shards": 2,
+    }
+    (index / ts.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        errors.IndexIntegrityError,
+        match=r"the token store holds 10 documents, .*corpus\.jsonl has 12",
+    ):
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
+        )
+    assert not (tmp_path / "b" / "metrics.json").exists()
+
+
+def test_deleted_manifest_is_named_not_reported_as_other_settings(toy, tmp_path):
+    """A store built with other indexing settings whose manifest was deleted."""
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    index = tmp_path / "index"
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    (index / ts.MANIFEST).unlink()
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    with pytest.raises(errors.IndexIntegrityError, match=r"manifest\.json is missing"):
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
+        )

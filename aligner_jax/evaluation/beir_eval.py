@@ -77,7 +77,28 @@ def ensure_token_store(
     seconds = 0.0 if reused else time.perf_counter() - start
     store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
     ts.check_model_matches(store.manifest, encoder.bundle.info(), index_dir)
+    check_store_holds_corpus(store, dataset)
     return store, seconds, reused
+
+
+def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) -> None:
+    """The store must hold exactly the corpus's documents, in corpus order: otherwise some
+    documents could never be retrieved and the metrics would be silently wrong."""
+    corpus_ids = list(dataset.corpus)
+    if store.doc_ids == corpus_ids:
+        return
+    where = f"{store.directory}: the token store holds {store.num_docs} documents"
+    corpus = Path(dataset.path) / "corpus.jsonl"
+    if store.num_docs != len(corpus_ids):
+        raise errors.IndexIntegrityError(
+            f"{where}, {corpus} has {len(corpus_ids)}; rebuild the index (delete the folder) or "
+            "use another --index_dir"
+        )
+    i = next(i for i, (a, b) in enumerate(zip(store.doc_ids, corpus_ids, strict=True)) if a != b)
+    raise errors.IndexIntegrityError(
+        f"{where}, but document {i} is {store.doc_ids[i]!r} in the store and {corpus_ids[i]!r} "
+        f"in {corpus}; rebuild the index (delete the folder) or use another --index_dir"
+    )
 
 
 def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:

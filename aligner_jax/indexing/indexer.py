@@ -12,7 +12,6 @@ manifest is written when all shards are complete.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -95,13 +94,22 @@ def _keep_top(encoded, beta: float):
 def _check_or_write_config(directory: Path, settings: dict) -> None:
     path = directory / CONFIG_FILE
     if path.exists():
-        existing = json.loads(path.read_text())
+        existing = ts.read_json(path, "delete the index directory and index again")
         if existing != settings:
             diff = {
                 k: (existing.get(k), settings.get(k))
                 for k in set(existing) | set(settings)
                 if existing.get(k) != settings.get(k)
             }
+            if (
+                ts.read_shard_marker(directory, 0) is not None
+                and not (directory / ts.MANIFEST).exists()
+            ):
+                raise errors.IndexIntegrityError(
+                    f"{directory / ts.MANIFEST} is missing: the index in {directory} was deleted "
+                    "in part or its job did not finish. Re-run the command that built it to "
+                    "complete it, or delete the directory and index again."
+                )
             raise errors.IndexIntegrityError(
                 f"{path}: this index directory was started with other settings {diff} "
                 "(existing, requested). Use another --index_dir or delete this one."
@@ -251,11 +259,12 @@ def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
 
 
 def store_is_complete_for(directory: Path, model_info: dict) -> bool:
-    """True when ``directory`` holds a complete store built by this model (reusable)."""
-    try:
-        manifest = ts.read_manifest(directory)
-    except errors.IndexIntegrityError:
+    """True when ``directory`` holds a complete store built by this model (reusable); False when
+    it has no manifest yet (an interrupted job, completed by the caller). A manifest that exists
+    but is invalid is an error naming it, never a reason to rebuild silently."""
+    if not (Path(directory) / ts.MANIFEST).exists():
         return False
+    manifest = ts.read_manifest(directory)
     ts.check_model_matches(manifest, model_info, directory)
     return True
 
