@@ -58,6 +58,8 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
     run = (out / "run.tsv").read_text().splitlines()
     assert len(run) == 4 * 12 and run[0].split()[3] == "1"
     assert "AlignerConfig.projection = 'identity'" in (out / "config.gin").read_text()
+    # metrics.json, written last, records the checksums of the files beside it.
+    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in ("run.tsv", "config.gin")}
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
     _parse("eval/zero_shot.gin", bindings=["SearchConfig.k_prime = 50"])
@@ -119,6 +121,7 @@ def test_binary_reports_bad_input_with_file_and_line(tmp_path):
     assert proc.returncode != 0
     assert "corpus.jsonl:3" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()  # nothing is created before the inputs are valid
 
 
 def test_binary_flag_errors(tmp_path):

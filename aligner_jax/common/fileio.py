@@ -2,7 +2,8 @@
 
 A file is written under a temporary name beside its destination, flushed, fsync'ed and renamed
 over it, then the folder is fsync'ed: a reader (or a resumed job) sees the old file or the new
-one, never a torn one.
+one, never a torn one. Files get the mode the umask gives a new file (0644 under umask 022),
+as ``open`` would, not ``mkstemp``'s 0600: another user of a shared machine can read an index.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from aligner_jax.common import errors
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -26,10 +29,20 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file ``.NAME.<random>.tmp`` beside ``path``, mode 0666 minus the umask."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
     """Calls ``write(f)`` on a temporary binary file beside ``path``, then renames it to ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -66,3 +79,44 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """Refuses, without creating anything, an output folder that could not be written: a file,
+    a folder under a file, or a folder (or its first existing parent) without write permission
+    or on a read-only filesystem. ``flag`` names it in the message (``--output_dir``)."""
+    path = Path(path)
+    where = f"{flag}={path}"
+    if path.exists() and not path.is_dir():
+        raise errors.ConfigError(f"{where}: is a file, not a folder; choose another {flag}")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise errors.ConfigError(f"{where}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise errors.ConfigError(
+            f"{where}: cannot write in {existing} (no write permission, or a read-only "
+            f"filesystem); choose another {flag}"
+        )
+    return path
+
+
+def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) -> dict:
+    """Writes a job's output files and then ``metrics.json`` as the commit marker.
+
+    The previous ``metrics.json`` is removed first, every file is written atomically, and the
+    new ``metrics.json`` (``report`` plus ``files``: each file's sha256) is written last: a
+    folder either has a ``metrics.json`` whose listed files are exactly those beside it, or
+    none (an interrupted run). Returns the report as written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.json").unlink(missing_ok=True)
+    sums = {}
+    for name, content in files.items():
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        atomic_write_bytes(directory / name, data)
+        sums[name] = hashlib.sha256(data).hexdigest()
+    report = {**report, "files": sums}
+    atomic_write_json(directory / "metrics.json", report, sort_keys=False)
+    return report

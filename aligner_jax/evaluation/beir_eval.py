@@ -11,6 +11,7 @@ configuration, timings, index bytes), ``OUTPUT_DIR/run.tsv`` (TREC run) and
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,14 +102,14 @@ def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) ->
     )
 
 
-def write_run(path: Path, results: dict[str, dict[str, float]], tag: str) -> None:
+def run_file(results: dict[str, dict[str, float]], tag: str) -> str:
     """A TREC run file in trec_eval's order; scores are written exactly (``repr``: they read
     back as the same floats), so trec_eval on the file reproduces metrics.json."""
     lines = []
     for qid, docs in results.items():
         for rank, (doc_id, score) in enumerate(metrics.ranked(docs), start=1):
             lines.append(f"{qid} Q0 {doc_id} {rank} {score!r} {tag}\n")
-    fileio.atomic_write_text(path, "".join(lines))
+    return "".join(lines)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -142,8 +143,9 @@ def prepare(
 ) -> PreparedRun:
     """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
     ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query."""
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
+    if index_dir:
+        fileio.check_output_dir(index_dir, "--index_dir")
     dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
     logging.info(
         "%s/%s: %d documents, %d queries",
@@ -226,9 +228,9 @@ def evaluate(
     ranked = {s: identical.apply(r) for s, r in out.results.items()}
     results = ranked[name]
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
-    adapted = None
+    adapted, files = None, {}
     if adapt:
-        adapted = write_adaptation(output, dataset, ranked, adaptation_config)
+        adapted, files = adaptation_files(dataset, ranked, adaptation_config)
 
     report = {
         "dataset": dataset.name,
@@ -284,19 +286,18 @@ def evaluate(
             "oracle": adapted.oracle,
             "oracle_strategy": adapted.oracle_strategy,
         }
-    fileio.atomic_write_json(output / "metrics.json", report, sort_keys=False)
-    write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
-    fileio.atomic_write_text(output / "config.gin", gin.operative_config_str())
+    files["run.tsv"] = run_file(results, tag=f"aligner_jax-{name}")
+    files["config.gin"] = gin.operative_config_str()
+    report = fileio.write_outputs(output, files, report)
     print(summary(report))
     return report
 
 
-def write_adaptation(
-    output: Path,
+def adaptation_files(
     dataset: beir.BeirDataset,
     results_by_strategy: dict[str, dict[str, dict[str, float]]],
     config: adaptation_lib.AdaptationConfig,
-) -> adaptation_lib.AdaptationResult:
+) -> tuple[adaptation_lib.AdaptationResult, dict[str, str]]:
     """Per-strategy per-query metrics → the §4.1 protocol → adaptation.json and .md."""
     metric = config.metric
     per_query = {}
@@ -311,11 +312,10 @@ def write_adaptation(
         **result.as_dict(),
         "per_query": per_query,
     }
-    fileio.atomic_write_json(output / "adaptation.json", payload, sort_keys=False)
-    fileio.atomic_write_text(
-        output / "adaptation.md", adaptation_lib.markdown_table({dataset.name: result})
-    )
-    return result
+    return result, {
+        "adaptation.json": json.dumps(payload, indent=1) + "\n",
+        "adaptation.md": adaptation_lib.markdown_table({dataset.name: result}),
+    }
 
 
 def summary(report: dict) -> str:

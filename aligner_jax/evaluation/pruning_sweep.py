@@ -116,6 +116,7 @@ def sweep(
         "points": points,
         "strategies": strategy_scores,
     }
+    output.mkdir(parents=True, exist_ok=True)
     fileio.atomic_write_json(output / "sweep.json", report, sort_keys=False)
     fileio.atomic_write_text(output / "sweep.md", markdown(report))
     if plot:
