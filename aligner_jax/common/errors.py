@@ -46,6 +46,10 @@ class IndexIntegrityError(UserError, RuntimeError):
     """An index directory does not match its manifest (or the model asking to use it)."""
 
 
+class LockedError(UserError, RuntimeError):
+    """Another process holds the lock of a folder this job writes (e.g. an index directory)."""
+
+
 class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN/inf loss (lower the learning rate, check the data)."""
 

@@ -8,6 +8,8 @@ as ``open`` would, not ``mkstemp``'s 0600: another user of a shared machine can 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -120,3 +122,27 @@ def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) 
     report = {**report, "files": sums}
     atomic_write_json(directory / "metrics.json", report, sort_keys=False)
     return report
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str):
+    """Holds an advisory ``fcntl`` lock on ``path`` (created, holding the holder's pid) for the
+    duration of the block. A second holder is refused with a ``LockedError`` naming the pid. The
+    kernel drops the lock when its process dies, so a lock file left by a killed run is simply
+    taken over."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise errors.LockedError(
+                f"{what}: another process (pid {holder}) is writing it and holds {path}; wait "
+                "for it to finish, or use another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock

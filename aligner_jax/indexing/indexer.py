@@ -128,9 +128,24 @@ def build_token_store(
     process_count: int = 1,
     corpus_info: dict | None = None,
 ) -> IndexingSummary:
-    """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted)."""
+    """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted).
+
+    One writer per directory and process index: an advisory lock ``.lock-<process_index>`` is
+    held while indexing; a second job on the same directory (and process index) is refused.
+    """
     config = config or IndexingConfig()
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / f".lock-{process_index}"
+    with fileio.exclusive_lock(lock, f"index directory {directory} (process {process_index})"):
+        return _build_token_store(
+            documents, encoder, directory, config, process_index, process_count, corpus_info
+        )
+
+
+def _build_token_store(
+    documents, encoder, directory, config, process_index, process_count, corpus_info
+) -> IndexingSummary:
     model_info = encoder.bundle.info()
     settings = {
         "model": model_info,
