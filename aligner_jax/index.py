@@ -47,6 +47,8 @@ def main(argv: Sequence[str]) -> None:
     summary = cli.run_job(
         "aligner-index",
         indexer.index_corpus,
+        on_interrupt=f"the complete shards in {FLAGS.index_dir} are kept; re-run the same "
+        "command to resume after the last one",
         corpus=FLAGS.corpus,
         index_dir=FLAGS.index_dir,
         process_index=FLAGS.process_index,

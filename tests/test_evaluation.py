@@ -217,3 +217,28 @@ def test_deleted_manifest_is_named_not_reported_as_other_settings(toy, tmp_path)
         beir_eval.evaluate(
             dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
         )
+
+
+def test_queries_are_encoded_whole_and_truncation_is_counted(tmp_path):
+    """A 100-word query: cut at the training length (64) only when asked; counted either way."""
+    queries = dict(TOY_QUERIES)
+    queries["q0"] = " ".join(["why does a volcano erupt lava and magma"] * 13)
+    data = write_beir_fixture(tmp_path / "data", TOY_DOCS, queries, TOY_QRELS)
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    whole = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "whole"))
+    assert whole["truncation"] == {
+        "query_maxlen": 512,  # the BERT backbone's maximum, not AlignerConfig.query_maxlen (64)
+        "queries_truncated": 0,
+        "doc_maxlen": 256,
+        "docs_truncated": 0,
+    }
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    cut = beir_eval.evaluate(
+        dataset_dir=str(data),
+        output_dir=str(tmp_path / "cut"),
+        index_dir=str(tmp_path / "whole" / "index"),
+        query_maxlen=64,
+    )
+    assert cut["truncation"]["queries_truncated"] == 1
+    saved = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    assert saved["truncation"]["query_maxlen"] == 64

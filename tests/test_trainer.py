@@ -397,4 +397,3 @@ def test_train_log_is_cut_to_the_restored_step(tmp_path):
     with trainer.open_train_log(log, 3) as f:
         f.write(json.dumps({"step": 4, "loss": 0.5}) + "\n")
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]
-

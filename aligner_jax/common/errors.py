@@ -50,6 +50,10 @@ class LockedError(UserError, RuntimeError):
     """Another process holds the lock of a folder this job writes (e.g. an index directory)."""
 
 
+class OutputWriteError(UserError, OSError):
+    """An output file could not be written: disk full, quota, read-only filesystem."""
+
+
 class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN/inf loss (lower the learning rate, check the data)."""
 

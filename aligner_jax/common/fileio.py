@@ -9,6 +9,7 @@ as ``open`` would, not ``mkstemp``'s 0600: another user of a shared machine can 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -44,19 +45,32 @@ def _create_temporary(path: Path) -> tuple[int, str]:
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
     """Calls ``write(f)`` on a temporary binary file beside ``path``, then renames it to ``path``."""
     path = Path(path)
-    fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+        fd, tmp = _create_temporary(path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(path.parent)
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        raise errors.OutputWriteError(
+            f"{path}: not written ({os.strerror(e.errno)}); nothing partial is left and the files "
+            "completed before it are kept (an indexing job resumes after its last complete "
+            "shard): free space and re-run"
+        ) from e
     return path
+
+
+#: errno values of a storage that cannot take the write (the user's to fix), not of a bug.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -37,6 +37,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from absl import logging
+
 from aligner_jax.common.errors import BeirDownloadError, BeirFormatError, ConfigError
 
 BEIR_URL_TEMPLATE = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
@@ -76,6 +78,7 @@ class DatasetStats:
     num_qrels: int = 0  # (query, document) judgments kept
     num_relevant_qrels: int = 0  # ... of which score > 0
     duplicate_qrels: int = 0  # repeated (query, document, score) lines, counted once
+    negative_qrels: int = 0  # judgments with a score < 0: kept as 0 (judged, not relevant)
     unknown_query_qrels: int = 0  # judgment lines naming a query absent from queries.jsonl
     unknown_document_qrels: int = 0  # judgment lines naming a document absent from corpus.jsonl
     skipped_qrels: int = 0  # lines dropped with unknown_qrels="skip"
@@ -311,7 +314,17 @@ def _record_text(
             f'{path}:{line_number}: "{key}" must be a string, found {type(value).__name__} '
             f"{_preview(value)}. Write it as a JSON string."
         )
+    surrogate = _LONE_SURROGATE.search(value)
+    if surrogate:
+        raise BeirFormatError(
+            f'{path}:{line_number}: "{key}" contains the lone surrogate escape '
+            f"\\u{ord(surrogate.group()):04x} at character {surrogate.start()}, which is not a "
+            "Unicode character (valid JSON, invalid text); remove it or write the full pair."
+        )
     return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_duplicate(
@@ -438,6 +451,7 @@ def _collect_qrels(
 ) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
     lines: dict[tuple[str, str], int] = {}
+    negative: list[int] = []
     for row in rows:
         key = (row.query_id, row.doc_id)
         judged = qrels.setdefault(row.query_id, {})
@@ -451,8 +465,20 @@ def _collect_qrels(
             if stats is not None:
                 stats.duplicate_qrels += 1
             continue
-        judged[row.doc_id] = row.score
+        if row.score < 0:
+            negative.append(row.line_number)
+        judged[row.doc_id] = max(row.score, 0)
         lines[key] = row.line_number
+    if negative:
+        logging.warning(
+            "%s: %d judgment(s) with a negative score (first on line %d) are treated as score 0: "
+            "judged, not relevant",
+            path,
+            len(negative),
+            negative[0],
+        )
+        if stats is not None:
+            stats.negative_qrels = len(negative)
     if not qrels:
         raise BeirFormatError(
             f"{path}: the qrels file has a header but no judgments. Add lines "

@@ -130,7 +130,18 @@ class Encoder:
         bundle: EncoderBundle,
         config: EncodingConfig | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        query_maxlen: int | None = None,
     ):
+        """``query_maxlen`` overrides the model's query length (training's, e.g. 64): search
+        and evaluation encode whole queries, up to the backbone's maximum."""
+        if query_maxlen is not None:
+            limit = aligner_lib.backbone_max_length(bundle.config.backbone)
+            if isinstance(query_maxlen, bool) or not 1 <= query_maxlen <= limit:
+                raise ConfigError(
+                    f"--query_maxlen={query_maxlen}: must be in [1, {limit}] (the backbone's "
+                    "maximum input length)"
+                )
+        self.query_maxlen = query_maxlen
         self.bundle = bundle
         self.config = config or EncodingConfig()
         self.mesh = mesh
@@ -152,8 +163,14 @@ class Encoder:
     def dim(self) -> int:
         return self.bundle.config.output_dim
 
+    def maxlen(self, kind: str) -> int:
+        """Token budget of a query or a document (texts are cut to it)."""
+        if kind == aligner_lib.QUERY and self.query_maxlen is not None:
+            return self.query_maxlen
+        return self.bundle.config.maxlen(kind)
+
     def tokenize(self, texts: Sequence[str], kind: str) -> list[np.ndarray]:
-        return self.bundle.tokenizer.encode_batch(list(texts), self.bundle.config.maxlen(kind))
+        return self.bundle.tokenizer.encode_batch(list(texts), self.maxlen(kind))
 
     def encode(self, texts: Sequence[str], kind: str, desc: str | None = None) -> list[EncodedText]:
         """Encodes ``texts`` (in order); logs docs/s and tokens/s every ``log_every_s``."""
@@ -186,7 +203,7 @@ class Encoder:
             encode_fn,
             self._params,
             token_ids,
-            boundaries=cfg.bucket_lengths(self.bundle.config.maxlen(kind)),
+            boundaries=cfg.bucket_lengths(self.maxlen(kind)),
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             concurrent_batches=cfg.concurrent_batches,
         ):

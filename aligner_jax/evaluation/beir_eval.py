@@ -32,6 +32,7 @@ from aligner_jax.evaluation import metrics
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
@@ -130,6 +131,7 @@ class PreparedRun:
     qids: list[str]
     queries: list
     encode_queries_s: float
+    truncation: dict
 
 
 def prepare(
@@ -140,9 +142,12 @@ def prepare(
     encoding_config: EncodingConfig | None = None,
     unknown_qrels: str = "error",
     verify_checksums: bool = False,
+    query_maxlen: int | None = None,
 ) -> PreparedRun:
     """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
-    ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query."""
+    ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query, whole: up to
+    ``query_maxlen`` tokens (None: the backbone's maximum, e.g. 512 for BERT, not the training
+    length). Queries and documents that were cut are counted in ``truncation``."""
     output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
     if index_dir:
         fileio.check_output_dir(index_dir, "--index_dir")
@@ -154,14 +159,42 @@ def prepare(
         len(dataset.corpus),
         len(dataset.queries),
     )
-    encoder = Encoder(loading_lib.load_encoder(), encoding_config or EncodingConfig())
+    bundle = loading_lib.load_encoder()
+    if query_maxlen is None:
+        query_maxlen = aligner_lib.backbone_max_length(bundle.config.backbone)
+    encoder = Encoder(bundle, encoding_config or EncodingConfig(), query_maxlen=query_maxlen)
     index_path = Path(index_dir) if index_dir else output / "index"
     store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
     qids = list(dataset.queries)
     t0 = time.perf_counter()
-    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
+    token_ids = encoder.tokenize([dataset.queries[q] for q in qids], "query")
+    encoded = [None] * len(qids)
+    for i, e in encoder.encode_token_ids(token_ids, "query"):
+        encoded[i] = e
+    truncation = {
+        "query_maxlen": query_maxlen,
+        "queries_truncated": int(sum(len(t) >= query_maxlen for t in token_ids)),
+        "doc_maxlen": bundle.config.doc_maxlen,
+        "docs_truncated": int(store.manifest.get("stats", {}).get("truncated_docs", 0)),
+    }
+    if truncation["queries_truncated"]:
+        logging.warning(
+            "%d of %d queries reach --query_maxlen=%d tokens and were cut",
+            truncation["queries_truncated"],
+            len(qids),
+            query_maxlen,
+        )
     return PreparedRun(
-        output, dataset, encoder, store, encode_s, reused, qids, encoded, time.perf_counter() - t0
+        output,
+        dataset,
+        encoder,
+        store,
+        encode_s,
+        reused,
+        qids,
+        encoded,
+        time.perf_counter() - t0,
+        truncation,
     )
 
 
@@ -179,6 +212,7 @@ def evaluate(
     adapt: bool = False,
     adaptation_config: adaptation_lib.AdaptationConfig | None = None,
     ignore_identical_ids: str = "same_text",
+    query_maxlen: int | None = None,
 ) -> dict:
     """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json.
 
@@ -204,7 +238,14 @@ def evaluate(
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
     run = prepare(
-        dataset_dir, output_dir, split, index_dir, encoding_config, unknown_qrels, verify_checksums
+        dataset_dir,
+        output_dir,
+        split,
+        index_dir,
+        encoding_config,
+        unknown_qrels,
+        verify_checksums,
+        query_maxlen,
     )
     output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
@@ -254,6 +295,7 @@ def evaluate(
             "ignore_identical_ids": ignore_identical_ids,
         },
         "identical_ids": identical.as_dict(),
+        "truncation": run.truncation,
         "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
         "metrics_all": evaluation.aggregate,
         "per_query": {
@@ -319,7 +361,7 @@ def adaptation_files(
 
 
 def summary(report: dict) -> str:
-    c, m, t = report["config"], report["metrics"], report["timing"]
+    c, m, t, tr = report["config"], report["metrics"], report["timing"], report["truncation"]
     lines = [
         "=" * 72,
         f"ALIGNER evaluation: {report['dataset']}/{report['split']} "
@@ -332,6 +374,8 @@ def summary(report: dict) -> str:
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
         f"   MRR@10 {100 * m['mrr@10']:.1f}",
         f"ids        {report['identical_ids']['description']}",
+        f"truncated  {tr['queries_truncated']} queries at {tr['query_maxlen']} tokens, "
+        f"{tr['docs_truncated']} documents at {tr['doc_maxlen']} tokens",
         f"timing     corpus encode {t['encode_corpus_s']:.1f}s"
         + (" (reused)" if t["index_reused"] else "")
         + f", token index build {t['index_build_s']:.1f}s, search p50 "

@@ -310,6 +310,7 @@ def index_corpus(
         raise ConfigError(
             f"--process_index={process_index} must be in [0, --process_count={process_count})"
         )
+    fileio.check_output_dir(index_dir, "--index_dir")
     documents, info = corpus_sources.open_corpus(corpus, corpus_split)
     bundle = loading.load_encoder()
     encoder = Encoder(bundle, encoding_config or EncodingConfig())

@@ -100,6 +100,12 @@ class AlignerConfig:
         return self.query_maxlen if kind == QUERY else self.doc_maxlen
 
 
+def backbone_max_length(backbone_config) -> int:
+    """The longest input the backbone takes: BERT's position table (512); T5's relative
+    positions have no table, so its pre-training length, 512."""
+    return int(getattr(backbone_config, "max_position_embeddings", 512))
+
+
 def backbone_hidden_size(backbone_config) -> int:
     for attr in ("hidden_size", "emb_dim"):
         if hasattr(backbone_config, attr):
