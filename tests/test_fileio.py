@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,9 +32,16 @@ def test_output_dir_checks_create_nothing(tmp_path, monkeypatch):
         fileio.check_output_dir(a_file / "out", "--output_dir")
     assert fileio.check_output_dir(tmp_path / "new" / "out", "--output_dir")
     assert not (tmp_path / "new").exists()
-    # No write permission / read-only filesystem (os.access says so; root ignores chmod).
-    monkeypatch.setattr(fileio.os, "access", lambda path, mode: False)
-    with pytest.raises(errors.ConfigError, match=r"cannot write in .* read-only filesystem"):
+
+    # No write permission / read-only filesystem (simulated: root ignores permission bits).
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", read_only)
+    with pytest.raises(
+        errors.ConfigError,
+        match=r"^--index_dir=.*/new: cannot write in .* \(Read-only file system\)",
+    ):
         fileio.check_output_dir(tmp_path / "new", "--index_dir")
 
 

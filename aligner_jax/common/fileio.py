@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -110,11 +111,15 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise errors.ConfigError(f"{where}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:  # a real write: permission bits, read-only mounts, ACLs and root all answer alike
+        fd, probe = tempfile.mkstemp(prefix=".aligner-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
         raise errors.ConfigError(
-            f"{where}: cannot write in {existing} (no write permission, or a read-only "
-            f"filesystem); choose another {flag}"
-        )
+            f"{where}: cannot write in {existing} ({os.strerror(e.errno) if e.errno else e}); "
+            f"choose another {flag}"
+        ) from None
     return path
 
 
