@@ -149,7 +149,7 @@ def prepare(
     ``query_maxlen`` tokens (None: the backbone's maximum, e.g. 512 for BERT, not the training
     length). Queries and documents that were cut are counted in ``truncation``."""
     output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
-    if index_dir:
+    if index_dir and not (Path(index_dir) / ts.MANIFEST).exists():  # a complete one is only read
         fileio.check_output_dir(index_dir, "--index_dir")
     dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
     logging.info(
