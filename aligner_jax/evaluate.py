@@ -8,7 +8,8 @@ r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
-``--index_dir``, ``--unknown_qrels``, ``--verify_checksums``, ``--adapt``.
+``--index_dir``, ``--unknown_qrels``, ``--ignore_identical_ids``, ``--query_maxlen``,
+``--verify_checksums``, ``--adapt``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from aligner_jax.common import cli
+from aligner_jax.data import beir
 from aligner_jax.evaluation import beir_eval
 
 FLAGS = flags.FLAGS
@@ -25,32 +27,37 @@ flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.j
 flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
 flags.DEFINE_string("output_dir", None, "Where metrics.json, run.tsv and config.gin go.")
 flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
+flags.DEFINE_enum("unknown_qrels", "error", ["error", "skip"], "qrels naming unknown ids.")
 flags.DEFINE_enum(
-    "unknown_qrels", "error", ["error", "skip"], "qrels naming unknown queries/documents."
+    "ignore_identical_ids",
+    "same_text",
+    list(beir.IDENTICAL_ID_MODES),
+    "Drop the document whose id is the query's id from its ranking: same_text (only when its "
+    "text is the query's, as in ArguAna/Quora), always (BEIR) or never.",
 )
-flags.DEFINE_bool("verify_checksums", False, "Verify every index file's sha256 when loading.")
-flags.DEFINE_bool(
-    "adapt",
-    False,
-    "Also run few-shot alignment adaptation (§4.1): writes adaptation.json and adaptation.md.",
-)
+flags.DEFINE_integer("query_maxlen", None, "Query token budget (default: the backbone's max).")
+flags.DEFINE_bool("verify_checksums", False, "Re-hash every index file even if verified before.")
+flags.DEFINE_bool("adapt", False, "Also run few-shot alignment adaptation (§4.1).")
 
 
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not FLAGS.dataset_dir:
-        raise app.UsageError("--dataset_dir is required (a BEIR folder)")
-    if not FLAGS.output_dir:
-        raise app.UsageError("--output_dir is required")
+    if not FLAGS.dataset_dir or not FLAGS.output_dir:
+        raise app.UsageError("--dataset_dir (a BEIR folder) and --output_dir are required")
+    index_dir = FLAGS.index_dir or f"{FLAGS.output_dir}/index"
     cli.run_job(
         "aligner-eval",
         beir_eval.evaluate,
+        on_interrupt=f"no metrics.json written in {FLAGS.output_dir}; the complete shards of "
+        f"{index_dir} are kept and reused by a re-run",
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,
         split=FLAGS.split,
         index_dir=FLAGS.index_dir,
         unknown_qrels=FLAGS.unknown_qrels,
+        ignore_identical_ids=FLAGS.ignore_identical_ids,
+        query_maxlen=FLAGS.query_maxlen,
         verify_checksums=FLAGS.verify_checksums,
         adapt=FLAGS.adapt,
     )

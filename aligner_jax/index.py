@@ -5,8 +5,8 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
     --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
     --gin.IndexingConfig.shard_size=500
 
-Updates: ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact`` (see indexing/updates.py).
-``--corpus`` may also name a seqio task (``seqio:TASK``, its raw source) or a TFDS dataset
+Updates: ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact`` (indexing/updates.py). ``--corpus``
+may also name a seqio task (``seqio:TASK``, its raw source) or a TFDS dataset
 (``tfds:NAME``), split ``--corpus_split``; feature names via ``CorpusFeatures`` (gin).
 
 Reads the corpus as a stream and writes fixed-size shards atomically; a killed job re-run with
@@ -39,8 +39,8 @@ flags.DEFINE_bool("multiprocess", False, "Call jax.distributed.initialize() firs
 flags.DEFINE_bool("search_index", True, "Also build the compressed search index (aligner-search).")
 flags.DEFINE_string("add", None, "Update: add the documents of a corpus.jsonl to --index_dir.")
 flags.DEFINE_string("delete", None, "Update: tombstone documents (ID,ID,... or @file).")
-flags.DEFINE_bool("compact", False, "Update: re-cluster the search index if its centroids drifted.")
-flags.DEFINE_bool("force_compact", False, "Update: re-cluster the search index regardless.")
+flags.DEFINE_bool("compact", False, "Update: re-cluster the search index if it drifted.")
+flags.DEFINE_bool("force_compact", False, "Update: re-cluster (or rebuild) it regardless.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -60,6 +60,8 @@ def main(argv: Sequence[str]) -> None:
     summary = cli.run_job(
         "aligner-index",
         indexer.index_corpus,
+        on_interrupt=f"the complete shards in {FLAGS.index_dir} are kept; re-run the same "
+        "command to resume after the last one",
         corpus=FLAGS.corpus,
         index_dir=FLAGS.index_dir,
         process_index=FLAGS.process_index,
@@ -67,8 +69,7 @@ def main(argv: Sequence[str]) -> None:
         corpus_split=FLAGS.corpus_split,
         search_index=FLAGS.search_index,
     )
-    print(indexer.format_summary(summary))
-    print(json.dumps(summary.as_dict()))
+    print(indexer.format_summary(summary) + "\n" + json.dumps(summary.as_dict()))
 
 
 def console_entry() -> None:

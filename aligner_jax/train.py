@@ -30,7 +30,12 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.multiprocess:
         jax.distributed.initialize()
-    cli.run_job("aligner-train", trainer.train)
+    cli.run_job(
+        "aligner-train",
+        trainer.train,
+        on_interrupt="the checkpoints in MODEL_DIR/checkpoints are kept; re-run the same command "
+        "to resume from the newest",
+    )
 
 
 def console_entry() -> None:

@@ -33,6 +33,12 @@ _SPLIT = flags.DEFINE_string("split", "test", "qrels split to evaluate.")
 _UNKNOWN_QRELS = flags.DEFINE_enum(
     "unknown_qrels", "error", beir.UNKNOWN_QRELS_MODES, "Judgments naming unknown ids."
 )
+_IDENTICAL = flags.DEFINE_enum(
+    "ignore_identical_ids",
+    "same_text",
+    list(beir.IDENTICAL_ID_MODES),
+    "The rule of aligner-eval for a document whose id is the query's id.",
+)
 _TOP_K = flags.DEFINE_integer("top_k", 1000, "Documents retrieved per query.")
 _K_VALUES = flags.DEFINE_list("k_values", ["10", "100", "1000"], "Metric cut-offs.")
 _K1 = flags.DEFINE_float("k1", 1.5, "BM25 k1.")
@@ -81,6 +87,10 @@ def main(argv: list[str]) -> None:
     results = index.search(dataset.queries, k=_TOP_K.value)
     search_s = time.perf_counter() - start
 
+    identical = beir.IdenticalIds.of(
+        dataset.queries, dataset.corpus, dataset.qrels, _IDENTICAL.value
+    )
+    results = identical.apply(results)
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=k_values)
     report = {
         "system": "bm25",
@@ -91,6 +101,7 @@ def main(argv: list[str]) -> None:
         "num_queries": evaluation.num_queries,
         "num_queries_without_results": evaluation.num_queries_without_results,
         "num_documents": dataset.stats.num_documents,
+        "identical_ids": identical.as_dict(),
         "params": {
             "k1": _K1.value,
             "b": _B.value,

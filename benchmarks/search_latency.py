@@ -80,7 +80,7 @@ def _peak_rss() -> int:
 
 def _encoder(index_dir: Path) -> Encoder:
     spec = json.loads((index_dir / indexer.ENCODER_FILE).read_text())
-    return Encoder(loading.encoder_from_spec(spec), EncodingConfig())
+    return search_lib.whole_query_encoder(loading.encoder_from_spec(spec))
 
 
 def _ensure_store(dataset: beir.BeirDataset, model: str, index_dir: Path) -> None:

@@ -168,3 +168,36 @@ def run_module(module: str, *args: str, cwd=REPO, timeout: float = 600, **env: s
         text=True,
         timeout=timeout,
     )
+
+
+def trec_eval_run_file(run_path, qrels_path, k_values=(10, 100)) -> dict[str, float]:
+    """Scores a TREC run file with pytrec_eval alone (no aligner_jax code): the independent
+    evaluator metrics.json must agree with. MRR@k is ``recip_rank`` on each query's first k
+    lines by rank (BEIR's MRR@k); means are over the judged queries."""
+    import math
+
+    import pytrec_eval
+
+    qrels: dict[str, dict[str, int]] = {}
+    for line in Path(qrels_path).read_text().splitlines()[1:]:
+        qid, doc_id, score = line.split("\t")
+        qrels.setdefault(qid, {})[doc_id] = int(score)
+    run: dict[str, dict[str, float]] = {q: {} for q in qrels}
+    top: dict[str, dict[int, dict[str, float]]] = {k: {q: {} for q in qrels} for k in k_values}
+    for line in Path(run_path).read_text().splitlines():
+        qid, _, doc_id, rank, score, _ = line.split()
+        run.setdefault(qid, {})[doc_id] = float(score)
+        for k in k_values:
+            if int(rank) <= k and qid in qrels:
+                top[k][qid][doc_id] = float(score)
+    cuts = ",".join(map(str, k_values))
+    per = pytrec_eval.RelevanceEvaluator(qrels, {f"ndcg_cut.{cuts}", f"recall.{cuts}"}).evaluate(
+        {q: run[q] for q in qrels}
+    )
+    out = {}
+    for k in k_values:
+        out[f"ndcg@{k}"] = math.fsum(v[f"ndcg_cut_{k}"] for v in per.values()) / len(qrels)
+        out[f"recall@{k}"] = math.fsum(v[f"recall_{k}"] for v in per.values()) / len(qrels)
+        rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top[k])
+        out[f"mrr@{k}"] = math.fsum(v["recip_rank"] for v in rr.values()) / len(qrels)
+    return out

@@ -346,3 +346,28 @@ def test_cli_module_entry_point(tmp_path):
         timeout=60,
     ).stdout
     assert "documents        12" in out and "queries          4 judged of 4" in out
+
+
+def test_identical_ids_rule_drops_only_the_query_itself_by_default():
+    """CISI-like ids (q1 is also an unrelated, judged-relevant document) keep the document;
+    ArguAna/Quora-like ids (the document *is* the query, modulo case and spaces) drop it."""
+    corpus = {
+        "a": beir.Document("a", "", "the  Query text A"),
+        "b": beir.Document("b", "An unrelated title", "an unrelated document judged relevant"),
+        "x": beir.Document("x", "", "other"),
+    }
+    queries = {"a": "the query text a", "b": "something else", "c": "no such document"}
+    qrels = {"a": {"x": 1}, "b": {"b": 2}, "c": {"x": 1}}
+    results = {"a": {"a": 9.0, "x": 1.0}, "b": {"b": 3.0, "x": 1.0}, "c": {"x": 1.0}}
+
+    default = beir.IdenticalIds.of(queries, corpus, qrels)
+    assert default.drop == {"a"}
+    assert default.apply(results) == {"a": {"x": 1.0}, "b": {"b": 3.0, "x": 1.0}, "c": {"x": 1.0}}
+    assert default.as_dict()["kept_judged_relevant"] == 1
+    assert "2 query ids are also document ids" in default.describe()
+
+    always = beir.IdenticalIds.of(queries, corpus, qrels, "always")
+    assert always.drop == {"a", "b"} and always.dropped_judged_relevant == 1
+    assert beir.IdenticalIds.of(queries, corpus, qrels, "never").apply(results) == results
+    with pytest.raises(errors.ConfigError, match="--ignore_identical_ids=sometimes"):
+        beir.IdenticalIds.of(queries, corpus, qrels, "sometimes")

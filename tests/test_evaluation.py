@@ -7,7 +7,15 @@ from pathlib import Path
 
 import gin
 import pytest
-from fixtures import run_module, write_toy_beir
+from fixtures import (
+    TOY_DOCS,
+    TOY_QRELS,
+    TOY_QUERIES,
+    run_module,
+    trec_eval_run_file,
+    write_beir_fixture,
+    write_toy_beir,
+)
 
 from aligner_jax.common import cli, errors, fileio
 from aligner_jax.evaluation import beir_eval
@@ -50,6 +58,8 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
     run = (out / "run.tsv").read_text().splitlines()
     assert len(run) == 4 * 12 and run[0].split()[3] == "1"
     assert "AlignerConfig.projection = 'identity'" in (out / "config.gin").read_text()
+    # metrics.json, written last, records the checksums of the files beside it.
+    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in ("run.tsv", "config.gin")}
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
     _parse("eval/zero_shot.gin", bindings=["SearchConfig.k_prime = 50"])
@@ -111,6 +121,7 @@ def test_binary_reports_bad_input_with_file_and_line(tmp_path):
     assert proc.returncode != 0
     assert "corpus.jsonl:3" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()  # nothing is created before the inputs are valid
 
 
 def test_binary_flag_errors(tmp_path):
@@ -131,3 +142,103 @@ def test_binary_flag_errors(tmp_path):
     assert proc.returncode != 0
     assert "SearchConfig.backend='faiss'" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr
+
+
+def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
+    """A query id that is also a document id: the judged-relevant, unrelated document "q2" stays
+    in q2's ranking; "q0", whose text is q0's text, is dropped from q0's ranking; metrics.json
+    equals pytrec_eval on run.tsv exactly."""
+    docs = dict(TOY_DOCS)
+    docs["q0"] = TOY_QUERIES["q0"].upper()  # the query itself (ArguAna/Quora style)
+    docs["q2"] = {"title": "Pancreas", "text": "Beta cells of the pancreas secrete insulin."}
+    qrels = {**TOY_QRELS, "q2": {"d7": 1, "q2": 1}}
+    data = write_beir_fixture(tmp_path / "data", docs, TOY_QUERIES, qrels)
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    out = tmp_path / "out"
+    report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
+    rows = [line.split() for line in (out / "run.tsv").read_text().splitlines()]
+    assert not [r for r in rows if r[0] == "q0" and r[2] == "q0"]
+    assert [r for r in rows if r[0] == "q2" and r[2] == "q2"]
+    assert report["config"]["ignore_identical_ids"] == "same_text"
+    ids = report["identical_ids"]
+    assert (ids["query_ids_in_corpus"], ids["dropped"], ids["kept_judged_relevant"]) == (2, 1, 1)
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+
+    # BEIR's rule, asked for explicitly: the judged-relevant "q2" leaves run.tsv and metrics alike.
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    beir_eval.evaluate(
+        dataset_dir=str(data),
+        output_dir=str(tmp_path / "always"),
+        index_dir=str(out / "index"),
+        ignore_identical_ids="always",
+    )
+    run = (tmp_path / "always" / "run.tsv").read_text()
+    assert "q2 Q0 q2 " not in run
+    saved = json.loads((tmp_path / "always" / "metrics.json").read_text())
+    assert saved["identical_ids"]["dropped_judged_relevant"] == 1
+    assert saved["metrics_all"] == trec_eval_run_file(
+        tmp_path / "always" / "run.tsv", data / "qrels/test.tsv"
+    )
+
+
+def test_store_missing_documents_of_the_corpus_is_refused(toy, tmp_path):
+    """A shard removed from the manifest with its counts adjusted: the store is self-consistent
+    but holds 10 of the corpus's 12 documents; evaluating it is refused."""
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    index = tmp_path / "index"
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    manifest = json.loads((index / ts.MANIFEST).read_text())
+    gone = manifest["shards"].pop()
+    manifest["counts"] = {
+        "num_docs": manifest["counts"]["num_docs"] - gone["num_docs"],
+        "num_tokens": manifest["counts"]["num_tokens"] - gone["num_tokens"],
+        "num_shards": 2,
+    }
+    (index / ts.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        errors.IndexIntegrityError,
+        match=r"the token store holds 10 documents, .*corpus\.jsonl has 12",
+    ):
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
+        )
+    assert not (tmp_path / "b" / "metrics.json").exists()
+
+
+def test_deleted_manifest_is_named_not_reported_as_other_settings(toy, tmp_path):
+    """A store built with other indexing settings whose manifest was deleted."""
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    index = tmp_path / "index"
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    (index / ts.MANIFEST).unlink()
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    with pytest.raises(errors.IndexIntegrityError, match=r"manifest\.json is missing"):
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
+        )
+
+
+def test_queries_are_encoded_whole_and_truncation_is_counted(tmp_path):
+    """A 100-word query: cut at the training length (64) only when asked; counted either way."""
+    queries = dict(TOY_QUERIES)
+    queries["q0"] = " ".join(["why does a volcano erupt lava and magma"] * 13)
+    data = write_beir_fixture(tmp_path / "data", TOY_DOCS, queries, TOY_QRELS)
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    whole = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "whole"))
+    assert whole["truncation"] == {
+        "query_maxlen": 512,  # the BERT backbone's maximum, not AlignerConfig.query_maxlen (64)
+        "queries_truncated": 0,
+        "doc_maxlen": 256,
+        "docs_truncated": 0,
+    }
+    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    cut = beir_eval.evaluate(
+        dataset_dir=str(data),
+        output_dir=str(tmp_path / "cut"),
+        index_dir=str(tmp_path / "whole" / "index"),
+        query_maxlen=64,
+    )
+    assert cut["truncation"]["queries_truncated"] == 1
+    saved = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    assert saved["truncation"]["query_maxlen"] == 64

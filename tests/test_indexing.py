@@ -16,6 +16,7 @@ import pytest
 from fixtures import write_beir_fixture
 from index_utils import random_documents, write_store
 
+from aligner_jax.common import fileio
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import token_store as ts
 
@@ -183,3 +184,25 @@ def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tmp_path):
         threshold = np.sort(sa.astype(np.float32))[::-1][len(sb) - 1]
         assert np.all(sa[kept].astype(np.float32) >= threshold)
     assert b.nbytes() < 0.7 * a.nbytes()
+
+
+def test_one_writer_per_index_directory(corpus, tmp_path):
+    """A second aligner-index on a directory whose lock is held is refused naming the holder's
+    pid; a lock file left by a dead process is taken over; process indexes lock separately."""
+    index = tmp_path / "idx"
+    index.mkdir()
+    with fileio.exclusive_lock(index / ".lock-0", "test holder"):
+        with fileio.exclusive_lock(index / ".lock-1", "another process index"):
+            pass  # process 1 of a multi-process run is not blocked by process 0
+        refused = _run(_index_cmd(corpus, index))
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"aligner-index: error: index directory {index} (process 0): another process "
+        f"(pid {os.getpid()}) is writing it and holds {index / '.lock-0'}; wait for it to "
+        "finish, or use another folder"
+    )
+    assert not list(index.glob("shard-*"))
+    (index / ".lock-0").write_text("999999\n")  # left by a killed run: no process holds it
+    taken_over = _run(_index_cmd(corpus, index))
+    assert taken_over.returncode == 0, taken_over.stderr[-2000:]
+    assert (index / ts.MANIFEST).exists()

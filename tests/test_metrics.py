@@ -18,8 +18,8 @@ QRELS = {
     "q3": {"d6": 1},
 }
 RESULTS = {
-    # ranking d3 (rel 0), d1 (1), dx (unjudged), d2 (1); "q1" itself is ignored by default.
-    "q1": {"d3": 0.9, "d1": 0.8, "dx": 0.7, "d2": 0.6, "q1": 5.0},
+    # ranking d3 (rel 0), d1 (1), dx (unjudged), d2 (1).
+    "q1": {"d3": 0.9, "d1": 0.8, "dx": 0.7, "d2": 0.6},
     # ranking d5 (rel 1), d4 (rel 2).
     "q2": {"d4": 0.4, "d5": 0.5},
     # q3: no results at all. q4: not judged.
@@ -66,15 +66,15 @@ def test_per_query_and_aggregate_match_hand_computation():
     assert ev.num_unjudged_queries == 1
 
 
-def test_identical_ids_are_ignored_by_default_only():
-    kept = metrics.evaluate_run(
-        {"q1": QRELS["q1"]}, {"q1": RESULTS["q1"]}, (10,), ignore_identical_ids=False
-    )
-    # "q1" (non-relevant) now takes rank 1: relevant docs at ranks 3 and 5.
+def test_run_is_evaluated_as_given_identical_ids_included():
+    """Nothing is dropped inside evaluate_run: trec_eval on the run file must agree with it."""
+    with_self = {"q1": {**RESULTS["q1"], "q1": 5.0}}
+    kept = metrics.evaluate_run({"q1": QRELS["q1"]}, with_self, (10,))
+    # "q1" (non-relevant) takes rank 1: relevant docs at ranks 3 and 5.
     assert kept["mrr@10"] == pytest.approx(1 / 3)
     assert kept["ndcg@10"] == pytest.approx((1 / L2(4) + 1 / L2(6)) / (1 + 1 / L2(3)))
-    default = metrics.evaluate_run({"q1": QRELS["q1"]}, {"q1": RESULTS["q1"]}, (10,))
-    assert default["mrr@10"] == pytest.approx(1 / 2)
+    with pytest.raises(TypeError):
+        metrics.evaluate_run({"q1": QRELS["q1"]}, with_self, (10,), ignore_identical_ids=True)
 
 
 def test_ties_follow_trec_eval_and_truncation_agrees():

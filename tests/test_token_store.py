@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -58,15 +59,59 @@ def test_truncated_shard_is_refused_naming_the_file(tmp_path, docs):
         ts.TokenStore(tmp_path / "idx")
 
 
-def test_altered_shard_fails_checksum_only_when_asked(tmp_path, docs):
+@pytest.mark.parametrize("victim", ["shard-00002.token_ids.npy", "shard-00001.vectors.npy"])
+def test_altered_shard_is_refused_by_default(tmp_path, docs, victim):
+    """Same size, other bytes: refused without --verify_checksums, also after a verified open."""
+    write_store(tmp_path / "idx", docs, DIM, shard_size=10)  # opened once: verified, recorded
+    path = tmp_path / "idx" / victim
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(errors.IndexIntegrityError, match=rf"{victim}: sha256 does not match"):
+        ts.TokenStore(tmp_path / "idx")
+
+
+def test_checksums_computed_on_first_open_then_only_when_files_change(tmp_path, docs):
     write_store(tmp_path / "idx", docs, DIM, shard_size=10)
-    victim = tmp_path / "idx" / "shard-00002.token_ids.npy"
-    data = bytearray(victim.read_bytes())
-    data[-1] ^= 0xFF  # same size, different content
-    victim.write_bytes(bytes(data))
-    ts.TokenStore(tmp_path / "idx")  # sizes still match
-    with pytest.raises(errors.IndexIntegrityError, match=r"shard-00002\.token_ids\.npy: sha256"):
-        ts.TokenStore(tmp_path / "idx", verify_checksums=True)
+    (tmp_path / "idx" / ts.VERIFIED).unlink()
+    assert ts.TokenStore(tmp_path / "idx").checksums_verified  # first open: hashed
+    assert not ts.TokenStore(tmp_path / "idx").checksums_verified  # recorded: not again
+    assert ts.TokenStore(tmp_path / "idx", verify_checksums=True).checksums_verified
+    ids = tmp_path / "idx" / "shard-00000.doc_ids.json"
+    os.utime(ids, ns=(0, 0))  # touched (same bytes): verified again, and passes
+    assert ts.TokenStore(tmp_path / "idx").checksums_verified
+    assert not ts.TokenStore(tmp_path / "idx").checksums_verified
+
+
+def test_invalid_json_names_the_file(tmp_path, docs):
+    write_store(tmp_path / "idx", docs, DIM, shard_size=10)
+    ids = tmp_path / "idx" / "shard-00001.doc_ids.json"
+    ids.write_text(ids.read_text().replace(",", " ", 1))
+    (tmp_path / "idx" / ts.VERIFIED).unlink()
+    with pytest.raises(
+        errors.IndexIntegrityError, match=r"shard-00001\.doc_ids\.json: (sha256|not)"
+    ):
+        ts.TokenStore(tmp_path / "idx")
+    with pytest.raises(
+        errors.IndexIntegrityError, match=r"shard-00001\.doc_ids\.json: not valid JSON \(Expecting"
+    ):
+        ts.read_json(ids)
+    manifest = tmp_path / "idx" / ts.MANIFEST
+    manifest.write_text(manifest.read_text()[:-20])
+    with pytest.raises(errors.IndexIntegrityError, match=r"manifest\.json: not valid JSON"):
+        ts.TokenStore(tmp_path / "idx")
+
+
+def test_shard_removed_from_the_manifest_is_refused(tmp_path, docs):
+    write_store(tmp_path / "idx", docs, DIM, shard_size=10)
+    path = tmp_path / "idx" / ts.MANIFEST
+    manifest = json.loads(path.read_text())
+    gone = manifest["shards"].pop(1)
+    manifest["counts"]["num_docs"] -= gone["num_docs"]
+    manifest["counts"]["num_tokens"] -= gone["num_tokens"]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(errors.IndexIntegrityError, match=r"lists shards \[0, 2\], expected 0\.\.2"):
+        ts.TokenStore(tmp_path / "idx")
 
 
 def test_missing_manifest_and_model_mismatch(tmp_path, docs):

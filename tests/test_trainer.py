@@ -49,7 +49,7 @@ def _bindings(model_dir, data_dir, steps, **extra):
 
 
 def _losses(model_dir) -> dict[int, float]:
-    """Per-step losses; a resumed run re-logs steps after its checkpoint: keep the last."""
+    """Per-step losses (each step is logged once, also across a resume)."""
     out = {}
     for line in (Path(model_dir) / trainer.TRAIN_LOG).read_text().splitlines():
         record = json.loads(line)
@@ -215,6 +215,8 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
     assert "resumed from step" in restarted.stderr
     ref, got = _losses(tmp_path / "ref"), _losses(resumed_dir)
     assert sorted(got) == list(range(1, steps + 1))
+    logged = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert logged == list(range(1, steps + 1))  # each step once: the log was cut at the restore
     assert got == ref  # bit-identical: same batches, same dropout, same restored state
 
     # End to end: checkpoint -> token store -> evaluation, for both runs: identical indexes
@@ -386,3 +388,12 @@ def test_replayed_batches_train_without_seqio_and_match_the_pipeline(toy, tmp_pa
         np.median([r["steps_per_sec"] for r in windows[1:]])
     )
     assert summary["loss_last"] == got[steps]
+
+
+def test_train_log_is_cut_to_the_restored_step(tmp_path):
+    log = tmp_path / trainer.TRAIN_LOG
+    lines = [json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 6)]
+    log.write_text("".join(lines) + '{"step": 6, "lo')  # killed mid-line after step 5
+    with trainer.open_train_log(log, 3) as f:
+        f.write(json.dumps({"step": 4, "loss": 0.5}) + "\n")
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]

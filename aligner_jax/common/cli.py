@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tokenize
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -63,11 +64,11 @@ def search_paths(extra: Sequence[str] = ()) -> list[str]:
 
 
 def resolve_gin_file(name: str, paths: Sequence[str]) -> str:
-    if os.path.isabs(name) and os.path.exists(name):
+    if os.path.isabs(name) and os.path.isfile(name):
         return name
-    for base in paths:
+    for base in paths if name else ():
         candidate = os.path.join(base, name)
-        if os.path.exists(candidate):
+        if os.path.isfile(candidate):
             return candidate
     raise errors.MissingPathError(
         f"--gin_file={name}: not found in the gin search paths {list(paths)} "
@@ -85,14 +86,25 @@ def parse_gin(
     files = [resolve_gin_file(f, paths) for f in gin_files]
     try:
         gin.parse_config_files_and_bindings(files, list(bindings), finalize_config=False)
-    except (ValueError, KeyError, NameError, ImportError) as e:
+    except (
+        ValueError,
+        KeyError,
+        NameError,
+        ImportError,
+        SyntaxError,
+        TypeError,
+        tokenize.TokenError,
+    ) as e:
         raise errors.ConfigError(f"gin configuration error: {e}") from e
 
 
 def run(main: Callable[[Sequence[str]], None]) -> None:
     """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first."""
     define_gin_flags()
-    sys.argv = rewrite_gin_args(sys.argv)
+    try:
+        sys.argv = rewrite_gin_args(sys.argv)
+    except app.UsageError as e:  # absl's own one-line form for flag errors
+        sys.exit(f"FATAL Flags parsing error: {e}")
     app.run(main)
 
 
@@ -102,12 +114,13 @@ def _is_missing_gin_binding(error: BaseException) -> bool:
     return type(error).__name__ == "RuntimeError" and str(error).startswith("Required bindings")
 
 
-def call_or_exit(program: str, fn: Callable, **kwargs):
+def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
     """``fn(**kwargs)`` under the one error policy of every binary.
 
     A user error (``errors.USER_ERRORS``: a bad input file, flag, gin binding, missing path or
     permission) exits non-zero with one line ``PROGRAM: error: ...`` and no traceback; anything
-    else is a bug and keeps its traceback.
+    else is a bug and keeps its traceback. Ctrl-C exits 130 with one line
+    ``PROGRAM: interrupted: ON_INTERRUPT`` (what was kept).
     """
     try:
         try:
@@ -122,6 +135,11 @@ def call_or_exit(program: str, fn: Callable, **kwargs):
         # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
         lines = [ln for ln in str(e).splitlines() if not ln.startswith("  In call to configurable")]
         sys.exit(f"{program}: error: " + "\n".join(lines))
+    except KeyboardInterrupt:
+        print(
+            f"{program}: interrupted: {on_interrupt or 'nothing more was written'}", file=sys.stderr
+        )
+        sys.exit(130)
 
 
 def parse_gin_flags() -> None:
@@ -129,7 +147,7 @@ def parse_gin_flags() -> None:
     parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths)
 
 
-def run_job(program: str, fn: Callable, **kwargs):
+def run_job(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
     """What every binary's ``main`` does after checking its flags: parse ``--gin_file`` /
     ``--gin_bindings``, then ``fn(**kwargs)``, both under :func:`call_or_exit`."""
 
@@ -137,4 +155,4 @@ def run_job(program: str, fn: Callable, **kwargs):
         parse_gin_flags()
         return fn(**kwargs)
 
-    return call_or_exit(program, job)
+    return call_or_exit(program, job, on_interrupt)

@@ -46,6 +46,14 @@ class IndexIntegrityError(UserError, RuntimeError):
     """An index directory does not match its manifest (or the model asking to use it)."""
 
 
+class LockedError(UserError, RuntimeError):
+    """Another process holds the lock of a folder this job writes (e.g. an index directory)."""
+
+
+class OutputWriteError(UserError, OSError):
+    """An output file could not be written: disk full, quota, read-only filesystem."""
+
+
 class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN/inf loss (lower the learning rate, check the data)."""
 

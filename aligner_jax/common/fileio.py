@@ -2,20 +2,27 @@
 
 A file is written under a temporary name beside its destination, flushed, fsync'ed and renamed
 over it, then the folder is fsync'ed: a reader (or a resumed job) sees the old file or the new
-one, never a torn one.
+one, never a torn one. Files get the mode the umask gives a new file (0644 under umask 022),
+as ``open`` would, not ``mkstemp``'s 0600: another user of a shared machine can read an index.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from aligner_jax.common import errors
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -26,22 +33,45 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file ``.NAME.<random>.tmp`` beside ``path``, mode 0666 minus the umask."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
     """Calls ``write(f)`` on a temporary binary file beside ``path``, then renames it to ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+        fd, tmp = _create_temporary(path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(path.parent)
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        raise errors.OutputWriteError(
+            f"{path}: not written ({os.strerror(e.errno)}); nothing partial is left and the files "
+            "completed before it are kept (an indexing job resumes after its last complete "
+            "shard): free space and re-run"
+        ) from e
     return path
+
+
+#: errno values of a storage that cannot take the write (the user's to fix), not of a bug.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -66,3 +96,72 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """Refuses, without creating anything, an output folder that could not be written: a file,
+    a folder under a file, or a folder (or its first existing parent) without write permission
+    or on a read-only filesystem. ``flag`` names it in the message (``--output_dir``)."""
+    path = Path(path)
+    where = f"{flag}={path}"
+    if path.exists() and not path.is_dir():
+        raise errors.ConfigError(f"{where}: is a file, not a folder; choose another {flag}")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise errors.ConfigError(f"{where}: {existing} is a file, not a folder")
+    try:  # a real write: permission bits, read-only mounts, ACLs and root all answer alike
+        fd, probe = tempfile.mkstemp(prefix=".aligner-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise errors.ConfigError(
+            f"{where}: cannot write in {existing} ({os.strerror(e.errno) if e.errno else e}); "
+            f"choose another {flag}"
+        ) from None
+    return path
+
+
+def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) -> dict:
+    """Writes a job's output files and then ``metrics.json`` as the commit marker.
+
+    The previous ``metrics.json`` is removed first, every file is written atomically, and the
+    new ``metrics.json`` (``report`` plus ``files``: each file's sha256) is written last: a
+    folder either has a ``metrics.json`` whose listed files are exactly those beside it, or
+    none (an interrupted run). Returns the report as written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.json").unlink(missing_ok=True)
+    sums = {}
+    for name, content in files.items():
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        atomic_write_bytes(directory / name, data)
+        sums[name] = hashlib.sha256(data).hexdigest()
+    report = {**report, "files": sums}
+    atomic_write_json(directory / "metrics.json", report, sort_keys=False)
+    return report
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str):
+    """Holds an advisory ``fcntl`` lock on ``path`` (created, holding the holder's pid) for the
+    duration of the block. A second holder is refused with a ``LockedError`` naming the pid. The
+    kernel drops the lock when its process dies, so a lock file left by a killed run is simply
+    taken over."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise errors.LockedError(
+                f"{what}: another process (pid {holder}) is writing it and holds {path}; wait "
+                "for it to finish, or use another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock

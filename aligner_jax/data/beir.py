@@ -33,9 +33,11 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from absl import logging
 
 from aligner_jax.common.errors import BeirDownloadError, BeirFormatError, ConfigError
 
@@ -76,6 +78,7 @@ class DatasetStats:
     num_qrels: int = 0  # (query, document) judgments kept
     num_relevant_qrels: int = 0  # ... of which score > 0
     duplicate_qrels: int = 0  # repeated (query, document, score) lines, counted once
+    negative_qrels: int = 0  # judgments with a score < 0: kept as 0 (judged, not relevant)
     unknown_query_qrels: int = 0  # judgment lines naming a query absent from queries.jsonl
     unknown_document_qrels: int = 0  # judgment lines naming a document absent from corpus.jsonl
     skipped_qrels: int = 0  # lines dropped with unknown_qrels="skip"
@@ -108,6 +111,100 @@ def document_text(doc: Document) -> str:
     if doc.title.strip():
         return f"{doc.title} {doc.text}"
     return doc.text
+
+
+# --------------------------------------------------------------------------------------------
+# Query ids that are also document ids.
+
+#: How a document whose id is the query's id is treated in a ranking (``--ignore_identical_ids``).
+IDENTICAL_ID_MODES = ("same_text", "always", "never")
+
+
+def _same_text(query: str, doc: Document) -> bool:
+    def norm(text: str) -> str:
+        return " ".join(text.split()).casefold()
+
+    q = norm(query)
+    return bool(q) and q in (norm(doc.text), norm(document_text(doc)))
+
+
+@dataclasses.dataclass(frozen=True)
+class IdenticalIds:
+    """The one rule for ``results[qid][qid]``, applied to run.tsv, metrics and adaptation alike.
+
+    BEIR drops the document whose id is the query's id from every ranking, because in ArguAna
+    and Quora a query *is* a document and retrieving it says nothing. Where ids merely collide
+    (CISI: every query id is also a document id, and 7 such documents are judged relevant) that
+    silently removes judged documents. Modes: ``same_text`` (default: drop it only when the
+    document's text, or title + text, is the query's text, whitespace and case ignored),
+    ``always`` (BEIR's rule), ``never``.
+    """
+
+    mode: str
+    drop: frozenset[str]  # query ids whose same-id document is removed from their ranking
+    query_ids_in_corpus: int
+    dropped_judged_relevant: int  # ... of the dropped ones, judged relevant (score > 0)
+    kept_judged_relevant: int  # colliding ids kept as results, judged relevant
+
+    @classmethod
+    def of(
+        cls,
+        queries: Mapping[str, str],
+        corpus: Mapping[str, Document],
+        qrels: Mapping[str, Mapping[str, int]],
+        mode: str = "same_text",
+    ) -> IdenticalIds:
+        if mode not in IDENTICAL_ID_MODES:
+            raise ConfigError(
+                f"--ignore_identical_ids={mode}: choose one of {list(IDENTICAL_ID_MODES)}"
+            )
+        colliding = [q for q in queries if q in corpus]
+        if mode == "always":
+            drop = frozenset(colliding)
+        elif mode == "never":
+            drop = frozenset()
+        else:
+            drop = frozenset(q for q in colliding if _same_text(queries[q], corpus[q]))
+
+        def relevant(q: str) -> bool:
+            return qrels.get(q, {}).get(q, 0) > 0
+
+        return cls(
+            mode=mode,
+            drop=drop,
+            query_ids_in_corpus=len(colliding),
+            dropped_judged_relevant=sum(relevant(q) for q in drop),
+            kept_judged_relevant=sum(relevant(q) for q in colliding if q not in drop),
+        )
+
+    def apply(self, results: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+        """``results`` without ``results[q][q]`` for every query id in ``drop``."""
+        return {
+            q: {d: s for d, s in docs.items() if not (d == q and q in self.drop)}
+            for q, docs in results.items()
+        }
+
+    def describe(self) -> str:
+        """One line for logs and summaries."""
+        if not self.query_ids_in_corpus:
+            return f"no query id is a document id (--ignore_identical_ids={self.mode})"
+        kept = self.query_ids_in_corpus - len(self.drop)
+        return (
+            f"{self.query_ids_in_corpus} query ids are also document ids "
+            f"(--ignore_identical_ids={self.mode}): {len(self.drop)} dropped from their own "
+            f"ranking ({self.dropped_judged_relevant} judged relevant), {kept} kept "
+            f"({self.kept_judged_relevant} judged relevant)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "query_ids_in_corpus": self.query_ids_in_corpus,
+            "dropped": len(self.drop),
+            "dropped_judged_relevant": self.dropped_judged_relevant,
+            "kept_judged_relevant": self.kept_judged_relevant,
+            "description": self.describe(),
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +314,17 @@ def _record_text(
             f'{path}:{line_number}: "{key}" must be a string, found {type(value).__name__} '
             f"{_preview(value)}. Write it as a JSON string."
         )
+    surrogate = _LONE_SURROGATE.search(value)
+    if surrogate:
+        raise BeirFormatError(
+            f'{path}:{line_number}: "{key}" contains the lone surrogate escape '
+            f"\\u{ord(surrogate.group()):04x} at character {surrogate.start()}, which is not a "
+            "Unicode character (valid JSON, invalid text); remove it or write the full pair."
+        )
     return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_duplicate(
@@ -344,6 +451,7 @@ def _collect_qrels(
 ) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
     lines: dict[tuple[str, str], int] = {}
+    negative: list[int] = []
     for row in rows:
         key = (row.query_id, row.doc_id)
         judged = qrels.setdefault(row.query_id, {})
@@ -357,8 +465,20 @@ def _collect_qrels(
             if stats is not None:
                 stats.duplicate_qrels += 1
             continue
-        judged[row.doc_id] = row.score
+        if row.score < 0:
+            negative.append(row.line_number)
+        judged[row.doc_id] = max(row.score, 0)
         lines[key] = row.line_number
+    if negative:
+        logging.warning(
+            "%s: %d judgment(s) with a negative score (first on line %d) are treated as score 0: "
+            "judged, not relevant",
+            path,
+            len(negative),
+            negative[0],
+        )
+        if stats is not None:
+            stats.negative_qrels = len(negative)
     if not qrels:
         raise BeirFormatError(
             f"{path}: the qrels file has a header but no judgments. Add lines "

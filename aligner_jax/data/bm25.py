@@ -186,7 +186,11 @@ def mine_hard_negatives(
       num_negatives: negatives per query.
       depth: size of the candidate pool (BM25 ranks after removing positives).
       seed: sampling seed.
-      exclude_identical_ids: never return the document whose id equals the query id.
+      exclude_identical_ids: never return the document whose id equals the query id. This is
+        deliberately broader than evaluation's rule (``beir.IdenticalIds``, which keeps that
+        document in a ranking unless its text is the query's): removing a document from the
+        negative pool can never mislabel it (judged positives are excluded anyway), whereas on
+        ArguAna/Quora the same-id document is the query itself and would be a false negative.
     """
     if isinstance(num_negatives, bool) or not isinstance(num_negatives, int) or num_negatives < 1:
         raise ConfigError(f"num_negatives={num_negatives!r}: expected a positive integer.")

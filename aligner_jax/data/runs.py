@@ -1,17 +1,32 @@
-"""TREC run files: ``qid Q0 doc_id rank score tag`` lines, written atomically."""
+"""TREC run files: ``qid Q0 doc_id rank score tag`` lines, in trec_eval's order, written
+atomically. Scores are written exactly (``repr``: they read back as the same floats), so
+trec_eval / pytrec_eval on the file reproduce the metrics computed from the same results."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from aligner_jax.common import fileio
 
 
-def write_run(path: str | Path, results: dict[str, dict[str, float]], tag: str) -> None:
-    """Writes ``results[qid][doc_id] = score`` as a TREC run, each query's documents by score."""
+def _sort_key(item: tuple[str, float]) -> tuple[float, str]:
+    return (item[1], item[0])
+
+
+def ranked(scored: Mapping[str, float]) -> list[tuple[str, float]]:
+    """``(doc_id, score)`` best first, in trec_eval's order (ties: larger doc id first)."""
+    return sorted(((str(d), float(s)) for d, s in scored.items()), key=_sort_key, reverse=True)
+
+
+def format_run(results: Mapping[str, Mapping[str, float]], tag: str) -> str:
+    """``results[qid][doc_id] = score`` as the text of a TREC run file."""
     lines = []
     for qid, docs in results.items():
-        ranked = sorted(docs.items(), key=lambda kv: -kv[1])
-        for rank, (doc_id, score) in enumerate(ranked, start=1):
-            lines.append(f"{qid} Q0 {doc_id} {rank} {score:.6f} {tag}\n")
-    fileio.atomic_write_text(path, "".join(lines))
+        for rank, (doc_id, score) in enumerate(ranked(docs), start=1):
+            lines.append(f"{qid} Q0 {doc_id} {rank} {score!r} {tag}\n")
+    return "".join(lines)
+
+
+def write_run(path: str | Path, results: Mapping[str, Mapping[str, float]], tag: str) -> None:
+    fileio.atomic_write_text(path, format_run(results, tag))

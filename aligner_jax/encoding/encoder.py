@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
@@ -44,6 +45,15 @@ class EncodingConfig:
     max_tokens_per_batch: int = 1024
     concurrent_batches: int | None = None
     log_every_s: float = 20.0
+
+    def __post_init__(self):
+        name = type(self).__name__
+        checks.integer(f"{name}.bucket_multiple", self.bucket_multiple, minimum=1)
+        checks.integer(f"{name}.max_tokens_per_batch", self.max_tokens_per_batch, minimum=1)
+        checks.integer(
+            f"{name}.concurrent_batches", self.concurrent_batches, minimum=1, allow_none=True
+        )
+        checks.number(f"{name}.log_every_s", self.log_every_s, 0.0, low_open=True)
 
     def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
         return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)
@@ -132,7 +142,18 @@ class Encoder:
         bundle: EncoderBundle,
         config: EncodingConfig | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        query_maxlen: int | None = None,
     ):
+        """``query_maxlen`` overrides the model's query length (training's, e.g. 64): search
+        and evaluation encode whole queries, up to the backbone's maximum."""
+        if query_maxlen is not None:
+            limit = aligner_lib.backbone_max_length(bundle.config.backbone)
+            if isinstance(query_maxlen, bool) or not 1 <= query_maxlen <= limit:
+                raise ConfigError(
+                    f"--query_maxlen={query_maxlen}: must be in [1, {limit}] (the backbone's "
+                    "maximum input length)"
+                )
+        self.query_maxlen = query_maxlen
         self.bundle = bundle
         self.config = config or EncodingConfig()
         self.mesh = mesh
@@ -154,8 +175,14 @@ class Encoder:
     def dim(self) -> int:
         return self.bundle.config.output_dim
 
+    def maxlen(self, kind: str) -> int:
+        """Token budget of a query or a document (texts are cut to it)."""
+        if kind == aligner_lib.QUERY and self.query_maxlen is not None:
+            return self.query_maxlen
+        return self.bundle.config.maxlen(kind)
+
     def tokenize(self, texts: Sequence[str], kind: str) -> list[np.ndarray]:
-        return self.bundle.tokenizer.encode_batch(list(texts), self.bundle.config.maxlen(kind))
+        return self.bundle.tokenizer.encode_batch(list(texts), self.maxlen(kind))
 
     def encode(self, texts: Sequence[str], kind: str, desc: str | None = None) -> list[EncodedText]:
         """Encodes ``texts`` (in order); logs docs/s and tokens/s every ``log_every_s``."""
@@ -188,7 +215,7 @@ class Encoder:
             encode_fn,
             self._params,
             token_ids,
-            boundaries=cfg.bucket_lengths(self.bundle.config.maxlen(kind)),
+            boundaries=cfg.bucket_lengths(self.maxlen(kind)),
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             concurrent_batches=cfg.concurrent_batches,
         ):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import gin
 import numpy as np
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 
@@ -33,6 +34,9 @@ PAPER_STRATEGIES = (
     "top_p:0.015",
     "top_p:0.02",
 )
+
+#: Per-query metrics an evaluation reports (beir_eval's k values), any of which adaptation may use.
+METRICS = tuple(f"{m}@{k}" for m in ("ndcg", "recall", "mrr") for k in (10, 100))
 
 
 @gin.configurable
@@ -58,8 +62,9 @@ class AdaptationConfig:
             raise ConfigError(
                 f"AdaptationConfig.default={self.default!r} must be one of the strategies {names}"
             )
-        if self.fold_size < 1:
-            raise ConfigError(f"AdaptationConfig.fold_size={self.fold_size}: must be >= 1")
+        checks.integer("AdaptationConfig.fold_size", self.fold_size, minimum=1)
+        checks.integer("AdaptationConfig.seed", self.seed, minimum=0)
+        checks.choice("AdaptationConfig.metric", self.metric, METRICS)
 
     @property
     def strategy_names(self) -> list[str]:

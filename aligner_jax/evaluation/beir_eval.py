@@ -11,6 +11,7 @@ configuration, timings, index bytes), ``OUTPUT_DIR/run.tsv`` (TREC run) and
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
@@ -79,6 +81,7 @@ def ensure_token_store(
     seconds = 0.0 if reused else time.perf_counter() - start
     store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
     ts.check_model_matches(store.manifest, encoder.bundle.info(), index_dir)
+    check_store_holds_corpus(store, dataset)
     return store, seconds, reused
 
 
@@ -100,6 +103,26 @@ def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.Centroi
     return ci.CentroidIndex.build(store, config), time.perf_counter() - start
 
 
+def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) -> None:
+    """The store must hold exactly the corpus's documents, in corpus order: otherwise some
+    documents could never be retrieved and the metrics would be silently wrong."""
+    corpus_ids = list(dataset.corpus)
+    if store.doc_ids == corpus_ids:
+        return
+    where = f"{store.directory}: the token store holds {store.num_docs} documents"
+    corpus = Path(dataset.path) / "corpus.jsonl"
+    if store.num_docs != len(corpus_ids):
+        raise errors.IndexIntegrityError(
+            f"{where}, {corpus} has {len(corpus_ids)}; rebuild the index (delete the folder) or "
+            "use another --index_dir"
+        )
+    i = next(i for i, (a, b) in enumerate(zip(store.doc_ids, corpus_ids, strict=True)) if a != b)
+    raise errors.IndexIntegrityError(
+        f"{where}, but document {i} is {store.doc_ids[i]!r} in the store and {corpus_ids[i]!r} "
+        f"in {corpus}; rebuild the index (delete the folder) or use another --index_dir"
+    )
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else 0.0
 
@@ -118,6 +141,7 @@ class PreparedRun:
     qids: list[str]
     queries: list
     encode_queries_s: float
+    truncation: dict
 
 
 def prepare(
@@ -128,11 +152,15 @@ def prepare(
     encoding_config: EncodingConfig | None = None,
     unknown_qrels: str = "error",
     verify_checksums: bool = False,
+    query_maxlen: int | None = None,
 ) -> PreparedRun:
     """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
-    ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query."""
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query, whole: up to
+    ``query_maxlen`` tokens (None: the backbone's maximum, e.g. 512 for BERT, not the training
+    length). Queries and documents that were cut are counted in ``truncation``."""
+    output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
+    if index_dir and not (Path(index_dir) / ts.MANIFEST).exists():  # a complete one is only read
+        fileio.check_output_dir(index_dir, "--index_dir")
     dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
     logging.info(
         "%s/%s: %d documents, %d queries",
@@ -141,14 +169,42 @@ def prepare(
         len(dataset.corpus),
         len(dataset.queries),
     )
-    encoder = Encoder(loading_lib.load_encoder(), encoding_config or EncodingConfig())
+    bundle = loading_lib.load_encoder()
+    if query_maxlen is None:
+        query_maxlen = aligner_lib.backbone_max_length(bundle.config.backbone)
+    encoder = Encoder(bundle, encoding_config or EncodingConfig(), query_maxlen=query_maxlen)
     index_path = Path(index_dir) if index_dir else output / "index"
     store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
     qids = list(dataset.queries)
     t0 = time.perf_counter()
-    encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
+    token_ids = encoder.tokenize([dataset.queries[q] for q in qids], "query")
+    encoded = [None] * len(qids)
+    for i, e in encoder.encode_token_ids(token_ids, "query"):
+        encoded[i] = e
+    truncation = {
+        "query_maxlen": query_maxlen,
+        "queries_truncated": int(sum(len(t) >= query_maxlen for t in token_ids)),
+        "doc_maxlen": bundle.config.doc_maxlen,
+        "docs_truncated": int(store.manifest.get("stats", {}).get("truncated_docs", 0)),
+    }
+    if truncation["queries_truncated"]:
+        logging.warning(
+            "%d of %d queries reach --query_maxlen=%d tokens and were cut",
+            truncation["queries_truncated"],
+            len(qids),
+            query_maxlen,
+        )
     return PreparedRun(
-        output, dataset, encoder, store, encode_s, reused, qids, encoded, time.perf_counter() - t0
+        output,
+        dataset,
+        encoder,
+        store,
+        encode_s,
+        reused,
+        qids,
+        encoded,
+        time.perf_counter() - t0,
+        truncation,
     )
 
 
@@ -165,8 +221,14 @@ def evaluate(
     verify_checksums: bool = False,
     adapt: bool = False,
     adaptation_config: adaptation_lib.AdaptationConfig | None = None,
+    ignore_identical_ids: str = "same_text",
+    query_maxlen: int | None = None,
 ) -> dict:
     """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json.
+
+    ``ignore_identical_ids`` (``beir.IDENTICAL_ID_MODES``) says when the document whose id is a
+    query's id is removed from that query's ranking; the rule is applied once, to the rankings
+    written to run.tsv, scored in metrics.json and used by the adaptation.
 
     With ``adapt``, the candidates are also re-scored with every strategy of
     ``adaptation_config`` and the few-shot alignment adaptation of §4.1 is reported in
@@ -186,7 +248,14 @@ def evaluate(
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
     run = prepare(
-        dataset_dir, output_dir, split, index_dir, encoding_config, unknown_qrels, verify_checksums
+        dataset_dir,
+        output_dir,
+        split,
+        index_dir,
+        encoding_config,
+        unknown_qrels,
+        verify_checksums,
+        query_maxlen,
     )
     output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
@@ -206,11 +275,17 @@ def evaluate(
     searcher = search_lib.Searcher(store, search_config, token_index, centroid_index=centroid_index)
     out = searcher.run(qids, encoded, strategies=tuple(strategies))
     name = "xtr" if search_config.refine == "xtr" else str(strategy)
-    results = out.results[name]
+    identical = beir.IdenticalIds.of(
+        dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
+    )
+    if identical.query_ids_in_corpus:
+        logging.warning("%s", identical.describe())
+    ranked = {s: identical.apply(r) for s, r in out.results.items()}
+    results = ranked[name]
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
-    adapted = None
+    adapted, files = None, {}
     if adapt:
-        adapted = write_adaptation(output, dataset, out.results, adaptation_config)
+        adapted, files = adaptation_files(dataset, ranked, adaptation_config)
 
     report = {
         "dataset": dataset.name,
@@ -231,7 +306,10 @@ def evaluate(
             "beta_d": search_config.beta_d,
             "refine": search_config.refine,
             "top_k": search_config.top_k,
+            "ignore_identical_ids": ignore_identical_ids,
         },
+        "identical_ids": identical.as_dict(),
+        "truncation": run.truncation,
         "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
         "metrics_all": evaluation.aggregate,
         "per_query": {
@@ -275,19 +353,18 @@ def evaluate(
             "oracle": adapted.oracle,
             "oracle_strategy": adapted.oracle_strategy,
         }
-    fileio.atomic_write_json(output / "metrics.json", report, sort_keys=False)
-    runs.write_run(output / "run.tsv", results, tag=f"aligner_jax-{name}")
-    fileio.atomic_write_text(output / "config.gin", gin.operative_config_str())
+    files["run.tsv"] = runs.format_run(results, tag=f"aligner_jax-{name}")
+    files["config.gin"] = gin.operative_config_str()
+    report = fileio.write_outputs(output, files, report)
     print(summary(report))
     return report
 
 
-def write_adaptation(
-    output: Path,
+def adaptation_files(
     dataset: beir.BeirDataset,
     results_by_strategy: dict[str, dict[str, dict[str, float]]],
     config: adaptation_lib.AdaptationConfig,
-) -> adaptation_lib.AdaptationResult:
+) -> tuple[adaptation_lib.AdaptationResult, dict[str, str]]:
     """Per-strategy per-query metrics → the §4.1 protocol → adaptation.json and .md."""
     metric = config.metric
     per_query = {}
@@ -302,15 +379,14 @@ def write_adaptation(
         **result.as_dict(),
         "per_query": per_query,
     }
-    fileio.atomic_write_json(output / "adaptation.json", payload, sort_keys=False)
-    fileio.atomic_write_text(
-        output / "adaptation.md", adaptation_lib.markdown_table({dataset.name: result})
-    )
-    return result
+    return result, {
+        "adaptation.json": json.dumps(payload, indent=1) + "\n",
+        "adaptation.md": adaptation_lib.markdown_table({dataset.name: result}),
+    }
 
 
 def summary(report: dict) -> str:
-    c, m, t = report["config"], report["metrics"], report["timing"]
+    c, m, t, tr = report["config"], report["metrics"], report["timing"], report["truncation"]
     lines = [
         "=" * 72,
         f"ALIGNER evaluation: {report['dataset']}/{report['split']} "
@@ -326,6 +402,9 @@ def summary(report: dict) -> str:
         + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
         f"   MRR@10 {100 * m['mrr@10']:.1f}",
+        f"ids        {report['identical_ids']['description']}",
+        f"truncated  {tr['queries_truncated']} queries at {tr['query_maxlen']} tokens, "
+        f"{tr['docs_truncated']} documents at {tr['doc_maxlen']} tokens",
         f"timing     corpus encode {t['encode_corpus_s']:.1f}s"
         + (" (reused)" if t["index_reused"] else "")
         + f", token index build {t['index_build_s']:.1f}s, search p50 "

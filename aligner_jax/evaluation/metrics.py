@@ -21,8 +21,10 @@ Conventions, chosen to match BEIR and stated once here:
   score by skipping hard queries (BEIR would silently average over the answered queries only;
   `num_queries_without_results` reports how many there were). Queries in `results` that have no
   judgments are ignored and counted in `num_unjudged_queries`.
-* `ignore_identical_ids=True` (BEIR's default) drops `results[qid][qid]`: on corpora whose queries
-  are also documents (Quora, ArguAna), retrieving the query itself is not counted.
+* The run is evaluated as given: nothing is dropped here, so trec_eval on the run file written
+  from the same `results` gives the same numbers. BEIR's `ignore_identical_ids` (drop
+  `results[qid][qid]`) is applied before, once, by `data.beir.IdenticalIds` (its default drops
+  the document only when its text is the query's text).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pytrec_eval
 
 from aligner_jax.common.errors import ConfigError
+from aligner_jax.data import runs
 
 Qrels = Mapping[str, Mapping[str, int]]
 Results = Mapping[str, Mapping[str, float]]
@@ -66,8 +69,7 @@ class RunEvaluation:
         }
 
 
-def _sort_key(item: tuple[str, float]) -> tuple[float, str]:
-    return (item[1], item[0])
+ranked = runs.ranked  # (doc_id, score) best first, in trec_eval's order (one copy: data.runs)
 
 
 def top_k_results(results: Results, k: int) -> dict[str, dict[str, float]]:
@@ -78,10 +80,7 @@ def top_k_results(results: Results, k: int) -> dict[str, dict[str, float]]:
     k = _check_k(k, "k")
     out: dict[str, dict[str, float]] = {}
     for qid, scored in results.items():
-        ranked = sorted(
-            ((str(d), float(s)) for d, s in scored.items()), key=_sort_key, reverse=True
-        )
-        out[str(qid)] = dict(ranked[:k])
+        out[str(qid)] = dict(ranked(scored)[:k])
     return out
 
 
@@ -91,15 +90,13 @@ def _check_k(k, name: str) -> int:
     return k
 
 
-def _normalise_results(results: Results, ignore_identical_ids: bool) -> dict[str, dict[str, float]]:
+def _normalise_results(results: Results) -> dict[str, dict[str, float]]:
     run: dict[str, dict[str, float]] = {}
     for qid, scored in results.items():
         qid = str(qid)
         docs: dict[str, float] = {}
         for doc_id, score in scored.items():
             doc_id = str(doc_id)
-            if ignore_identical_ids and doc_id == qid:
-                continue
             value = float(score)
             if math.isnan(value):
                 raise ValueError(
@@ -126,7 +123,6 @@ def evaluate_run(
     results: Results,
     k_values: Sequence[int] = (10, 100),
     metrics: Iterable[str] = METRIC_NAMES,
-    ignore_identical_ids: bool = True,
     relevance_level: int = 1,
 ) -> RunEvaluation:
     """Evaluates a run with pytrec_eval: nDCG@k, Recall@k and MRR@k for every k in `k_values`.
@@ -136,7 +132,6 @@ def evaluate_run(
       results: `results[qid][doc_id] = score` (higher is better), e.g. the top 1000 per query.
       k_values: cut-offs; each metric is reported at each of them.
       metrics: any of "ndcg", "recall", "mrr".
-      ignore_identical_ids: drop a retrieved document whose id equals the query id (BEIR).
       relevance_level: minimum relevance counted as relevant by Recall and MRR.
 
     Returns:
@@ -154,7 +149,7 @@ def evaluate_run(
         )
 
     judged = _normalise_qrels(qrels)
-    run = _normalise_results(results, ignore_identical_ids)
+    run = _normalise_results(results)
     unjudged = sum(1 for qid in run if qid not in judged)
     without_results = sum(1 for qid in judged if not run.get(qid))
     # pytrec_eval evaluates only queries present in the run; an empty ranking scores 0.
@@ -187,8 +182,10 @@ def evaluate_run(
         missing = [n for n in names if n not in values]
         if missing:
             raise RuntimeError(f"pytrec_eval returned no {missing} for query {qid!r}.")
+    # fsum: exactly rounded, so the mean does not depend on the order of the queries.
     aggregate = {
-        name: sum(values[name] for values in per_query.values()) / len(per_query) for name in names
+        name: math.fsum(values[name] for values in per_query.values()) / len(per_query)
+        for name in names
     }
     return RunEvaluation(
         aggregate=aggregate,

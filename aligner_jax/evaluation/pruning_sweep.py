@@ -24,6 +24,7 @@ from absl import logging
 from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
+from aligner_jax.data import beir
 from aligner_jax.encoding.encoder import EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
 from aligner_jax.evaluation import beir_eval, metrics
@@ -47,14 +48,20 @@ def sweep(
     search_config: search_lib.SearchConfig | None = None,
     encoding_config: EncodingConfig | None = None,
     plot: bool = True,
+    ignore_identical_ids: str = "same_text",
 ) -> dict:
-    """Runs the β^d × β^q grid (and the strategy sweep); returns what sweep.json holds."""
+    """Runs the β^d × β^q grid (and the strategy sweep); returns what sweep.json holds.
+
+    ``ignore_identical_ids``: the rule of ``beir.IdenticalIds`` (as in ``aligner-eval``)."""
     search_config = search_config or search_lib.SearchConfig()
     if search_config.exhaustive:
         raise ConfigError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
     run = beir_eval.prepare(dataset_dir, output_dir, split, index_dir, encoding_config)
     output, dataset, store = run.output, run.dataset, run.store
     bundle, qids, encoded = run.encoder.bundle, run.qids, run.queries
+    identical = beir.IdenticalIds.of(
+        dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
+    )
 
     points = []
     strategy_scores = {}
@@ -71,7 +78,8 @@ def sweep(
             t0 = time.perf_counter()
             out = search_lib.Searcher(store, cfg, index).run(qids, encoded, strategies=names)
             wall = time.perf_counter() - t0
-            ev = metrics.evaluate_run(dataset.qrels, out.results[scoring.canonical_name(alignment)])
+            results = {n: identical.apply(r) for n, r in out.results.items()}
+            ev = metrics.evaluate_run(dataset.qrels, results[scoring.canonical_name(alignment)])
             point = {
                 "beta_d": bd,
                 "beta_q": bq,
@@ -93,9 +101,7 @@ def sweep(
             )
             if len(names) > 1:
                 for name in names:
-                    evs = metrics.evaluate_run(
-                        dataset.qrels, out.results[scoring.canonical_name(name)]
-                    )
+                    evs = metrics.evaluate_run(dataset.qrels, results[scoring.canonical_name(name)])
                     strategy_scores[scoring.canonical_name(name)] = evs.aggregate["ndcg@10"]
         del index
     report = {
@@ -105,10 +111,12 @@ def sweep(
         "model_fingerprint": bundle.fingerprint(),
         "search": dataclasses.asdict(search_config),
         "alignment": alignment,
+        "identical_ids": identical.as_dict(),
         "refinement_store_bytes": store.nbytes(),
         "points": points,
         "strategies": strategy_scores,
     }
+    output.mkdir(parents=True, exist_ok=True)
     fileio.atomic_write_json(output / "sweep.json", report, sort_keys=False)
     fileio.atomic_write_text(output / "sweep.md", markdown(report))
     if plot:

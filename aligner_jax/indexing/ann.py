@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import checks, errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import token_store as ts
@@ -73,10 +73,24 @@ class ScannConfig:
     max_tokens_per_part: int = 4_000_000
 
     def __post_init__(self):
-        if self.reorder_dtype not in REORDER_DTYPES:
-            raise ConfigError(
-                f"ScannConfig.reorder_dtype={self.reorder_dtype!r}: choose one of {REORDER_DTYPES}"
-            )
+        name = type(self).__name__
+        checks.integer(f"{name}.num_leaves", self.num_leaves, minimum=1, allow_none=True)
+        checks.number(
+            f"{name}.leaves_to_search_fraction", self.leaves_to_search_fraction, 0.0, 1.0, True
+        )
+        checks.integer(
+            f"{name}.num_leaves_to_search", self.num_leaves_to_search, minimum=1, allow_none=True
+        )
+        checks.integer(f"{name}.dimensions_per_block", self.dimensions_per_block, minimum=1)
+        checks.number(
+            f"{name}.anisotropic_quantization_threshold", self.anisotropic_quantization_threshold
+        )
+        checks.integer(f"{name}.training_sample_size", self.training_sample_size, minimum=1)
+        checks.integer(f"{name}.min_partition_size", self.min_partition_size, minimum=1)
+        checks.number(f"{name}.reorder_factor", self.reorder_factor, 1.0)
+        checks.choice(f"{name}.reorder_dtype", self.reorder_dtype, REORDER_DTYPES)
+        checks.integer(f"{name}.training_threads", self.training_threads, minimum=0)
+        checks.integer(f"{name}.max_tokens_per_part", self.max_tokens_per_part, minimum=1)
 
     def leaves(self, num_tokens: int) -> int:
         if self.num_leaves is not None:

@@ -12,7 +12,6 @@ manifest is written when all shards are complete.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import gin
 import jax
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import checks, errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
@@ -48,10 +47,8 @@ class IndexingConfig:
     store_beta_d: float = 1.0
 
     def __post_init__(self):
-        if self.shard_size < 1:
-            raise ConfigError(f"IndexingConfig.shard_size={self.shard_size}: must be >= 1")
-        if not 0.0 < self.store_beta_d <= 1.0:
-            raise ConfigError(f"IndexingConfig.store_beta_d={self.store_beta_d}: must be in (0, 1]")
+        checks.integer("IndexingConfig.shard_size", self.shard_size, minimum=1)
+        checks.number("IndexingConfig.store_beta_d", self.store_beta_d, 0.0, 1.0, low_open=True)
 
 
 @dataclasses.dataclass
@@ -99,13 +96,22 @@ def _keep_top(encoded, beta: float):
 def _check_or_write_config(directory: Path, settings: dict) -> None:
     path = directory / CONFIG_FILE
     if path.exists():
-        existing = json.loads(path.read_text())
+        existing = ts.read_json(path, "delete the index directory and index again")
         if existing != settings:
             diff = {
                 k: (existing.get(k), settings.get(k))
                 for k in set(existing) | set(settings)
                 if existing.get(k) != settings.get(k)
             }
+            if (
+                ts.read_shard_marker(directory, 0) is not None
+                and not (directory / ts.MANIFEST).exists()
+            ):
+                raise errors.IndexIntegrityError(
+                    f"{directory / ts.MANIFEST} is missing: the index in {directory} was deleted "
+                    "in part or its job did not finish. Re-run the command that built it to "
+                    "complete it, or delete the directory and index again."
+                )
             raise errors.IndexIntegrityError(
                 f"{path}: this index directory was started with other settings {diff} "
                 "(existing, requested). Use another --index_dir or delete this one."
@@ -152,9 +158,24 @@ def build_token_store(
     process_count: int = 1,
     corpus_info: dict | None = None,
 ) -> IndexingSummary:
-    """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted)."""
+    """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted).
+
+    One writer per directory and process index: an advisory lock ``.lock-<process_index>`` is
+    held while indexing; a second job on the same directory (and process index) is refused.
+    """
     config = config or IndexingConfig()
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / f".lock-{process_index}"
+    with fileio.exclusive_lock(lock, f"index directory {directory} (process {process_index})"):
+        return _build_token_store(
+            documents, encoder, directory, config, process_index, process_count, corpus_info
+        )
+
+
+def _build_token_store(
+    documents, encoder, directory, config, process_index, process_count, corpus_info
+) -> IndexingSummary:
     model_info = encoder.bundle.info()
     settings = {
         "model": model_info,
@@ -276,11 +297,12 @@ def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
 
 
 def store_is_complete_for(directory: Path, model_info: dict) -> bool:
-    """True when ``directory`` holds a complete store built by this model (reusable)."""
-    try:
-        manifest = ts.read_manifest(directory)
-    except errors.IndexIntegrityError:
+    """True when ``directory`` holds a complete store built by this model (reusable); False when
+    it has no manifest yet (an interrupted job, completed by the caller). A manifest that exists
+    but is invalid is an error naming it, never a reason to rebuild silently."""
+    if not (Path(directory) / ts.MANIFEST).exists():
         return False
+    manifest = ts.read_manifest(directory)
     ts.check_model_matches(manifest, model_info, directory)
     return True
 
@@ -314,6 +336,7 @@ def index_corpus(
         raise ConfigError(
             f"--process_index={process_index} must be in [0, --process_count={process_count})"
         )
+    fileio.check_output_dir(index_dir, "--index_dir")
     documents, info = corpus_sources.open_corpus(corpus, corpus_split)
     bundle = loading.load_encoder()
     encoder = Encoder(bundle, encoding_config or EncodingConfig())

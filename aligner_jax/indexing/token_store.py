@@ -14,8 +14,11 @@ Every file is written under a temporary name, fsync'ed and renamed; the shard's 
 ``<shard>.json`` (counts, byte sizes, sha256 checksums) is written last, the same way, and is the
 shard's commit marker: a killed job resumes after the last shard whose marker exists.
 ``manifest.json`` (model, settings, counts, every shard's checksums) is written once all shards are
-complete. Reading verifies the manifest against the files (sizes always, checksums on request) and
-refuses anything that does not match, naming the file.
+complete. Reading verifies the manifest against the files and refuses anything that does not
+match, naming the file: sizes on every open; every file's sha256 on the first open, after which
+``.verified.json`` records the manifest's own sha256 and each file's size, mtime, ctime and inode,
+so a later open re-hashes only when a file (or the manifest) changed (``verify_checksums=True``
+re-hashes always). The cost is measured in ``benchmarks/results/store_verification.md``.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from absl import logging
 
 from aligner_jax.common import errors, fileio
 
 FORMAT = "aligner_jax.indexing.token_store/1"
 MANIFEST = "manifest.json"
+VERIFIED = ".verified.json"
 SHARD_FILES = ("vectors", "salience", "token_ids", "offsets", "doc_ids")
 VECTOR_DTYPE = np.float16
 
@@ -106,17 +111,20 @@ def write_shard(
     return entry
 
 
+def read_json(path: Path, fix: str = "rebuild this index"):
+    """A JSON file of an index; invalid JSON is an ``IndexIntegrityError`` naming the file."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e}); {fix}") from e
+
+
 def read_shard_marker(directory: Path, shard_index: int) -> dict | None:
     """The committed manifest entry of a shard, or None when the shard is not complete."""
     marker = Path(directory) / f"{shard_name(shard_index)}.json"
     if not marker.exists():
         return None
-    try:
-        entry = json.loads(marker.read_text())
-    except json.JSONDecodeError as e:
-        raise errors.IndexIntegrityError(
-            f"{marker}: unreadable shard marker ({e}); delete it"
-        ) from e
+    entry = read_json(marker, "delete it (the shard is then re-encoded)")
     for meta in entry["files"].values():
         path = Path(directory) / meta["path"]
         if not path.exists() or path.stat().st_size != meta["bytes"]:
@@ -137,19 +145,61 @@ def read_manifest(directory: Path) -> dict:
             f"{path} does not exist: {directory} is not a complete index (build it with "
             "aligner-index, or re-run the interrupted indexing job to finish it)"
         )
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e})") from e
-    if manifest.get("format") != FORMAT:
+    manifest = read_json(path, "delete it and re-run the indexing job to rewrite it")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise errors.IndexIntegrityError(
             f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT!r}"
         )
     return manifest
 
 
-def verify_files(directory: Path, shards: Iterable[dict], checksums: bool) -> None:
-    """Checks every shard file's size (and sha256 when ``checksums``) against the manifest."""
+def _file_state(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _verified_key(directory: Path, shards: Sequence[dict]) -> dict:
+    """What ``.verified.json`` must hold for the files to count as verified: the manifest's
+    sha256 (it holds every file's checksum) and every file's size, mtime, ctime and inode (ctime
+    cannot be set back by a user, so any rewrite of a file invalidates the record)."""
+    files = {
+        meta["path"]: _file_state(directory / meta["path"])
+        for shard in shards
+        for meta in shard["files"].values()
+    }
+    return {"manifest_sha256": fileio.sha256_file(directory / MANIFEST), "files": files}
+
+
+def verify_files(directory: Path, shards: Sequence[dict], checksums: bool = False) -> bool:
+    """Checks every shard file against the manifest: its size, and its sha256 unless
+    ``.verified.json`` shows that exactly these files were verified before (always when
+    ``checksums``). Returns whether sha256 checksums were computed."""
+    directory = Path(directory)
+    _verify_sizes(directory, shards)
+    key = _verified_key(directory, shards)
+    marker = directory / VERIFIED
+    if not checksums and marker.exists():
+        try:
+            if json.loads(marker.read_bytes()) == key:
+                return False
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass  # a damaged record only means verifying again
+    for shard in shards:
+        for meta in shard["files"].values():
+            path = directory / meta["path"]
+            if fileio.sha256_file(path) != meta["sha256"]:
+                raise errors.IndexIntegrityError(
+                    f"{path}: sha256 does not match the manifest: the file was altered or "
+                    "corrupted; rebuild this index"
+                )
+    try:
+        fileio.atomic_write_json(marker, key)
+    except OSError as e:  # a read-only store is verified again on every open
+        logging.warning("%s: cannot record the verification (%s)", marker, e)
+    return True
+
+
+def _verify_sizes(directory: Path, shards: Iterable[dict]) -> None:
     for shard in shards:
         for key in SHARD_FILES:
             meta = shard["files"].get(key)
@@ -168,11 +218,6 @@ def verify_files(directory: Path, shards: Iterable[dict], checksums: bool) -> No
                     f"{path} has {size} bytes, the manifest says {meta['bytes']}: the file is "
                     "truncated or was altered; rebuild this index"
                 )
-            if checksums and fileio.sha256_file(path) != meta["sha256"]:
-                raise errors.IndexIntegrityError(
-                    f"{path}: sha256 does not match the manifest: the file was altered or "
-                    "corrupted; rebuild this index"
-                )
 
 
 class TokenStore:
@@ -183,10 +228,18 @@ class TokenStore:
     """
 
     def __init__(self, directory: str | os.PathLike, verify_checksums: bool = False):
+        """Opens a complete store; every file's sha256 is checked on the first open (and on
+        every open with ``verify_checksums``), sizes and counts on every open."""
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         shards = sorted(self.manifest["shards"], key=lambda s: s["index"])
-        verify_files(self.directory, shards, checksums=verify_checksums)
+        num_shards = self.manifest["counts"].get("num_shards", len(shards))
+        if [s["index"] for s in shards] != list(range(num_shards)):
+            raise errors.IndexIntegrityError(
+                f"{self.directory / MANIFEST}: lists shards {[s['index'] for s in shards]}, "
+                f"expected 0..{num_shards - 1}; the manifest was altered, rebuild this index"
+            )
+        self.checksums_verified = verify_files(self.directory, shards, verify_checksums)
         self._shards = shards
         self._vectors, self._salience, self._token_ids = [], [], []
         offsets, self.doc_ids = [np.zeros(1, np.int64)], []
@@ -197,7 +250,7 @@ class TokenStore:
             self._salience.append(self._load(files["salience"], shard))
             self._token_ids.append(self._load(files["token_ids"], shard))
             local = self._load(files["offsets"], shard)
-            ids = json.loads((self.directory / files["doc_ids"]["path"]).read_text())
+            ids = read_json(self.directory / files["doc_ids"]["path"])
             if len(ids) != shard["num_docs"] or len(local) != shard["num_docs"] + 1:
                 raise errors.IndexIntegrityError(
                     f"{self.directory / files['doc_ids']['path']}: {len(ids)} documents, the "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from absl import logging
 
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading
@@ -142,12 +143,15 @@ def update_index(
     compact_index: bool = False,
     force_compact: bool = False,
 ) -> dict:
-    """``aligner-index``'s update flags, in the order delete → add → compact."""
+    """``aligner-index``'s update flags, in the order delete → add → compact, holding the index
+    directory's writer lock (the indexing job's, process 0)."""
     summary = {}
-    if delete:
-        summary.update(delete_documents(index_dir, parse_ids(delete)))
-    if add:
-        summary.update(add_documents(index_dir, add))
-    if compact_index or force_compact:
-        summary.update(compact(index_dir, force_compact))
+    lock = Path(index_dir) / ".lock-0"
+    with fileio.exclusive_lock(lock, f"index directory {index_dir} (process 0)"):
+        if delete:
+            summary.update(delete_documents(index_dir, parse_ids(delete)))
+        if add:
+            summary.update(add_documents(index_dir, add))
+        if compact_index or force_compact:
+            summary.update(compact(index_dir, force_compact))
     return summary

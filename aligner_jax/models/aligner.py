@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import salience as salience_lib
 from aligner_jax.models import bert, t5
@@ -81,9 +82,13 @@ class AlignerConfig:
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"AlignerConfig.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'")
         for name in ("alpha_q", "alpha_d"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ConfigError(f"AlignerConfig.{name}={value}: must be in (0, 1]")
+            checks.number(f"AlignerConfig.{name}", getattr(self, name), 0.0, 1.0, low_open=True)
+        checks.integer("AlignerConfig.projection_dim", self.projection_dim, minimum=1)
+        checks.number("AlignerConfig.epsilon", self.epsilon, 0.0, low_open=True)
+        checks.integer("AlignerConfig.lp_iters", self.lp_iters, minimum=0)
+        checks.choice("AlignerConfig.lp_init", self.lp_init, salience_lib.LP_INITS)
+        checks.integer("AlignerConfig.query_maxlen", self.query_maxlen, minimum=1)
+        checks.integer("AlignerConfig.doc_maxlen", self.doc_maxlen, minimum=1)
 
     @property
     def output_dim(self) -> int:
@@ -93,6 +98,12 @@ class AlignerConfig:
 
     def maxlen(self, kind: str) -> int:
         return self.query_maxlen if kind == QUERY else self.doc_maxlen
+
+
+def backbone_max_length(backbone_config) -> int:
+    """The longest input the backbone takes: BERT's position table (512); T5's relative
+    positions have no table, so its pre-training length, 512."""
+    return int(getattr(backbone_config, "max_position_embeddings", 512))
 
 
 def backbone_hidden_size(backbone_config) -> int:

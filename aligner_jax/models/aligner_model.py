@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import salience as salience_lib
 from aligner_jax.core import scoring, xtr
@@ -62,8 +63,9 @@ class LossConfig:
                 f"LossConfig.objective={self.objective!r}: choose one of {OBJECTIVES}"
             )
         scoring.AlignmentStrategy.parse(self.alignment)  # validates the spelling
-        if self.temperature <= 0:
-            raise ConfigError(f"LossConfig.temperature={self.temperature}: must be > 0")
+        checks.number("LossConfig.temperature", self.temperature, 0.0, low_open=True)
+        checks.integer("LossConfig.k_train", self.k_train, minimum=1)
+        checks.number("LossConfig.l1_weight", self.l1_weight, 0.0)
 
 
 @gin.configurable

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aligner_jax.common import checks
 from aligner_jax.core import scoring
 from aligner_jax.encoding import batching
 from aligner_jax.indexing import token_store as ts
@@ -45,6 +46,18 @@ class RefineConfig:
     max_elements: int = 1 << 24
     cache_bytes: int = 3 << 30
     concurrent_chunks: int | None = None
+
+    def __post_init__(self):
+        name = type(self).__name__
+        checks.integer(f"{name}.length_multiple", self.length_multiple, minimum=1)
+        checks.integers(
+            f"{name}.query_length_buckets", self.query_length_buckets, minimum=1, increasing=True
+        )
+        checks.integer(f"{name}.max_elements", self.max_elements, minimum=1)
+        checks.integer(f"{name}.cache_bytes", self.cache_bytes, minimum=0)
+        checks.integer(
+            f"{name}.concurrent_chunks", self.concurrent_chunks, minimum=1, allow_none=True
+        )
 
     def query_bucket(self, n: int) -> int:
         for b in self.query_length_buckets:

@@ -19,7 +19,6 @@ from absl import logging
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
-from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.retrieval import searcher as search_lib
 
 
@@ -75,7 +74,7 @@ def search_job(
     t0 = time.perf_counter()
     encoder = None
     if _gin_binds_model():  # --gin_file of a model: that model, checked against the index
-        encoder = Encoder(loading.load_encoder(checkpoint=checkpoint), EncodingConfig())
+        encoder = search_lib.whole_query_encoder(loading.load_encoder(checkpoint=checkpoint))
     searcher = search_lib.Searcher.load(
         index_dir, mode=mode, checkpoint=checkpoint, encoder=encoder, alignment=alignment
     )

@@ -29,7 +29,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors
+from aligner_jax.common import checks, errors
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding import loading
@@ -37,6 +37,7 @@ from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import centroid_search as cs
 from aligner_jax.retrieval import refine as refine_lib
 
@@ -71,27 +72,24 @@ class SearchConfig:
     query_batch_size: int = 8
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"SearchConfig.backend={self.backend!r}: choose one of {BACKENDS} "
-                "(e.g. --gin.SearchConfig.backend=\"'exact'\")"
-            )
-        if self.refine not in REFINE_MODES:
-            raise ConfigError(f"SearchConfig.refine={self.refine!r}: choose one of {REFINE_MODES}")
-        if self.k_prime < 0:
-            raise ConfigError(f"SearchConfig.k_prime={self.k_prime}: must be >= 0")
+        name = type(self).__name__
+        checks.choice(f"{name}.backend", self.backend, BACKENDS)
+        checks.choice(f"{name}.refine", self.refine, REFINE_MODES)
+        checks.integer(f"{name}.k_prime", self.k_prime, minimum=0)
+        checks.number(f"{name}.beta_q", self.beta_q, 0.0, 1.0, low_open=True)
+        checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
+        checks.integer(f"{name}.top_k", self.top_k, minimum=1)
+        checks.integer(f"{name}.query_batch_size", self.query_batch_size, minimum=1)
         if self.refine == "xtr" and self.backend == "centroid" and self.k_prime:
             raise ConfigError(
-                "SearchConfig.refine='xtr' scores retrieved tokens: use backend 'scann' or 'exact'"
+                "--gin.SearchConfig.refine='xtr' scores retrieved tokens: use "
+                "--gin.SearchConfig.backend='scann' or 'exact'"
             )
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
-                "SearchConfig.refine='xtr' scores from retrieved tokens: set k_prime > 0"
+                "--gin.SearchConfig.refine='xtr' scores from retrieved tokens: set "
+                "--gin.SearchConfig.k_prime > 0"
             )
-        for name in ("beta_q", "beta_d"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ConfigError(f"SearchConfig.{name}={value}: must be in (0, 1]")
 
     @property
     def exhaustive(self) -> bool:
@@ -116,6 +114,12 @@ class SearchOutput:
 def prune_query_tokens(encoded: EncodedText, beta_q: float) -> np.ndarray:
     """Positions of the query tokens kept at β^q (§3.2; the rule of ``core.pruning``)."""
     return pruning.top_fraction(encoded.salience, beta_q)
+
+
+def whole_query_encoder(bundle) -> Encoder:
+    """An encoder of whole queries (up to the backbone's maximum), as evaluation encodes them."""
+    limit = aligner_lib.backbone_max_length(bundle.config.backbone)
+    return Encoder(bundle, EncodingConfig(), query_maxlen=limit)
 
 
 class Searcher:
@@ -192,7 +196,7 @@ class Searcher:
                     "the model (--gin_file of the model, or --checkpoint)"
                 )
             spec = json.loads(spec_path.read_text())
-            encoder = Encoder(loading.encoder_from_spec(spec, checkpoint), EncodingConfig())
+            encoder = whole_query_encoder(loading.encoder_from_spec(spec, checkpoint))
         ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
         if mode == "exhaustive":
             config = SearchConfig(**{"backend": "exact", **overrides, "k_prime": 0})

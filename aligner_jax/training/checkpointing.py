@@ -21,6 +21,7 @@ from typing import Any
 import gin
 import orbax.checkpoint as ocp
 
+from aligner_jax.common import checks
 from aligner_jax.weights.aligner_checkpoint import CHECKPOINT_SUBDIR
 
 
@@ -39,6 +40,10 @@ class CheckpointConfig:
     keep: int | None = 3
     restore: str = "latest"
     async_save: bool = False
+
+    def __post_init__(self):
+        checks.integer("CheckpointConfig.period", self.period, minimum=1)
+        checks.integer("CheckpointConfig.keep", self.keep, minimum=1, allow_none=True)
 
 
 def checkpoint_dir(model_dir: str | Path) -> Path:

@@ -28,6 +28,7 @@ import gin
 import jax
 import numpy as np
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 
 DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
@@ -56,6 +57,12 @@ class DataConfig:
     seed: int = 0
     shuffle: bool = True
     cached_batches: str | None = None
+
+    def __post_init__(self):
+        checks.integer("DataConfig.batch_size", self.batch_size, minimum=1)
+        checks.integer("DataConfig.query_length", self.query_length, minimum=1)
+        checks.integer("DataConfig.doc_length", self.doc_length, minimum=1)
+        checks.integer("DataConfig.seed", self.seed, minimum=0)
 
     def identity(self) -> dict:
         identity = dataclasses.asdict(self)

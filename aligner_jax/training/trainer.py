@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,9 +98,17 @@ def train(
       stop_after_steps: stop this run after that many steps (tests, time-boxed jobs); a later
         run resumes from the checkpoints.
     """
+    if not isinstance(model_dir, str | os.PathLike) or not str(model_dir):
+        raise ConfigError(
+            "MODEL_DIR (train.model_dir) is not set: add --gin.MODEL_DIR=\"'/path/to/model_dir'\""
+        )
+    if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, int):
+        raise ConfigError(
+            f"TRAIN_STEPS (train.num_train_steps) is {num_train_steps!r}: add --gin.TRAIN_STEPS=1000"
+        )
     data = data or input_pipeline.DataConfig()
     checkpoint = checkpoint or checkpointing.CheckpointConfig()
-    model_dir = Path(model_dir)
+    model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     model_dir.mkdir(parents=True, exist_ok=True)
     mesh = partitioning.create_mesh(num_partitions)
     rules = partitioning.standard_logical_axis_rules()
@@ -144,7 +153,7 @@ def train(
         writer = _summary_writer(model_dir)
         if start_step == 0:
             writer.write_hparams(_hparams(model, data, num_train_steps, seed, num_partitions))
-        log_file = open(model_dir / TRAIN_LOG, "a")  # noqa: SIM115 (closed below)
+        log_file = open_train_log(model_dir / TRAIN_LOG, start_step)
         fileio.atomic_write_text(model_dir / "config.gin", gin.operative_config_str())
         last_saved = start_step
         window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
@@ -229,6 +238,23 @@ class _LoggingOnlyWriter:
 
     def flush(self):
         pass
+
+
+def open_train_log(path: Path, start_step: int):
+    """``train_log.jsonl`` opened for appending after ``start_step``: records of later steps
+    (written before a kill, after the checkpoint that was restored) and a torn last line are
+    dropped first, so each step appears once."""
+    if path.exists():
+        kept = []
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            if step <= start_step and line.endswith("\n"):
+                kept.append(line)
+        fileio.atomic_write_text(path, "".join(kept))
+    return open(path, "a")  # noqa: SIM115 (closed by the caller)
 
 
 def _summary_writer(model_dir: Path):

@@ -1,0 +1,70 @@
+"""Range and type checks of configuration fields, with messages that name the flag.
+
+Every configurable dataclass validates its fields at construction (``__post_init__``) with these
+helpers, so a bad ``--gin.SearchConfig.top_k=0`` fails before any work starts with one line
+``--gin.SearchConfig.top_k=0: must be >= 1`` (a ``ConfigError``) instead of an empty run or a
+``TypeError`` deep inside a computation. ``name`` is the gin name, ``Class.field``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from aligner_jax.common.errors import ConfigError
+
+
+def flag(name: str, value) -> str:
+    """The command-line spelling of a binding: ``--gin.SearchConfig.top_k=0``."""
+    return f"--gin.{name}={value!r}"
+
+
+def integer(name: str, value, minimum: int | None = None, allow_none: bool = False) -> None:
+    """``value`` is an int (not a bool) ``>= minimum``, or None when ``allow_none``."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        none = " or None" if allow_none else ""
+        raise ConfigError(f"{flag(name, value)}: expected an integer{none}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{flag(name, value)}: must be >= {minimum}")
+
+
+def number(
+    name: str,
+    value,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    allow_none: bool = False,
+) -> None:
+    """``value`` is a finite int or float in ``[low, high]`` (``(low, high]`` when ``low_open``)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{flag(name, value)}: expected a finite number")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        if high is None:
+            raise ConfigError(f"{flag(name, value)}: must be {'>' if low_open else '>='} {low}")
+        if low is None:
+            raise ConfigError(f"{flag(name, value)}: must be <= {high}")
+        raise ConfigError(
+            f"{flag(name, value)}: must be in {'(' if low_open else '['}{low}, {high}]"
+        )
+
+
+def choice(name: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag(name, value)}: choose one of {list(choices)}")
+
+
+def integers(name: str, values, minimum: int, increasing: bool = False) -> None:
+    """A non-empty tuple/list of integers ``>= minimum`` (strictly increasing when asked)."""
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise ConfigError(f"{flag(name, values)}: expected a non-empty tuple of integers")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(f"{flag(name, values)}: every entry must be an integer >= {minimum}")
+    if increasing and list(values) != sorted(set(values)):
+        raise ConfigError(f"{flag(name, values)}: entries must be strictly increasing")

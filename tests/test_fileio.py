@@ -1,0 +1,71 @@
+"""Atomic writes with the umask's mode, output-folder checks, metrics.json as commit marker."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+
+import pytest
+
+from aligner_jax.common import errors, fileio
+
+
+def test_atomic_files_get_the_umask_mode_not_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = fileio.atomic_write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_output_dir_checks_create_nothing(tmp_path, monkeypatch):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    with pytest.raises(errors.ConfigError, match=r"^--output_dir=.*/f: is a file, not a folder"):
+        fileio.check_output_dir(a_file, "--output_dir")
+    with pytest.raises(errors.ConfigError, match=r"/f/out: .*/f is a file, not a folder"):
+        fileio.check_output_dir(a_file / "out", "--output_dir")
+    assert fileio.check_output_dir(tmp_path / "new" / "out", "--output_dir")
+    assert not (tmp_path / "new").exists()
+
+    # No write permission / read-only filesystem (simulated: root ignores permission bits).
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(fileio.tempfile, "mkstemp", read_only)
+    with pytest.raises(
+        errors.ConfigError,
+        match=r"^--index_dir=.*/new: cannot write in .* \(Read-only file system\)",
+    ):
+        fileio.check_output_dir(tmp_path / "new", "--index_dir")
+
+
+def test_metrics_json_is_written_last_with_the_files_checksums(tmp_path, monkeypatch):
+    (tmp_path / "metrics.json").write_text("{}")  # from an earlier run
+    written = []
+    real = fileio.atomic_write_bytes
+    monkeypatch.setattr(
+        fileio, "atomic_write_bytes", lambda p, d: written.append(p.name) or real(p, d)
+    )
+    report = fileio.write_outputs(tmp_path, {"run.tsv": "q Q0 d 1 1.0 t\n"}, {"x": 1})
+    assert written == ["run.tsv", "metrics.json"]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved == report
+    assert saved["files"] == {"run.tsv": hashlib.sha256(b"q Q0 d 1 1.0 t\n").hexdigest()}
+
+
+def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
+    (tmp_path / "metrics.json").write_text("{}")  # from an earlier run
+
+    def disk_full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fileio, "atomic_write_bytes", disk_full)
+    with pytest.raises(OSError):
+        fileio.write_outputs(tmp_path, {"run.tsv": "x"}, {})
+    assert not (tmp_path / "metrics.json").exists()

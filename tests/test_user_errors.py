@@ -1,0 +1,127 @@
+"""Every user error of issue 11 ends in one line naming the flag, file or document (no traceback)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import pytest
+from fixtures import write_toy_beir
+
+from aligner_jax.common import cli, errors, fileio
+from aligner_jax.data import beir
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return write_toy_beir(tmp_path_factory.mktemp("data"))
+
+
+def _one_line_error(proc, program="aligner-eval") -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{program}: error: ") or last.startswith("FATAL Flags parsing error:")
+    return last
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--gin.SearchConfig.k_prime='abc'"],
+            "--gin.SearchConfig.k_prime='abc': expected an integer",
+        ),
+        (["--gin.SearchConfig.top_k=0"], "--gin.SearchConfig.top_k=0: must be >= 1"),
+        (["--gin.SearchConfig.query_batch_size=0"], "query_batch_size=0: must be >= 1"),
+        (["--gin_bindings=SearchConfig.top_k = (1"], "gin configuration error: "),
+        (["--gin_file=no/such.gin"], "--gin_file=no/such.gin: not found in the gin search paths"),
+        (["--gin_file="], "--gin_file=: not found"),
+        (["--gin.SearchConfig.top_k"], "--gin.SearchConfig.top_k: expected --gin.NAME=VALUE"),
+    ],
+)
+def test_eval_flag_and_gin_errors(run_binary, toy, tmp_path, args, expected):
+    proc = run_binary(
+        "evaluate",
+        "--gin_file=eval/zero_shot.gin",
+        f"--dataset_dir={toy}",
+        f"--output_dir={tmp_path / 'out'}",
+        *args,
+    )
+    assert expected in _one_line_error(proc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_is_a_file_or_under_a_file(run_binary, toy, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for out, expected in ((a_file, "is a file, not a folder"), (a_file / "sub", "is a file")):
+        proc = run_binary(
+            "evaluate",
+            "--gin_file=eval/zero_shot.gin",
+            f"--dataset_dir={toy}",
+            f"--output_dir={out}",
+        )
+        assert f"--output_dir={out}: " in _one_line_error(proc) and expected in proc.stderr
+
+
+def test_lone_surrogate_is_refused_naming_file_and_line(tmp_path):
+    data = write_toy_beir(tmp_path)
+    corpus = data / "corpus.jsonl"
+    lines = corpus.read_text().splitlines()
+    lines[3] = json.dumps({"_id": "d3", "title": "", "text": "bad \ud800 text"})
+    corpus.write_text("\n".join(lines) + "\n")
+    assert "\\ud800" in corpus.read_text()  # valid JSON: the escape, not a raw code point
+    with pytest.raises(
+        errors.BeirFormatError, match=r"corpus\.jsonl:4: \"text\" contains the lone"
+    ):
+        beir.load_beir(data)
+
+
+def test_negative_qrels_are_counted_and_said_how_they_are_treated(tmp_path, caplog):
+    data = write_toy_beir(tmp_path)
+    qrels = data / "qrels" / "test.tsv"
+    qrels.write_text(qrels.read_text() + "q0\td5\t-1\n")
+    with caplog.at_level(logging.WARNING):
+        dataset = beir.load_beir(data)
+    assert dataset.qrels["q0"]["d5"] == 0 and dataset.stats.negative_qrels == 1
+    assert "1 judgment(s) with a negative score (first on line 7) are treated as score 0" in (
+        caplog.text
+    )
+
+
+def test_full_disk_names_the_file_and_keeps_completed_files(tmp_path):
+    def fill(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    fileio.atomic_write_text(tmp_path / "done.txt", "kept")
+    with pytest.raises(errors.OutputWriteError) as info:
+        fileio.atomic_write(tmp_path / "shard.npy", fill)
+    assert str(info.value).startswith(f"{tmp_path / 'shard.npy'}: not written (No space left")
+    assert "files completed before it are kept" in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done.txt"]  # no temporary left
+    assert isinstance(info.value, errors.USER_ERRORS)
+
+
+def test_ctrl_c_is_one_line_saying_what_was_kept(capsys):
+    def job():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit("aligner-index", job, on_interrupt="the complete shards in X are kept")
+    assert exit_info.value.code == 130
+    assert (
+        capsys.readouterr().err == "aligner-index: interrupted: the complete shards in X are kept\n"
+    )
+
+
+def test_train_without_model_dir(run_binary):
+    proc = run_binary(
+        "train",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin_file=runs/trainer.gin",
+        "--gin.TRAIN_STEPS=200",
+    )
+    assert "MODEL_DIR" in _one_line_error(proc, "aligner-train")
