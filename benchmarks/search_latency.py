@@ -66,6 +66,9 @@ _PEER_ROUNDS = flags.DEFINE_integer("peer_rounds", 1, "Rounds for the peers (slo
 _PEER_PYTHON = flags.DEFINE_string("peer_python", "/work/peer-venv/bin/python", "Peers' Python.")
 _PEER_TIME_LIMIT = flags.DEFINE_float("peer_time_limit_s", 2400, "Per peer run.")
 _WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/aligner_search_latency", "Exports, peer indexes.")
+_MERGE = flags.DEFINE_list(
+    "merge", [], "Only combine these result JSONs (separate runs) into --out."
+)
 _OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/search_latency"), "Output prefix.")
 
 
@@ -309,7 +312,11 @@ def main(argv) -> None:
         if s not in SYSTEMS:
             raise app.UsageError(f"--systems: {s!r} is not one of {SYSTEMS}")
     rows, encodings = [], []
-    for spec in _STORES.value:
+    if _MERGE.value:
+        parts = [json.loads(_resolve(p).read_text()) for p in _MERGE.value]
+        rows = [r for p in parts for r in p["rows"]]
+        encodings = [e for p in parts for e in p["query_encoding"]]
+    for spec in [] if _MERGE.value else _STORES.value:
         try:
             dataset_name, model, index_dir = spec.split(":", 2)
         except ValueError:
