@@ -132,11 +132,17 @@ def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
     with pytest.raises(errors.IndexIntegrityError, match="shard-00000.residuals.npy"):
         ci.CentroidIndex.load(other)
     residuals.write_bytes(residuals.read_bytes()[:-1])
+    ci.CentroidIndex.load(other)  # intact again: verified once, recorded
     raw = bytearray(residuals.read_bytes())
     raw[-1] ^= 0xFF
     residuals.write_bytes(bytes(raw))
+    # flipped bytes (same size) are caught by default: the record no longer matches the file
+    with pytest.raises(errors.IndexIntegrityError, match="shard-00000.residuals.npy: sha256"):
+        ci.CentroidIndex.load(other)
     with pytest.raises(errors.IndexIntegrityError, match="sha256"):
         ci.CentroidIndex.load(other, verify_checksums=True)
+    raw[-1] ^= 0xFF
+    residuals.write_bytes(bytes(raw))
     meta = copy / ci.SUBDIR / ci.META
     data = json.loads(meta.read_text())
     data["store_manifest_sha256"] = "0" * 64

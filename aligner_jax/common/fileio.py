@@ -165,3 +165,42 @@ def exclusive_lock(path: str | os.PathLike, what: str):
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+def _file_state(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def verify_once(
+    files: dict[Path, str], anchor: Path, record: Path, force: bool = False, log=None
+) -> bool:
+    """Checks each file's sha256 (``files``: path → expected hex digest) unless ``record`` shows
+    that exactly these files were verified before: the sha256 of ``anchor`` (the manifest that
+    holds the expected digests) and every file's size, mtime, ctime and inode (ctime cannot be
+    set back by a user, so any rewrite invalidates the record). ``force`` re-hashes always.
+    Raises ``IndexIntegrityError`` naming the first file that differs; returns whether digests
+    were computed. A record that cannot be written (read-only folder) only means verifying
+    again next time."""
+    key = {
+        "manifest_sha256": sha256_file(anchor),
+        "files": {p.name: _file_state(p) for p in files},
+    }
+    if not force and record.exists():
+        try:
+            if json.loads(record.read_bytes()) == key:
+                return False
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass  # a damaged record only means verifying again
+    for path, digest in files.items():
+        if sha256_file(path) != digest:
+            raise errors.IndexIntegrityError(
+                f"{path}: sha256 does not match {anchor.name}: the file was altered or "
+                "corrupted; rebuild this index"
+            )
+    try:
+        atomic_write_json(record, key)
+    except OSError as e:
+        if log is not None:
+            log("%s: cannot record the verification (%s)", record, e)
+    return True

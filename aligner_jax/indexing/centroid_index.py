@@ -270,7 +270,9 @@ class CentroidIndex:
     def load(
         cls, store: ts.TokenStore, verify_checksums: bool = False, _check_store: bool = True
     ) -> CentroidIndex:
-        """Loads the index of ``store`` (sizes always checked, sha256 on request)."""
+        """Loads the index of ``store``: sizes always checked; every file's sha256 on the first
+        open and whenever a file changed (``fileio.verify_once``), always with
+        ``verify_checksums``."""
         out = Path(store.directory) / SUBDIR
         path = out / META
         try:
@@ -303,8 +305,14 @@ class CentroidIndex:
                 raise errors.IndexIntegrityError(
                     f"{f} is missing or has another size than {path} records; rebuild the index"
                 )
-            if verify_checksums and fileio.sha256_file(f) != entry["sha256"]:
-                raise errors.IndexIntegrityError(f"{f}: sha256 differs from {path}; rebuild")
+        # sha256 on the first open (and whenever a file changed), then a record: as the store
+        fileio.verify_once(
+            {out / f"{n}.npy": e["sha256"] for n, e in meta["files"].items()},
+            path,
+            out / ts.VERIFIED,
+            force=verify_checksums,
+            log=logging.warning,
+        )
         load = lambda n: np.load(out / f"{n}.npy", allow_pickle=False)  # noqa: E731
         centroids = load("centroids")
         lower, step = load("codec")

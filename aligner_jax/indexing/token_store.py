@@ -153,50 +153,21 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-def _file_state(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-
-
-def _verified_key(directory: Path, shards: Sequence[dict]) -> dict:
-    """What ``.verified.json`` must hold for the files to count as verified: the manifest's
-    sha256 (it holds every file's checksum) and every file's size, mtime, ctime and inode (ctime
-    cannot be set back by a user, so any rewrite of a file invalidates the record)."""
-    files = {
-        meta["path"]: _file_state(directory / meta["path"])
-        for shard in shards
-        for meta in shard["files"].values()
-    }
-    return {"manifest_sha256": fileio.sha256_file(directory / MANIFEST), "files": files}
-
-
 def verify_files(directory: Path, shards: Sequence[dict], checksums: bool = False) -> bool:
     """Checks every shard file against the manifest: its size, and its sha256 unless
     ``.verified.json`` shows that exactly these files were verified before (always when
-    ``checksums``). Returns whether sha256 checksums were computed."""
+    ``checksums``; the rule of ``fileio.verify_once``). Returns whether sha256 checksums were
+    computed."""
     directory = Path(directory)
     _verify_sizes(directory, shards)
-    key = _verified_key(directory, shards)
-    marker = directory / VERIFIED
-    if not checksums and marker.exists():
-        try:
-            if json.loads(marker.read_bytes()) == key:
-                return False
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            pass  # a damaged record only means verifying again
-    for shard in shards:
-        for meta in shard["files"].values():
-            path = directory / meta["path"]
-            if fileio.sha256_file(path) != meta["sha256"]:
-                raise errors.IndexIntegrityError(
-                    f"{path}: sha256 does not match the manifest: the file was altered or "
-                    "corrupted; rebuild this index"
-                )
-    try:
-        fileio.atomic_write_json(marker, key)
-    except OSError as e:  # a read-only store is verified again on every open
-        logging.warning("%s: cannot record the verification (%s)", marker, e)
-    return True
+    files = {
+        directory / meta["path"]: meta["sha256"]
+        for shard in shards
+        for meta in shard["files"].values()
+    }
+    return fileio.verify_once(
+        files, directory / MANIFEST, directory / VERIFIED, force=checksums, log=logging.warning
+    )
 
 
 def _verify_sizes(directory: Path, shards: Iterable[dict]) -> None:
