@@ -14,13 +14,15 @@ is recorded as a row with its error message.
 
 Batch 1 (one query at a time), after one untimed warm-up query, with 1 and 2 BLAS/torch threads;
 the systems are interleaved (round r: every system at every thread count) and latencies pooled
-over ``--rounds`` (the peers, slow on a CPU, run ``--peer_rounds`` of them). Query encoding at batch 1 is timed separately. Writes
+over ``--rounds`` (the peers and exact, slow on a CPU, run ``--peer_rounds`` of them). A peer
+whose build fails (or exceeds ``--peer_time_limit_s``) is recorded once with its error. Query encoding at batch 1 is timed separately. Writes
 ``benchmarks/results/search_latency.{json,md,png}``; the JSON is ``{"rows": [...], "query_encoding":
 [...], "machine": ...}`` with one row per (system, setting, model, dataset, threads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -58,14 +60,19 @@ _DATA_ROOT = flags.DEFINE_string(
     "data_root", "../shared/data/beir", "BEIR folders by dataset name."
 )
 _SYSTEMS = flags.DEFINE_list("systems", list(SYSTEMS), f"Any of {SYSTEMS}.")
-_THREADS = flags.DEFINE_list("threads", ["1", "2"], "Thread counts.")
+_THREADS = flags.DEFINE_list("threads", ["2", "1"], "Thread counts (peers build at the first).")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Interleaved rounds (latencies pooled).")
 _K = flags.DEFINE_integer("k", 100, "Documents per query.")
 _MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Only the first N queries.")
-_PEER_ROUNDS = flags.DEFINE_integer("peer_rounds", 1, "Rounds for the peers (slow on a CPU).")
+_PEER_ROUNDS = flags.DEFINE_integer("peer_rounds", 1, "Rounds of the peers and exact (slow).")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", "/work/peer-venv/bin/python", "Peers' Python.")
 _PEER_TIME_LIMIT = flags.DEFINE_float("peer_time_limit_s", 2400, "Per peer run.")
 _WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/aligner_search_latency", "Exports, peer indexes.")
+_REUSE_INDEX = flags.DEFINE_bool(
+    "reuse_index",
+    False,
+    "Load our search index if it has the default settings (its recorded build time is reported).",
+)
 _MERGE = flags.DEFINE_list(
     "merge", [], "Only combine these result JSONs (separate runs) into --out."
 )
@@ -201,9 +208,15 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
     )
     built = {}
     if "aligner_jax" in systems:
-        t = time.perf_counter()
-        index = ci.CentroidIndex.build(store)
-        built["aligner_jax"] = (time.perf_counter() - t, index.nbytes())
+        index = None
+        if _REUSE_INDEX.value and ci.CentroidIndex.exists(index_dir):
+            index = ci.CentroidIndex.load(store)
+            if index.meta["config"] != dataclasses.asdict(ci.CentroidIndexConfig()):
+                index = None  # built with other settings: rebuild
+        if index is None:
+            index = ci.CentroidIndex.build(store)
+        # the build's own measurement (k-means + compression + inverted file), recorded in its meta
+        built["aligner_jax"] = (index.meta["updates"][0]["seconds"], index.nbytes())
         searcher = search_lib.Searcher(
             store, search_lib.SearchConfig(backend="centroid", top_k=_K.value), centroid_index=index
         )
@@ -213,6 +226,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
 
     exact = ExactMaxSim(store, _K.value) if "exact" in systems else None
     pooled: dict = {}
+    failed: set[str] = set()
     for r in range(_ROUNDS.value):
         for threads in [int(t) for t in _THREADS.value]:
             for system in systems:
@@ -220,18 +234,28 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                     "%s/%s round %d: %s with %d threads", dataset_name, model, r, system, threads
                 )
                 key = (system, threads)
+                if system == "exact" and r >= _PEER_ROUNDS.value:
+                    continue
                 if system in ("aligner_jax", "exact"):
                     with threadpoolctl.threadpool_limits(threads):
                         res, lat = _timed_queries(ours if system == "aligner_jax" else exact, items)
                     entry = pooled.setdefault(key, {"results": res, "latency": [], "extra": {}})
                     entry["latency"] += lat
                     continue
-                if r >= _PEER_ROUNDS.value:
+                if r >= _PEER_ROUNDS.value or system in failed:
                     continue
                 first = system not in built
                 out = _peer(system, vectors, work, threads, _K.value, _MAX_QUERIES.value, not first)
                 if first:
                     built[system] = (out.get("build_s"), out.get("index_bytes"))
+                    if out.get("error") and out.get("build_s") is None:
+                        failed.add(system)  # no index: the other thread counts would rebuild
+                        entry = pooled.setdefault(key, {"results": {}, "latency": [], "extra": {}})
+                        entry["extra"] = {
+                            "error": out["error"],
+                            "peak_rss_bytes": out.get("peak_rss_bytes"),
+                        }
+                        continue
                 res = {q: {d: s for d, s in v} for q, v in (out.get("results") or {}).items()}
                 entry = pooled.setdefault(key, {"results": res, "latency": [], "extra": {}})
                 entry["latency"] += out.get("latency_ms") or []
