@@ -40,6 +40,7 @@ setuptools.setup(
         "matplotlib",
         "tqdm",
         "psutil",
+        "threadpoolctl>=3",
     ],
     extras_require={
         "tpu": ["jax[tpu]>=0.10,<0.11"],
