@@ -62,7 +62,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
     assert saved["files"] == {n: fileio.sha256_file(out / n) for n in ("run.tsv", "config.gin")}
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
-    _parse("eval/zero_shot.gin", bindings=["SearchConfig.k_prime = 50"])
+    _parse("eval/zero_shot.gin", "eval/scann.gin", bindings=["SearchConfig.k_prime = 50"])
     report2 = beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(tmp_path / "scann"), index_dir=str(tmp_path / "index")
     )

@@ -161,7 +161,7 @@ class CentroidIndex:
         sample_rows = np.sort(rng.choice(kept, size, replace=False))
         sample = np.asarray(store.vectors()[sample_rows], np.float32)
         centroids = kmeans.fit(sample, c, config.kmeans_iterations, config.seed)
-        codes_s, sample_scores = kmeans.assign(sample, centroids)
+        codes_s, _ = kmeans.assign(sample, centroids)
         codec = codec_lib.ResidualCodec.fit(sample - centroids[codes_s], config.residual_bits)
         del sample
         kmeans_s = time.perf_counter() - start
@@ -169,17 +169,18 @@ class CentroidIndex:
         out.mkdir(exist_ok=True)
         fileio.atomic_save_npy(out / "centroids.npy", centroids)
         fileio.atomic_save_npy(out / "codec.npy", np.stack([codec.lower, codec.step]))
-        shards = []
+        shards, scores = [], []
         for shard in sorted(store.manifest["shards"], key=lambda s: s["index"]):
-            shards.append(_compress_shard(store, shard, centroids, codec, out))
+            shards.append(_compress_shard(store, shard, centroids, codec, out, scores))
         meta = {
             "format": FORMAT,
             "config": dataclasses.asdict(config),
             "num_centroids": c,
             "dim": store.dim,
             "store_fingerprint": store.manifest["model"].get("fingerprint"),
-            # mean max centroid score of the k-means sample: the reference of the drift measure
-            "mean_centroid_score": float(sample_scores.mean()),
+            # mean max centroid score of every token at build time: the reference of the drift
+            # measure (not the k-means sample's, which the centroids were fitted to)
+            "mean_centroid_score": float(np.concatenate(scores).mean()),
             "shards": [s["name"] for s in shards],
             "updates": [
                 {
@@ -246,8 +247,9 @@ class CentroidIndex:
         return CentroidIndex._finish(store, self.directory, self.meta, self.centroids, self.codec)
 
     def drift(self) -> float:
-        """How much worse the centroids fit the tokens added since the build: the build
-        sample's mean max centroid score minus that of all added tokens (token-weighted);
+        """How much worse the centroids fit the tokens added since the build: the mean max
+        centroid score of the tokens indexed at build time minus that of all added tokens
+        (token-weighted);
         0 without additions. ``--compact`` re-clusters when it exceeds ``DRIFT_LIMIT``."""
         adds = [u for u in self.meta["updates"] if u.get("new_tokens")]
         if not adds:
