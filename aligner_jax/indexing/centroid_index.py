@@ -33,7 +33,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import checks, errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import codec as codec_lib
@@ -74,18 +74,16 @@ class CentroidIndexConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.residual_bits not in codec_lib.BITS:
-            raise ConfigError(
-                f"--gin.CentroidIndexConfig.residual_bits={self.residual_bits}: choose one of "
-                f"{codec_lib.BITS}"
-            )
-        if self.num_centroids is not None and self.num_centroids < 1:
-            raise ConfigError(f"--gin.CentroidIndexConfig.num_centroids={self.num_centroids}: >= 1")
-        if not 0.0 < self.beta_d <= 1.0:
-            raise ConfigError(f"--gin.CentroidIndexConfig.beta_d={self.beta_d}: must be in (0, 1]")
-        for name in ("kmeans_iterations", "sample_per_centroid"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--gin.CentroidIndexConfig.{name}: must be >= 1")
+        name = type(self).__name__
+        checks.choice(f"{name}.residual_bits", self.residual_bits, codec_lib.BITS)
+        checks.integer(f"{name}.num_centroids", self.num_centroids, minimum=1, allow_none=True)
+        checks.number(
+            f"{name}.centroids_per_sqrt_token", self.centroids_per_sqrt_token, 0.0, low_open=True
+        )
+        checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
+        for field in ("kmeans_iterations", "sample_per_centroid"):
+            checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
+        checks.integer(f"{name}.seed", self.seed)
 
 
 def _code_dtype(num_centroids: int):

@@ -36,7 +36,7 @@ import math
 import gin
 import numpy as np
 
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common import checks
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
@@ -52,15 +52,10 @@ class CentroidSearchConfig:
     refine_margin: float | None = None
 
     def __post_init__(self):
-        if self.refine_margin is not None and self.refine_margin < 0:
-            raise ConfigError(
-                f"--gin.CentroidSearchConfig.refine_margin={self.refine_margin}: must be >= 0 "
-                "(None: score every token)"
-            )
-        for name in ("probes", "interaction_docs", "refine_docs"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--gin.CentroidSearchConfig.{name}={value}: must be >= 1")
+        name = type(self).__name__
+        checks.number(f"{name}.refine_margin", self.refine_margin, low=0.0, allow_none=True)
+        for field in ("probes", "interaction_docs", "refine_docs"):
+            checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
 
     def resolved(self, num_docs: int, num_centroids: int) -> tuple[int, int, int]:
         probes = self.probes or max(2, math.ceil(num_centroids / 1024))

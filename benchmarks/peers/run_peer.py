@@ -459,6 +459,15 @@ def work(args, result, build_kw, load_kw, search_kw) -> int:
     return 0
 
 
+def _read_metadata(index_dir: str) -> dict:
+    """The peer index's metadata.json ({} when it has none yet)."""
+    try:
+        with open(os.path.join(index_dir, "metadata.json")) as f:
+            return json.load(f)
+    except OSError:
+        return {}
+
+
 class FastPlaidRunner:
     DEFAULT_SEARCH = {"n_ivf_probe": 8, "n_full_scores": 4096, "batch_size": "auto"}
     DEFAULT_BUILD = {
@@ -521,12 +530,7 @@ class FastPlaidRunner:
         return out[0]
 
     def params(self):
-        meta = {}
-        try:
-            with open(os.path.join(self.index_dir, "metadata.json")) as f:
-                meta = json.load(f)
-        except OSError:
-            pass
+        meta = _read_metadata(self.index_dir)
         return {
             "build": {**self.DEFAULT_BUILD, **self.build_kw},
             "search": {**self.DEFAULT_SEARCH, **self.search_kw},
@@ -617,12 +621,7 @@ class XtrWarpRunner:
         return out[0]
 
     def params(self):
-        meta = {}
-        try:
-            with open(os.path.join(self.index_dir, "metadata.json")) as f:
-                meta = json.load(f)
-        except OSError:
-            pass
+        meta = _read_metadata(self.index_dir)
         auto = None
         if self._auto is not None:
             auto = dict(
