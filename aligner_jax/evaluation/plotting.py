@@ -87,6 +87,24 @@ def _overlap(a, b) -> float:
     return w * h if w > 0 and h > 0 else 0.0
 
 
+def _along(xy, step: float = 4.0) -> list:
+    """Points every ``step`` pixels along a polyline given in pixels (so labels avoid lines)."""
+    out = []
+    for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:], strict=True):
+        n = max(1, int(math.hypot(x1 - x0, y1 - y0) / step))
+        out += [(x0 + (x1 - x0) * t / n, y0 + (y1 - y0) * t / n) for t in range(n + 1)]
+    return out
+
+
+def plain_log_axis(axis) -> None:
+    """A log ``axis`` labelled 1, 2, 5, 10, 20, 50… in plain numbers (no 2×10¹)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
+
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def annotate_points(
     ax,
     xs: Sequence[float],
@@ -96,7 +114,7 @@ def annotate_points(
     **text_kw,
 ) -> list:
     """Writes ``labels[i]`` beside the point (xs[i], ys[i]) in data coordinates, joined to it
-    by a leader line, each where it covers no earlier label, no marker of the axes and stays
+    by a leader line, each where it covers no label already there, no marker or line of the axes and stays
     inside the axes (greedy: the first free spot of _RINGS × _DIRECTIONS, else the least
     covered one). Points drawn within ``merge_px`` pixels of an earlier one share its label
     ("5%, 40%"): one marker, one label. Call it after the axes' limits and the figure's layout
@@ -114,9 +132,12 @@ def annotate_points(
         if line.get_marker() not in (None, "None", "", " ")
     ]
     marks += [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections]
+    marks += [_along(ax.transData.transform(line.get_xydata())) for line in ax.get_lines()
+              if line.get_linestyle() not in ("None", "", " ")]  # fmt: skip
     for x, y in (xy for points in marks for xy in points):
         if math.isfinite(x) and math.isfinite(y):
             taken.append(Bbox.from_extents(x - pad, y - pad, x + pad, y + pad))
+    taken += [Text.get_window_extent(t, renderer) for t in ax.texts]  # earlier labels
     text_kw.setdefault("fontsize", 7)
     groups: list[tuple[tuple[float, float], list[int]]] = []  # (first point in pixels, members)
     for i, xy in enumerate(ax.transData.transform(list(zip(xs, ys, strict=True)))):
