@@ -96,6 +96,13 @@ def _along(xy, step: float = 4.0) -> list:
     return out
 
 
+def _distance(box, xy) -> float:
+    """Pixels from the point ``xy`` to the nearest point of ``box``."""
+    dx = max(box.x0 - xy[0], 0.0, xy[0] - box.x1)
+    dy = max(box.y0 - xy[1], 0.0, xy[1] - box.y1)
+    return math.hypot(dx, dy)
+
+
 def plain_log_axis(axis) -> None:
     """A log ``axis`` labelled 1, 2, 5, 10, 20, 50… in plain numbers (no 2×10¹)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: PLC0415
@@ -123,7 +130,7 @@ def annotate_points(
     from matplotlib.transforms import Bbox  # noqa: PLC0415 (reason: plotting only)
 
     renderer = ax.figure.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
+    frame = ax.get_window_extent(renderer).padded(-3)  # clear of the spines
     pad = 4.0  # pixels around every marker
     taken = []
     marks = [
@@ -132,11 +139,16 @@ def annotate_points(
         if line.get_marker() not in (None, "None", "", " ")
     ]
     marks += [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections]
-    marks += [_along(ax.transData.transform(line.get_xydata())) for line in ax.get_lines()
-              if line.get_linestyle() not in ("None", "", " ")]  # fmt: skip
-    for x, y in (xy for points in marks for xy in points):
-        if math.isfinite(x) and math.isfinite(y):
-            taken.append(Bbox.from_extents(x - pad, y - pad, x + pad, y + pad))
+    line_marks = [_along(ax.transData.transform(line.get_xydata())) for line in ax.get_lines()
+                  if line.get_linestyle() not in ("None", "", " ")]  # fmt: skip
+    marks += line_marks
+    centres = []  # markers only: a label nearer another marker than its own reads wrongly
+    for k, points in enumerate(marks):
+        for x, y in points:
+            if math.isfinite(x) and math.isfinite(y):
+                taken.append(Bbox.from_extents(x - pad, y - pad, x + pad, y + pad))
+                if k < len(marks) - len(line_marks):
+                    centres.append((x, y))
     taken += [Text.get_window_extent(t, renderer) for t in ax.texts]  # earlier labels
     text_kw.setdefault("fontsize", 7)
     groups: list[tuple[tuple[float, float], list[int]]] = []  # (first point in pixels, members)
@@ -147,8 +159,9 @@ def annotate_points(
         else:
             groups.append((tuple(xy), [i]))
     out = []
-    for _, members in groups:
+    for own, members in groups:
         x, y = xs[members[0]], ys[members[0]]
+        others = [c for c in centres if math.dist(c, own) > merge_px]
         label = ", ".join(labels[i] for i in members)
         best = None
         for ring in _RINGS:
@@ -170,6 +183,8 @@ def annotate_points(
                 cost = sum(_overlap(box, t) for t in taken)
                 inside = Bbox.intersection(box, frame)
                 cost += box.width * box.height - (inside.width * inside.height if inside else 0)
+                if others and min(_distance(box, c) for c in others) < _distance(box, own):
+                    cost += box.width * box.height  # nearer another marker than its own
                 if best is None or cost < best[0]:
                     if best is not None:
                         best[1].remove()
