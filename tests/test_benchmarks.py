@@ -152,3 +152,34 @@ def test_candidate_lists_match_brute_force_on_the_written_store(tmp_path):
     assert stats["candidate_docs"] == pytest.approx(np.mean(counts))
     assert stats["num_docs"] == store.num_docs == num_tokens // scaling.DOC_TOKENS
     assert 0.0 <= stats["other_only_share"] <= 1.0 and 0.0 < stats["own_share_of_list"] <= 1.0
+
+
+def test_search_latency_figure_labels_every_system_and_keeps_equal_scores_equal():
+    import search_latency
+
+    def row(system, threads, ndcg, p50, setting="default", error=None):
+        return {"system": system, "setting": setting, "model": "zero_shot", "dataset": "toy",
+                "ndcg@10": ndcg, "p50_ms": p50, "threads": threads, "error": error}  # fmt: skip
+
+    payload = {
+        "k": 100,
+        "rows": [
+            row("aligner_jax", 2, 0.7068, 8.7),
+            row("aligner_jax", 1, 0.7068, 11.2, setting="default (quiet re-run)"),
+            row("exact", 2, 0.7072, 9.5),
+            row("fast-plaid", 2, None, None, error="TimeoutError: time limit\ntraceback"),
+        ],
+    }
+    fig = search_latency.figure(payload)
+    (ax,) = fig.axes
+    labels = {t.get_text() for t in ax.texts if not t.get_text().startswith(("*", "no result"))}
+    assert labels == {"aligner_jax ×2", "aligner_jax ×1*", "exact ×2"}
+    (notes,) = [t.get_text() for t in ax.texts if t.get_text().startswith("*")]
+    assert notes == "* quiet re-run\nno result: fast-plaid ×2: TimeoutError: time limit"
+    low, high = ax.get_ylim()
+    assert high - low >= 2.0  # 0.04 nDCG points apart must not fill the axes
+    left, right = ax.get_xlim()
+    assert right / left >= 5.0 and ax.get_xscale() == "log"
+    filled = {ln.get_markerfacecolor() != "none" for ln in ax.get_lines()}
+    assert filled == {True, False}  # 2 threads filled, 1 thread hollow
+    plotting.pyplot().close(fig)
