@@ -115,6 +115,8 @@ def test_ndcg_vs_cost_joins_sizes_in_x_order_and_labels_unjoined_time_points():
         assert labels == points  # every point labelled with its β^d, at the point
         _mathtext_only(time_ax.get_title())
     assert time_axes[0].get_shared_x_axes().joined(time_axes[0], time_axes[-1])
+    # 3 panels in 2 columns: the two lowest of their columns (2nd and 3rd) carry the x axis.
+    assert [bool(ax.get_xlabel()) for ax in time_axes] == [False, True, True]
     plotting.pyplot().close(fig)
 
 

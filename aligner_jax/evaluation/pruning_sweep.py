@@ -283,9 +283,10 @@ def figure_ndcg_vs_cost(report: dict):
         )
         time_ax.set_title(beta_q_label(bq) + r"; point labels: $\beta^d$", fontsize=9)
         time_ax.grid(True, alpha=0.3)
-        if k_row_last := (i // cols == rows - 1):
+        lowest = i + cols >= len(series)  # no panel below it: it shows the x axis
+        if lowest:
             time_ax.set_xlabel("search ms per query (p50)", fontsize=9)
-        time_ax.tick_params(labelsize=8, labelbottom=k_row_last)
+        time_ax.tick_params(labelsize=8, labelbottom=lowest)
     sizes = {p["beta_d"]: p["token_index_bytes"] / 2**20 for p in report["points"]}
     size_ax.set_xscale("log")
     plotting.log_ticks(size_ax.xaxis, list(sizes.values()), [f"{m:.0f}" for m in sizes.values()])
