@@ -14,9 +14,9 @@ query token's k′ nearest tokens, and records per corpus size:
   centres (the far end of the lists), the rest holding a token of a query token's own centre.
 
   .venv/bin/python benchmarks/scaling_candidates.py               # 1M, 4M, 16M tokens, k′=1000
-  .venv/bin/python benchmarks/scaling_candidates.py --sizes=200000 --k_prime=100 --out=/tmp/c
+  .venv/bin/python benchmarks/scaling_candidates.py --sizes=200000 --k_prime=100 --output=/tmp/c.json
 
-Writes ``--out`` (default benchmarks/results/scaling_candidates.json).
+Writes ``--output`` (default benchmarks/results/scaling_candidates.json).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ _SIZES = flags.DEFINE_list("sizes", ["1000000", "4000000", "16000000"], "Corpus 
 _K_PRIME = flags.DEFINE_integer("k_prime", 1000, "Neighbours per query token (as scaling.py).")
 _NUM_QUERIES = flags.DEFINE_integer("num_queries", 10, "scaling.py's recall queries: the first 10.")
 _NOISE = flags.DEFINE_float("noise", scaling.DEFAULT_NOISE, "σ of the token noise (scaling.py).")
-_OUT = flags.DEFINE_string(
-    "out", str(REPO / "benchmarks/results/scaling_candidates.json"), "Output JSON."
+_OUTPUT = flags.DEFINE_string(
+    "output", str(REPO / "benchmarks/results/scaling_candidates.json"), "Output JSON."
 )
 
 
@@ -105,8 +105,8 @@ def main(argv) -> None:
         t = time.perf_counter()
         rows.append(exact_lists(size, _K_PRIME.value, _NUM_QUERIES.value, _NOISE.value))
         print(f"{rows[-1]} ({time.perf_counter() - t:.0f} s)", flush=True)
-    fileio.atomic_write_json(Path(_OUT.value), rows, sort_keys=False)
-    print(f"wrote {_OUT.value}")
+    fileio.atomic_write_json(Path(_OUTPUT.value), rows, sort_keys=False)
+    print(f"wrote {_OUTPUT.value}")
 
 
 if __name__ == "__main__":
