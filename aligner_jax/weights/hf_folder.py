@@ -73,21 +73,26 @@ def model_folder(path: str | os.PathLike) -> pathlib.Path:
     return path / subfolders[0]
 
 
-def read_config(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """``config.json`` of a model folder, as a dict."""
-    path = pathlib.Path(model_dir) / CONFIG_FILE
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object file of a model folder (a user error naming it if missing or invalid)."""
+    path = pathlib.Path(path)
     if not path.is_file():
         raise MissingPathError(
             f"{path} does not exist: expected a Hugging Face model folder (config.json, "
             "model.safetensors)."
         )
     try:
-        config = json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: invalid JSON ({e}).") from e
-    if not isinstance(config, dict):
+    if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return config
+    return obj
+
+
+def read_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """``config.json`` of a model folder, as a dict."""
+    return read_json(pathlib.Path(model_dir) / CONFIG_FILE)
 
 
 def weight_files(model_dir: str | os.PathLike) -> tuple[pathlib.Path, list[pathlib.Path]]:
@@ -173,9 +178,7 @@ def load_mapped(
             len(skipped),
             skipped[:10],
         )
-    return traverse_util.unflatten_dict(
-        {k: jnp.asarray(v, dtype=dtype) for k, v in loaded.items()}
-    )
+    return traverse_util.unflatten_dict({k: jnp.asarray(v, dtype=dtype) for k, v in loaded.items()})
 
 
 def hf_tensors(
