@@ -18,7 +18,6 @@ from fixtures import TOY_DOCS, TOY_QUERIES
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
-from aligner_jax.encoding.encoder import Encoder
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import bert, t5
 from aligner_jax.weights import hf_export, hf_models, minilm
@@ -143,10 +142,12 @@ def test_bert_folder_matches_transformers(bert_folder):
         max_position_embeddings=96,
         layer_norm_eps=1e-7,
     )
-    tokenizer = loading.load_tokenizer(loading.resolve_tokenizer("auto", f"hf:{bert_folder}", config))
+    tokenizer = loading.load_tokenizer(
+        loading.resolve_tokenizer("auto", f"hf:{bert_folder}", config)
+    )
     ids, mask = _batch(tokenizer)
     reference_ids = transformers.AutoTokenizer.from_pretrained(bert_folder)(TEXTS)["input_ids"]
-    assert [list(r) for r in reference_ids] == [list(i[m]) for i, m in zip(ids, mask)]
+    assert [list(r) for r in reference_ids] == [list(i[m]) for i, m in zip(ids, mask, strict=True)]
     assert mask.sum(1).max() > 30 and not mask.all()  # padding takes part in the comparison
     expected = _torch_hidden(transformers.AutoModel.from_pretrained(bert_folder).eval(), ids, mask)
     got = _ours_hidden(config, params, ids, mask)
@@ -187,8 +188,18 @@ def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
     (st / "modules.json").write_text(
         json.dumps(
             [
-                {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "0_Transformer",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
             ]
         )
     )
@@ -204,20 +215,27 @@ def test_unsupported_model_type_is_a_user_error(tmp_path):
         loading.load_encoder(config=config, backbone_weights=f"hf:{tmp_path}")
 
 
+def _encode(bundle, texts, kind):
+    seqs = bundle.tokenizer.encode_batch(texts, max_length=bundle.config.maxlen(kind))
+    ids = np.zeros((len(seqs), max(len(x) for x in seqs)), np.int32)
+    mask = np.zeros(ids.shape, bool)
+    for i, x in enumerate(seqs):
+        ids[i, : len(x)], mask[i, : len(x)] = x, True
+    apply = jax.jit(bundle.module.apply, static_argnums=3)
+    vectors, salience = apply({"params": bundle.params}, ids, mask, kind)
+    return np.asarray(vectors), np.asarray(salience), mask
+
+
 def _scores(bundle) -> np.ndarray:
-    """Top-1 (ColBERT) ALIGNER scores of the toy queries against the toy documents."""
-    encoder = Encoder(bundle)
-    docs = encoder.encode([d["text"] for d in TOY_DOCS.values()], "doc")
-    queries = encoder.encode(list(TOY_QUERIES.values()), "query")
-    out = np.zeros((len(queries), len(docs)))
-    for i, q in enumerate(queries):
-        for j, d in enumerate(docs):
-            s = q.vectors @ d.vectors.T
-            out[i, j] = scoring.alignment_scores(
-                s, np.ones(len(q.vectors), bool), np.ones(len(d.vectors), bool), "top_k:1",
-                q.salience, d.salience,
-            )
-    return out
+    """Top-1 (ColBERT) ALIGNER scores (Eq. 1-2) of the toy queries against the toy documents."""
+    d, u_d, d_mask = _encode(bundle, [d["text"] for d in TOY_DOCS.values()], "doc")
+    q, u_q, q_mask = _encode(bundle, list(TOY_QUERIES.values()), "query")
+    s = np.einsum("qnh,dmh->qdnm", q, d)
+    return np.asarray(
+        scoring.alignment_scores(
+            s, q_mask[:, None], d_mask[None], "top_k:1", u_q[:, None], u_d[None]
+        )
+    )
 
 
 def test_bundled_model_folder_scores_as_minilm():
@@ -238,7 +256,11 @@ def _trained_like(backbone_config, folder_spec, tmp_path):
     """A tiny ALIGNER model on the hf backbone with random (non-trivial) heads, as training
     would leave it."""
     config = aligner_lib.AlignerConfig(
-        backbone=None, projection="dense", projection_dim=8, salience="lp", query_maxlen=16,
+        backbone=None,
+        projection="dense",
+        projection_dim=8,
+        salience="lp",
+        query_maxlen=16,
         doc_maxlen=48,
     )
     bundle = loading.load_encoder(config=config, backbone_weights=folder_spec, seed=3)
@@ -253,8 +275,13 @@ def test_export_roundtrip(kind, bert_folder, t5_folder, tmp_path):
     bundle = _trained_like(backbone_config, f"hf:{folder}", tmp_path)
     out = tmp_path / "export"
     files = hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
-    expected_files = {"config.json", "model.safetensors", "aligner_heads.safetensors",
-                      "aligner_config.json", "README.md"}
+    expected_files = {
+        "config.json",
+        "model.safetensors",
+        "aligner_heads.safetensors",
+        "aligner_config.json",
+        "README.md",
+    }
     assert expected_files <= set(files)
     assert ("spiece.model" if kind == "t5" else "tokenizer.json") in files
 
@@ -301,8 +328,9 @@ def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
 def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):
     """aligner_t5.gin's tokenizer 'auto': SentencePiece beside a t5x: checkpoint, or a clear
     refusal; the bundled WordPiece vocabulary is refused for T5X weights."""
-    config = t5.T5Config(vocab_size=128, emb_dim=16, num_heads=2, num_layers=1, head_dim=8,
-                         mlp_dim=24)
+    config = t5.T5Config(
+        vocab_size=128, emb_dim=16, num_heads=2, num_layers=1, head_dim=8, mlp_dim=24
+    )
     step = tmp_path / "model" / "checkpoint_5"
     step.mkdir(parents=True)
     spec = f"t5x:{step}"
