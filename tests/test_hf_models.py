@@ -345,3 +345,76 @@ def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):
     assert type(tok).__name__ == "SentencePieceTokenizer" and tok.encode("honey bees")[-1] == 1
     explicit = f"sentencepiece:{tmp_path / 'model' / 'spiece.model'}"
     assert loading.resolve_tokenizer(explicit, spec, config) == explicit
+
+
+def test_trainer_takes_backbone_config_and_weights_from_hf(tmp_path):
+    """``train.backbone_weights='hf:DIR'`` alone: the folder's architecture replaces the model
+    gin's (bert_tiny: 32-d, 2 layers) and its weights initialise the backbone (learning rate 0:
+    they come out of training unchanged); evaluation loads the checkpoint the same way."""
+    from fixtures import write_toy_beir
+
+    from aligner_jax.common import cli
+    from aligner_jax.training import trainer
+
+    folder = tmp_path / "hf"
+    config = transformers.BertConfig(
+        vocab_size=30522,  # the task's WordPiece vocabulary (the bundled one)
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(2)
+    transformers.BertModel(config).save_pretrained(folder)
+    shutil.copy(minilm.minilm_model_dir() / "tokenizer.json", folder / "tokenizer.json")
+    data = write_toy_beir(tmp_path / "data")
+    bindings = {
+        "MODEL_DIR": repr(str(tmp_path / "m")),
+        "TRAIN_STEPS": 2,
+        "QUERY_LENGTH": 8,
+        "DOC_LENGTH": 16,
+        "BATCH_SIZE": 2,
+        "LEARNING_RATE": 0.0,
+        "WARMUP_STEPS": 1,
+        "DataConfig.task": "'beir_train_bm25'",
+        "beir_train_source.dataset_dir": repr(str(data)),
+        "beir_train_source.qrels_split": "'test'",
+        "train.backbone_weights": repr(f"hf:{folder}"),
+        "CheckpointConfig.period": 2,
+    }
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], [f"{k} = {v}" for k, v in bindings.items()]
+    )
+    trainer.train()
+    bundle = loading.load_encoder(checkpoint=str(tmp_path / "m"), backbone_weights=f"hf:{folder}")
+    assert bundle.config.backbone.hidden_size == 16 and bundle.config.projection_dim == 16
+    _, expected = hf_models.load_backbone(folder)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, bundle.params["backbone"], expected)
+
+
+def test_export_binary(run_binary, tmp_path):
+    out = tmp_path / "exported"
+    proc = run_binary(
+        "export",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin.load_encoder.seed=4",
+        f"--output_dir={out}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"-> {out}: README.md, aligner_config.json, aligner_heads.safetensors" in proc.stdout
+    assert f"backbone_weights=\"'hf:{out}'\"" in proc.stdout
+    assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
+    recorded = json.loads((out / "aligner_config.json").read_text())
+    assert (recorded["projection"], recorded["projection_dim"], recorded["salience"]) == (
+        "dense",
+        16,
+        "lp",
+    )
+    # A folder holding something else is refused in one line.
+    proc = run_binary("export", "--gin_file=models/bert_tiny.gin", f"--output_dir={tmp_path}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"aligner-export: error: --output_dir={tmp_path}: not empty and not an aligner-export "
+        "folder; choose an empty or new folder"
+    )
