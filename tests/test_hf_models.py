@@ -173,6 +173,34 @@ def test_t5_folder_matches_transformers(t5_folder):
     assert np.abs(expected).max() > 0.5
 
 
+def test_t5_v1_0_relu_and_full_t5_checkpoint(tmp_path):
+    """A T5 v1.0-style ``T5Model`` (ReLU, one ``wi``): the decoder is skipped, the encoder
+    matches."""
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=16,
+        d_kv=4,
+        d_ff=24,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        feed_forward_proj="relu",
+    )
+    torch.manual_seed(3)
+    transformers.T5Model(config).save_pretrained(tmp_path)
+    ours_config, params = hf_models.load_backbone(tmp_path)
+    assert ours_config.mlp_activations == ("relu",)
+    ids = np.array([[5, 9, 11, 1, 0], [7, 3, 1, 0, 0]], np.int32)
+    mask = ids > 0
+    encoder = transformers.T5EncoderModel.from_pretrained(tmp_path).eval()
+    np.testing.assert_allclose(
+        _ours_hidden(ours_config, params, ids, mask),
+        _torch_hidden(encoder, ids, mask),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
 def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
     _, params = hf_models.load_backbone(bert_folder)
     sharded = tmp_path / "sharded"
