@@ -234,6 +234,14 @@ def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
     assert hf_models.folder_of(f"hf:{st}") == st / "0_Transformer"
 
 
+def test_a_tokenizer_larger_than_the_embedding_is_refused(bert_folder):
+    config = aligner_lib.AlignerConfig(projection="identity", salience="none")
+    with pytest.raises(ConfigError, match=r"tokenizer='minilm' has 30522 token ids but the "):
+        loading.load_encoder(
+            config=config, backbone_weights=f"hf:{bert_folder}", tokenizer="minilm"
+        )
+
+
 def test_unsupported_model_type_is_a_user_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "hidden_size": 8}))
     with pytest.raises(ConfigError, match=r"config.json: model_type='roberta' is not supported"):
@@ -321,6 +329,8 @@ def test_export_roundtrip(kind, bert_folder, t5_folder, tmp_path):
     scores = _scores(loaded)
     np.testing.assert_array_equal(scores, _scores(bundle))
     assert np.ptp(scores) > 0
+    rebuilt = loading.encoder_from_spec(loaded.spec())  # what an index's encoder.json gives
+    assert rebuilt.fingerprint() == loaded.fingerprint() == bundle.fingerprint()
 
     # transformers loads the backbone; the README's recipe gives our token vectors.
     ids, mask = _batch(loaded.tokenizer, maxlen=48)

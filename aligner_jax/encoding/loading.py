@@ -181,6 +181,12 @@ def load_encoder(
         )
     tokenizer = resolve_tokenizer(tokenizer, backbone_weights, config.backbone)
     tok = load_tokenizer(tokenizer)
+    if tok.vocab_size > config.backbone.vocab_size:  # larger ids would silently read other rows
+        raise ConfigError(
+            f"load_encoder.tokenizer={tokenizer!r} has {tok.vocab_size} token ids but the "
+            f"backbone's embedding has {config.backbone.vocab_size} rows: use the backbone's own "
+            "tokenizer (load_encoder.tokenizer='auto')"
+        )
     source = {
         "backbone_weights": _absolute(backbone_weights),
         "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
