@@ -456,3 +456,30 @@ def test_export_binary(run_binary, tmp_path):
         f"aligner-export: error: --output_dir={tmp_path}: not empty and not an aligner-export "
         "folder; choose an empty or new folder"
     )
+
+
+def test_aligner_t5_gin_with_a_t5x_checkpoint_takes_sentencepiece(tmp_path):
+    """models/aligner_t5.gin leaves the tokenizer on 'auto': a t5x: checkpoint without a
+    SentencePiece model beside it is refused in one line naming the flag; with spiece.model
+    beside it, that model is the tokenizer."""
+    import orbax.checkpoint as ocp
+    from flax import linen as nn
+
+    from aligner_jax.common import cli
+
+    step = tmp_path / "t5x_model" / "checkpoint_10"
+    bindings = [
+        f"load_encoder.backbone_weights = {f't5x:{step}'!r}",
+        "T5Config.dropout_rate = 0.0",
+    ]
+    cli.parse_gin(["models/t5_tiny.gin", "models/aligner_t5.gin"], bindings)
+    config = t5.T5Config()  # t5_tiny's sizes, from gin
+    params = nn.unbox(t5.init_t5_encoder(config, jax.random.key(0)))["params"]
+    ocp.PyTreeCheckpointer().save(step / "state", {"target": jax.device_get(params)})
+    with pytest.raises(ConfigError, match=r"SentencePiece vocabulary.*load_encoder.tokenizer="):
+        loading.load_encoder()
+    _spiece(tmp_path / "t5x_model")
+    bundle = loading.load_encoder()
+    assert type(bundle.tokenizer).__name__ == "SentencePieceTokenizer"
+    assert bundle.source["tokenizer"] == f"sentencepiece:{tmp_path / 't5x_model' / 'spiece.model'}"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, bundle.params["backbone"], params)
