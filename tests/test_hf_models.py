@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 from fixtures import TOY_DOCS, TOY_QUERIES
+from safetensors.numpy import load_file, save_file
 
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common.errors import CheckpointError, ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
 from aligner_jax.models import aligner as aligner_lib
@@ -199,6 +200,16 @@ def test_t5_v1_0_relu_and_full_t5_checkpoint(tmp_path):
         atol=1e-4,
         rtol=0,
     )
+    # config.json saying gated GELU over a ReLU checkpoint: one line naming file and tensor.
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    hf_config.update(feed_forward_proj="gated-gelu", dense_act_fn="gelu_new", is_gated_act=True)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors: tensor 'encoder.block.0.layer.1.DenseReluDense.wi.weight' "
+        r"\(encoder/layers_0/mlp/wi/kernel\) is not part of a T5 encoder",
+    ):
+        hf_models.load_backbone(tmp_path)
 
 
 def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
@@ -341,8 +352,6 @@ def test_export_roundtrip(kind, bert_folder, t5_folder, tmp_path):
     hidden = _torch_hidden(model.eval(), ids, mask)
     ours = _ours_hidden(loaded.config.backbone, loaded.params["backbone"], ids, mask)
     np.testing.assert_allclose(ours, hidden, atol=1e-4, rtol=0)
-    from safetensors.numpy import load_file
-
     heads = load_file(str(out / "aligner_heads.safetensors"))
     v = hidden @ heads["projection.weight"].T
     v = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12) * mask[..., None]
@@ -361,6 +370,14 @@ def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
         hf_export.export_model(
             bundle.config, bundle.params, bundle.source["tokenizer"], tmp_path / "busy"
         )
+    out = tmp_path / "export"
+    hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    heads = load_file(str(out / "aligner_heads.safetensors"))
+    del heads["doc_salience.bias"]
+    save_file(heads, str(out / "aligner_heads.safetensors"))
+    config = aligner_lib.AlignerConfig()
+    with pytest.raises(CheckpointError, match=r"aligner_heads.safetensors: no tensor 'doc_sal"):
+        loading.load_encoder(config=config, backbone_weights=f"hf:{out}")
 
 
 def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):

@@ -24,7 +24,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from aligner_jax.common import fileio
-from aligner_jax.common.errors import CheckpointError, ConfigError
+from aligner_jax.common.errors import CheckpointError, ConfigError, MissingPathError
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.weights import hf_folder
 
@@ -73,26 +73,28 @@ def heads_to_tensors(config: aligner_lib.AlignerConfig, params: dict) -> dict[st
     return {k: np.ascontiguousarray(v) for k, v in tensors.items()}
 
 
-def load_heads(model_dir: str | os.PathLike, expected: dict) -> dict[str, Any]:
-    """The head parameters (Flax layout) of ``aligner_heads.safetensors``; ``expected`` is the
-    (abstract) parameter tree of the configured model, whose non-backbone entries must all be
-    present with their shapes."""
+def load_heads(model_dir: str | os.PathLike, params: dict) -> dict[str, Any]:
+    """The head parameters (Flax layout) of ``aligner_heads.safetensors``. ``params`` is the
+    configured model's parameter tree: each of its non-backbone entries must be in the file with
+    its shape, and the file must hold nothing else."""
     path = pathlib.Path(model_dir) / HEADS_FILE
-    wanted = {k: v for k, v in expected.items() if k != "backbone"}
-    tensors = load_file(str(path)) if wanted or path.is_file() else {}
+    wanted = {k: v for k, v in params.items() if k != "backbone"}
+    if not path.is_file():
+        raise MissingPathError(f"{path} does not exist (the folder's {CONFIG_FILE} needs it)")
+    tensors = load_file(str(path))
     heads: dict[str, Any] = {}
     for module, leaves in wanted.items():
         heads[module] = {}
-        for leaf, shape in leaves.items():
+        for leaf, value in leaves.items():
             name = f"{module}.{'weight' if leaf == 'kernel' else leaf}"
             if name not in tensors:
                 raise CheckpointError(f"{path}: no tensor {name!r}")
             array = tensors.pop(name)
             array = array.T if leaf == "kernel" else array
-            if tuple(array.shape) != tuple(np.shape(shape)):
+            if array.shape != np.shape(value):
                 raise CheckpointError(
-                    f"{path}: {name!r} has shape {tuple(array.shape)[::-1]}, expected "
-                    f"{tuple(np.shape(shape))[::-1]}"
+                    f"{path}: {name!r} has shape {array.shape[::-1]}, expected "
+                    f"{np.shape(value)[::-1]} ({CONFIG_FILE} and config.json disagree)"
                 )
             heads[module][leaf] = array
     if tensors:

@@ -151,6 +151,10 @@ def load_mapped(
                     skipped.append(name)
                     continue
                 path, transpose = target
+                if path not in expected:
+                    raise CheckpointError(
+                        f"{file}: tensor {name!r} ({'/'.join(path)}) is not part of {unknown_hint}."
+                    )
                 if path in loaded:
                     raise CheckpointError(
                         f"{file}: tensors {source_of[path]!r} and {name!r} both map to "
