@@ -26,7 +26,7 @@ from aligner_jax.weights import aligner_heads, hf_folder, hf_models, minilm
 
 _README = """# ALIGNER encoder ({backbone}, exported by aligner_jax)
 
-ALIGNER: "Multi-vector retrieval as sparse alignment" (Qian et al., 2022). One shared encoder
+ALIGNER ("Multi-vector retrieval as sparse alignment"): one shared encoder
 for queries and documents; a document's score for a query is
 
     sim(Q, D) = Σ_ij S_ij A_ij / Σ_ij A_ij                          (Eq. 1-2)
@@ -90,9 +90,9 @@ def _tokenizer_sources(spec: str) -> dict[str, pathlib.Path]:
 def readme(config: aligner_lib.AlignerConfig) -> str:
     t5 = isinstance(config.backbone, T5Config)
     if config.projection == "dense":
-        project = 'v = h @ heads["projection.weight"].T              # [B, L, D] (§4.1)'
+        project = 'v = h @ heads["projection.weight"].T                  # [B, L, D] (§4.1)'
     else:
-        project = "v = h                                             # identity projection"
+        project = "v = h                                                 # identity projection"
     return _README.format(
         backbone="T5 encoder" if t5 else "BERT",
         model_class="T5EncoderModel" if t5 else "AutoModel",
