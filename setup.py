@@ -63,6 +63,7 @@ setuptools.setup(
             "aligner-search=aligner_jax.search:console_entry",
             "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
+            "aligner-export=aligner_jax.export:console_entry",
         ]
     },
 )

@@ -311,3 +311,25 @@ def test_expected_encoder_shapes():
     assert shapes["encoder/layers_1/attention/out/kernel"] == (16, 16)
     assert shapes["encoder/relpos_bias/rel_embedding"] == (2, 32)
     assert len(shapes) == 3 + 2 * 9
+
+
+def test_orbax_checkpoint_manager_layout(tmp_path, original):
+    """t5x's OrbaxCheckpointManagerInterface: ``checkpoint_<step>/`` holds
+    ``_CHECKPOINT_METADATA`` and the item folder ``state/`` whose tree is ``{'target': params}``.
+    The step folder itself is not the orbax tree (the old importer read it and found no
+    'target')."""
+    import orbax.checkpoint as ocp
+
+    decoder, _ = _other_entries(np.random.default_rng(6))
+    target = traverse_util.unflatten_dict(
+        {tuple(k.split("/")): np.asarray(v) for k, v in {**original, **decoder}.items()}
+    )
+    options = ocp.CheckpointManagerOptions(step_prefix="checkpoint")
+    with ocp.CheckpointManager(tmp_path, options=options) as manager:
+        manager.save(8, args=ocp.args.Composite(state=ocp.args.PyTreeSave({"target": target})))
+        manager.wait_until_finished()
+    step_dir = tmp_path / "checkpoint_8"
+    assert (step_dir / "_CHECKPOINT_METADATA").exists() and (step_dir / "state").is_dir()
+    for path in (tmp_path, step_dir, step_dir / "state"):
+        _assert_params_equal(t5x_import.load_t5x_encoder(path, CFG), original)
+    assert t5x_import.resolve_checkpoint(step_dir) == ("orbax", step_dir / "state")

@@ -91,6 +91,8 @@ class T5Config:
         single projection is named ``wi`` (T5 v1.0 style).
       remat: recompute each layer's activations in the backward pass (``nn.remat``) to save
         accelerator memory on large models; the parameter tree is unchanged.
+      layer_norm_epsilon: ε of every RMS layer norm (T5: 1e-6; Hugging Face
+        ``config.json`` ``layer_norm_epsilon``).
     """
 
     vocab_size: int = 32128
@@ -106,6 +108,7 @@ class T5Config:
     relative_attention_max_distance: int = 128
     mlp_activations: tuple[str, ...] = ("gelu", "linear")
     remat: bool = False
+    layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self):
         for name in (
@@ -125,6 +128,10 @@ class T5Config:
             raise ConfigError(
                 "T5Config.relative_attention_num_buckets must be an even integer >= 4 "
                 f"(half per direction), got {buckets!r}."
+            )
+        if not 0.0 < float(self.layer_norm_epsilon) < 1.0:
+            raise ConfigError(
+                f"T5Config.layer_norm_epsilon must be in (0, 1), got {self.layer_norm_epsilon!r}."
             )
         if not 0.0 <= float(self.dropout_rate) < 1.0:
             raise ConfigError(
@@ -420,7 +427,12 @@ class T5EncoderLayer(nn.Module):
         self, x: Array, key_bias: Array, position_bias: Array, deterministic: bool
     ) -> Array:
         cfg = self.config
-        norm = functools.partial(T5LayerNorm, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype)
+        norm = functools.partial(
+            T5LayerNorm,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            epsilon=cfg.layer_norm_epsilon,
+        )
         residual_dropout = functools.partial(
             nn.Dropout, rate=cfg.dropout_rate, broadcast_dims=(-2,)
         )
@@ -461,9 +473,12 @@ class T5EncoderStack(nn.Module):
             layer_cls = nn.remat(T5EncoderLayer, static_argnums=(4,))
         for i in range(cfg.num_layers):
             x = layer_cls(cfg, name=f"layers_{i}")(x, key_bias, position_bias, deterministic)
-        x = T5LayerNorm(dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype, name="encoder_norm")(
-            x
-        )
+        x = T5LayerNorm(
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            epsilon=cfg.layer_norm_epsilon,
+            name="encoder_norm",
+        )(x)
         x = nn.Dropout(rate=cfg.dropout_rate)(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
 

@@ -91,7 +91,9 @@ def train(
       optimizer_fn: called as ``optimizer_fn(learning_rate=...)`` (gin: ``create_optimizer``).
       checkpoint: period, how many to keep, what to restore.
       backbone_weights: initial backbone weights when starting fresh: ``'minilm'`` (the bundled
-        model), ``'t5x:/path/checkpoint_N'`` (a T5X T5 v1.1 checkpoint) or ``'random'``.
+        model), ``'hf:/path/folder'`` (a Hugging Face BERT-family / T5 folder, whose config.json
+        also sets the backbone architecture), ``'t5x:/path/checkpoint_N'`` (a T5X T5 v1.1
+        checkpoint) or ``'random'``.
       seed: parameter init, dropout and data order seed.
       num_partitions: size of the mesh's ``model`` axis (tensor parallelism).
       summary_period: steps between summaries / log lines.
@@ -108,6 +110,9 @@ def train(
         )
     data = data or input_pipeline.DataConfig()
     checkpoint = checkpoint or checkpointing.CheckpointConfig()
+    config = loading_lib.config_for_weights(model.config, backbone_weights)
+    if config != model.config:  # hf: weights bring their backbone's (and heads') architecture
+        model = AlignerModel(config, model.loss)
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     model_dir.mkdir(parents=True, exist_ok=True)
     mesh = partitioning.create_mesh(num_partitions)

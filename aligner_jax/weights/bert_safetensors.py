@@ -21,15 +21,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from absl import logging
 from flax import linen as nn
 from flax import traverse_util
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
-from aligner_jax.common.errors import CheckpointError, ConfigError
 from aligner_jax.models.bert import BertConfig, BertEncoder
+from aligner_jax.weights import hf_folder
 
 # Tensors of a BERT checkpoint that the encoder does not use: the registered position-id buffer
 # and the pre-training / pooling heads.
@@ -61,14 +57,9 @@ _EMB_LN_RE = re.compile(r"^embeddings\.LayerNorm\.(weight|bias|gamma|beta)$")
 
 def read_bert_config(model_dir: str | os.PathLike) -> BertConfig:
     """``BertConfig`` from ``<model_dir>/config.json``."""
-    path = pathlib.Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: expected a Hugging Face model folder.")
-    try:
-        hf_config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON ({e}).") from e
-    return BertConfig.from_hf_config(hf_config, source=str(path))
+    return BertConfig.from_hf_config(
+        hf_folder.read_config(model_dir), source=str(pathlib.Path(model_dir) / "config.json")
+    )
 
 
 def read_max_seq_length(model_dir: str | os.PathLike, default: int | None = None) -> int | None:
@@ -134,9 +125,10 @@ def load_bert_from_safetensors(
     """Loads ``<model_dir>/{config.json, model.safetensors}`` into ``BertEncoder`` parameters.
 
     Tensor names may carry a ``bert.`` prefix (``BertForMaskedLM`` checkpoints) or not
-    (``BertModel``). The position-id buffer, pooler and MLM heads are skipped; any other tensor
-    the encoder does not know, a tensor mapped twice, a missing tensor or a shape mismatch raises
-    a ValueError naming the file and the tensor.
+    (``BertModel``); the weights may be sharded (``model.safetensors.index.json``). The
+    position-id buffer, pooler and MLM heads are skipped; any other tensor the encoder does not
+    know, a tensor mapped twice, a missing tensor or a shape mismatch raises a ``CheckpointError``
+    naming the file and the tensor.
 
     Args:
       model_dir: Hugging Face model folder.
@@ -146,70 +138,31 @@ def load_bert_from_safetensors(
       ``(config, params)`` with plain arrays; use ``BertEncoder(config).apply({'params': params},
       ids, mask)``.
     """
-    model_dir = pathlib.Path(model_dir)
     config = read_bert_config(model_dir)
-    path = model_dir / "model.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist; convert the checkpoint to safetensors (pytorch_model.bin is "
-            "not read, to keep torch out of the library)."
-        )
     expected = {
         k: v.shape
         for k, v in traverse_util.flatten_dict(
             nn.unbox(abstract_bert_params(config, param_dtype=dtype))
         ).items()
     }
-    loaded: dict[tuple[str, ...], np.ndarray] = {}
-    source_of: dict[tuple[str, ...], str] = {}
-    skipped = []
-    with safe_open(str(path), framework="numpy") as f:
-        for name in f.keys():
-            short = name[len("bert.") :] if name.startswith("bert.") else name
-            try:
-                flax_path = hf_to_flax_path(short, config.num_hidden_layers)
-            except ValueError:
-                raise CheckpointError(
-                    f"{path}: tensor {name!r} is not part of a BERT encoder with "
-                    f"num_hidden_layers={config.num_hidden_layers} (check config.json)."
-                ) from None
-            if flax_path is None:
-                skipped.append(name)
-                continue
-            if flax_path in loaded:
-                raise CheckpointError(
-                    f"{path}: tensors {source_of[flax_path]!r} and {name!r} both map to "
-                    f"parameter {'/'.join(flax_path)}; the checkpoint holds the encoder twice."
-                )
-            array = f.get_tensor(name)
-            hf_shape = tuple(array.shape)
-            if flax_path[-1] == "kernel":
-                array = array.T  # PyTorch Linear stores [out, in].
-            if array.shape != expected[flax_path]:
-                raise CheckpointError(
-                    f"{path}: tensor {name!r} has shape {hf_shape}, expected "
-                    f"{_hf_shape(flax_path, expected[flax_path])} from "
-                    f"{model_dir / 'config.json'} (parameter {'/'.join(flax_path)})."
-                )
-            loaded[flax_path] = array
-            source_of[flax_path] = name
-    missing = sorted(set(expected) - set(loaded))
-    if missing:
-        names = ", ".join(repr(flax_to_hf_name(p)) for p in missing[:8])
-        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        raise CheckpointError(f"{path}: {len(missing)} encoder tensor(s) missing: {names}{more}.")
-    if skipped:
-        logging.info(
-            "%s: skipped %d tensors not used by the encoder: %s", path, len(skipped), skipped
-        )
-    params = traverse_util.unflatten_dict(
-        {k: jnp.asarray(v, dtype=dtype) for k, v in loaded.items()}
+
+    def target_of(name: str):
+        short = name[len("bert.") :] if name.startswith("bert.") else name
+        try:
+            path = hf_to_flax_path(short, config.num_hidden_layers)
+        except ValueError:
+            raise KeyError(name) from None
+        return None if path is None else (path, path[-1] == "kernel")
+
+    params = hf_folder.load_mapped(
+        model_dir,
+        target_of,
+        expected,
+        flax_to_hf_name,
+        f"a BERT encoder with num_hidden_layers={config.num_hidden_layers} (check config.json)",
+        dtype,
     )
     return config, params
-
-
-def _hf_shape(flax_path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(reversed(shape)) if flax_path[-1] == "kernel" else tuple(shape)
 
 
 def flax_to_hf_name(flax_path: tuple[str, ...]) -> str:
@@ -236,15 +189,7 @@ def save_bert_to_safetensors(
     The inverse of ``load_bert_from_safetensors``: kernels are transposed back to ``[out, in]``.
     Returns the folder.
     """
-
-    model_dir = pathlib.Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for flax_path, value in traverse_util.flatten_dict(nn.unbox(params)).items():
-        array = np.asarray(value, dtype=np.float32)
-        if flax_path[-1] == "kernel":
-            array = array.T
-        tensors[flax_to_hf_name(flax_path)] = np.ascontiguousarray(array)
-    save_file(tensors, str(model_dir / "model.safetensors"))
-    (model_dir / "config.json").write_text(json.dumps(config.to_hf_config(), indent=2) + "\n")
-    return model_dir
+    tensors = hf_folder.hf_tensors(
+        nn.unbox(params), lambda path: (flax_to_hf_name(path), path[-1] == "kernel")
+    )
+    return hf_folder.write_folder(model_dir, config.to_hf_config(), tensors)

@@ -20,9 +20,11 @@ Classic T5X (``t5x.checkpoints.Checkpointer``)::
   a tensorstore spec (a dict with ``driver``, ``kvstore``, ``metadata``) whose path is relative
   to the step directory and is the parameter's '/'-path with '/' replaced by '.'.
 
-Orbax (``t5x.checkpoints.OrbaxCheckpointManagerInterface``, and any orbax ``PyTreeCheckpointer``
-save of a t5x state dict)::
+Orbax (``t5x.checkpoints.OrbaxCheckpointManagerInterface``: an orbax ``CheckpointManager`` with
+``step_prefix='checkpoint'`` saving the item ``state``; or any orbax ``PyTreeCheckpointer`` save of
+a t5x state dict)::
 
+  <model_dir>/checkpoint_<step>/          _CHECKPOINT_METADATA (step metadata, not the tree)
   <model_dir>/checkpoint_<step>/state/    _METADATA, manifest.ocdbt or per-array directories
 
   whose tree is ``{"target": params, "state": {...}}``.
@@ -107,12 +109,15 @@ def resolve_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None = Non
                 f"No checkpoint_{step} in {path}; available steps: {sorted(step_dirs) or 'none'}."
             )
         return resolve_checkpoint(step_dirs[step])
+    # A step folder of an orbax CheckpointManager holds ``_CHECKPOINT_METADATA`` (the step's
+    # metadata, an orbax marker) beside its item folders: the tree is in ``state/``, so that item
+    # is looked at before the folder itself is taken for a tree.
+    if _is_orbax_dir(path / "state"):
+        return "orbax", path / "state"
     if (path / "checkpoint").is_file() and not _is_orbax_dir(path):
         return "t5x", path / "checkpoint"
     if _is_orbax_dir(path):
         return "orbax", path
-    if _is_orbax_dir(path / "state"):
-        return "orbax", path / "state"
     if step_dirs:
         latest = max(step_dirs)
         logging.info("Using the latest step %d of %s.", latest, path)

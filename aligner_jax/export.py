@@ -1,0 +1,60 @@
+r"""Export binary (``aligner-export``): a thin absl + gin wrapper of
+:func:`aligner_jax.weights.hf_export.export_model`, writing an encoder as a folder PyTorch users
+load (``transformers`` backbone + tokenizer, ``aligner_heads.safetensors``,
+``aligner_config.json``, ``README.md``) and that ``hf:FOLDER`` loads back.
+
+  python -m aligner_jax.export --gin_file=models/minilm.gin \
+    --checkpoint=outputs/scifact_minilm --output_dir=outputs/scifact_minilm_hf
+
+  python -m aligner_jax.export --gin_file=models/t5_base.gin --gin_file=models/aligner_t5.gin \
+    --gin.load_encoder.backbone_weights="'t5x:/path/checkpoint_1000000'" --output_dir=t5_hf
+
+Flags: ``--gin_file`` (repeatable; the model file the checkpoint was trained with),
+``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--checkpoint`` (an ``aligner-train`` MODEL_DIR or
+step folder; default: ``load_encoder``'s binding), ``--output_dir``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from aligner_jax.common import cli
+from aligner_jax.encoding import loading
+from aligner_jax.weights import hf_export
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "aligner-train MODEL_DIR (newest step) or a step folder.")
+flags.DEFINE_string("output_dir", None, "The export folder (new, empty or an earlier export).")
+
+
+def _export(checkpoint: str | None, output_dir: str) -> None:
+    bundle = loading.load_encoder(**({"checkpoint": checkpoint} if checkpoint else {}))
+    files = hf_export.export_model(
+        bundle.config, bundle.params, bundle.source["tokenizer"], output_dir
+    )
+    print(f"aligner-export: {bundle.name} -> {output_dir}: {', '.join(files)}")
+    print(f"  load back with --gin.load_encoder.backbone_weights=\"'hf:{output_dir}'\"")
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.output_dir:
+        raise app.UsageError("--output_dir is required")
+    cli.run_job(
+        "aligner-export",
+        _export,
+        on_interrupt=f"{FLAGS.output_dir} may hold part of the export; re-run to replace it",
+        checkpoint=FLAGS.checkpoint,
+        output_dir=FLAGS.output_dir,
+    )
+
+
+def console_entry() -> None:
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    console_entry()

@@ -1,0 +1,502 @@
+"""``hf:DIR`` backbones and ``aligner-export`` (issue 13, items 1–2).
+
+Folders are written by ``transformers`` ``save_pretrained`` for random small configs (BERT and
+T5 v1.1 ``T5EncoderModel``); our hidden states must match ``transformers``' within 1e-4, and an
+exported model must load back (``hf:``) with identical scores and load in ``transformers``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from fixtures import TOY_DOCS, TOY_QUERIES
+from safetensors.numpy import load_file, save_file
+
+from aligner_jax.common.errors import CheckpointError, ConfigError
+from aligner_jax.core import scoring
+from aligner_jax.encoding import loading
+from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.models import bert, t5
+from aligner_jax.weights import hf_export, hf_models, minilm
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+WORDS = sorted({w for doc in TOY_DOCS.values() for w in doc["text"].lower().split()})
+TEXTS = [
+    "a volcano erupts when magma rises",
+    "honey bees store honey",
+    "the sicilian defence is a sharp chess opening where black answers with the c5 pawn and "
+    "white develops the knight while the bishop waits on its long diagonal for the endgame",
+]
+
+
+def _bert_vocab(folder) -> None:
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (folder / "vocab.txt").write_text("\n".join(specials + WORDS) + "\n")
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    """A random 2-layer BertModel and its WordPiece tokenizer, as save_pretrained writes them."""
+    folder = tmp_path_factory.mktemp("hf_bert")
+    _bert_vocab(folder)
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    tokenizer.save_pretrained(folder)
+    config = transformers.BertConfig(
+        vocab_size=len(WORDS) + 5,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=96,
+        hidden_act="gelu",
+        layer_norm_eps=1e-7,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).eval().save_pretrained(folder)
+    return folder
+
+
+def _spiece(folder) -> None:
+    """A tiny SentencePiece model (T5's tokenizer kind) trained on the toy documents."""
+    spm = pytest.importorskip("sentencepiece")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(d["text"] for d in TOY_DOCS.values()) * 3)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(folder / "spiece"),
+        vocab_size=120,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
+    corpus.unlink()
+    (folder / "spiece.vocab").unlink()
+
+
+@pytest.fixture(scope="module")
+def t5_folder(tmp_path_factory):
+    """A random T5 v1.1-style encoder (gated GELU, shared relative bias) and spiece.model."""
+    folder = tmp_path_factory.mktemp("hf_t5")
+    config = transformers.T5Config(
+        vocab_size=128,
+        d_model=32,
+        d_kv=8,
+        d_ff=48,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        relative_attention_num_buckets=16,
+        relative_attention_max_distance=40,
+        layer_norm_epsilon=1e-6,
+    )
+    torch.manual_seed(1)
+    model = transformers.T5EncoderModel(config).eval()
+    with torch.no_grad():  # non-trivial norm scales, so a missed norm weight shows
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.mul_(1 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    _spiece(folder)
+    return folder
+
+
+def _torch_hidden(model, ids, mask) -> np.ndarray:
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+        ).last_hidden_state
+    return out.numpy() * mask[..., None]
+
+
+def _batch(tokenizer, maxlen=64):
+    seqs = tokenizer.encode_batch(TEXTS, max_length=maxlen)
+    length = max(len(s) for s in seqs)
+    ids = np.zeros((len(seqs), length), np.int32)
+    mask = np.zeros((len(seqs), length), bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = s, True
+    return ids, mask
+
+
+def _ours_hidden(backbone_config, params, ids, mask) -> np.ndarray:
+    module = aligner_lib.build_backbone(backbone_config)
+    return np.asarray(module.apply({"params": params}, ids, mask))
+
+
+def test_bert_folder_matches_transformers(bert_folder):
+    config, params = hf_models.load_backbone(bert_folder)
+    assert config == bert.BertConfig(
+        vocab_size=len(WORDS) + 5,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=96,
+        layer_norm_eps=1e-7,
+    )
+    tokenizer = loading.load_tokenizer(
+        loading.resolve_tokenizer("auto", f"hf:{bert_folder}", config)
+    )
+    ids, mask = _batch(tokenizer)
+    reference_ids = transformers.AutoTokenizer.from_pretrained(bert_folder)(TEXTS)["input_ids"]
+    assert [list(r) for r in reference_ids] == [list(i[m]) for i, m in zip(ids, mask, strict=True)]
+    assert mask.sum(1).max() > 30 and not mask.all()  # padding takes part in the comparison
+    expected = _torch_hidden(transformers.AutoModel.from_pretrained(bert_folder).eval(), ids, mask)
+    got = _ours_hidden(config, params, ids, mask)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    assert np.abs(expected).max() > 0.5
+
+
+def test_t5_folder_matches_transformers(t5_folder):
+    config, params = hf_models.load_backbone(t5_folder)
+    assert config.mlp_activations == ("gelu", "linear") and config.num_layers == 2
+    assert (config.relative_attention_num_buckets, config.relative_attention_max_distance) == (
+        16,
+        40,
+    )
+    tokenizer = loading.load_tokenizer(loading.resolve_tokenizer("auto", f"hf:{t5_folder}", config))
+    ids, mask = _batch(tokenizer)
+    # Long enough that relative distances reach the logarithmic buckets and the max distance.
+    assert mask.sum(1).max() > 40
+    model = transformers.T5EncoderModel.from_pretrained(t5_folder).eval()
+    expected = _torch_hidden(model, ids, mask)
+    got = _ours_hidden(config, params, ids, mask)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    assert np.abs(expected).max() > 0.5
+
+
+def test_t5_v1_0_relu_and_full_t5_checkpoint(tmp_path):
+    """A T5 v1.0-style ``T5Model`` (ReLU, one ``wi``): the decoder is skipped, the encoder
+    matches."""
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=16,
+        d_kv=4,
+        d_ff=24,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        feed_forward_proj="relu",
+    )
+    torch.manual_seed(3)
+    transformers.T5Model(config).save_pretrained(tmp_path)
+    ours_config, params = hf_models.load_backbone(tmp_path)
+    assert ours_config.mlp_activations == ("relu",)
+    ids = np.array([[5, 9, 11, 1, 0], [7, 3, 1, 0, 0]], np.int32)
+    mask = ids > 0
+    encoder = transformers.T5EncoderModel.from_pretrained(tmp_path).eval()
+    np.testing.assert_allclose(
+        _ours_hidden(ours_config, params, ids, mask),
+        _torch_hidden(encoder, ids, mask),
+        atol=1e-4,
+        rtol=0,
+    )
+    # config.json saying gated GELU over a ReLU checkpoint: one line naming file and tensor.
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    hf_config.update(feed_forward_proj="gated-gelu", dense_act_fn="gelu_new", is_gated_act=True)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors: tensor 'encoder.block.0.layer.1.DenseReluDense.wi.weight' "
+        r"\(encoder/layers_0/mlp/wi/kernel\) is not part of a T5 encoder",
+    ):
+        hf_models.load_backbone(tmp_path)
+
+
+def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
+    _, params = hf_models.load_backbone(bert_folder)
+    sharded = tmp_path / "sharded"
+    transformers.BertModel.from_pretrained(bert_folder).save_pretrained(
+        sharded, max_shard_size="20KB"
+    )
+    assert (sharded / "model.safetensors.index.json").is_file()
+    _, sharded_params = hf_models.load_backbone(sharded)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, sharded_params, params)
+
+    st = tmp_path / "st"
+    shutil.copytree(bert_folder, st / "0_Transformer")
+    (st / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "0_Transformer",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+            ]
+        )
+    )
+    assert hf_models.folder_of(f"hf:{st}") == st / "0_Transformer"
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(bert_folder):
+    config = aligner_lib.AlignerConfig(projection="identity", salience="none")
+    with pytest.raises(ConfigError, match=r"tokenizer='minilm' has 30522 token ids but the "):
+        loading.load_encoder(
+            config=config, backbone_weights=f"hf:{bert_folder}", tokenizer="minilm"
+        )
+
+
+def test_unsupported_model_type_is_a_user_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta", "hidden_size": 8}))
+    with pytest.raises(ConfigError, match=r"config.json: model_type='roberta' is not supported"):
+        hf_models.load_backbone(tmp_path)
+    config = aligner_lib.AlignerConfig(backbone=None)
+    with pytest.raises(ConfigError, match="'roberta'"):
+        loading.load_encoder(config=config, backbone_weights=f"hf:{tmp_path}")
+
+
+def _encode(bundle, texts, kind):
+    seqs = bundle.tokenizer.encode_batch(texts, max_length=bundle.config.maxlen(kind))
+    ids = np.zeros((len(seqs), max(len(x) for x in seqs)), np.int32)
+    mask = np.zeros(ids.shape, bool)
+    for i, x in enumerate(seqs):
+        ids[i, : len(x)], mask[i, : len(x)] = x, True
+    apply = jax.jit(bundle.module.apply, static_argnums=3)
+    vectors, salience = apply({"params": bundle.params}, ids, mask, kind)
+    return np.asarray(vectors), np.asarray(salience), mask
+
+
+def _scores(bundle) -> np.ndarray:
+    """Top-1 (ColBERT) ALIGNER scores (Eq. 1-2) of the toy queries against the toy documents."""
+    d, u_d, d_mask = _encode(bundle, [d["text"] for d in TOY_DOCS.values()], "doc")
+    q, u_q, q_mask = _encode(bundle, list(TOY_QUERIES.values()), "query")
+    s = np.einsum("qnh,dmh->qdnm", q, d)
+    return np.asarray(
+        scoring.alignment_scores(
+            s, q_mask[:, None], d_mask[None], "top_k:1", u_q[:, None], u_d[None]
+        )
+    )
+
+
+def test_bundled_model_folder_scores_as_minilm():
+    config = aligner_lib.AlignerConfig(
+        backbone=loading.minilm_backbone(), projection="identity", salience="none"
+    )
+    default = loading.load_encoder(config=config)
+    via_hf = loading.load_encoder(
+        config=aligner_lib.AlignerConfig(projection="identity", salience="none"),
+        backbone_weights=f"hf:{minilm.minilm_model_dir()}",
+    )
+    assert via_hf.config == default.config
+    assert via_hf.fingerprint() == default.fingerprint()
+    np.testing.assert_array_equal(_scores(via_hf), _scores(default))
+
+
+def _trained_like(backbone_config, folder_spec, tmp_path):
+    """A tiny ALIGNER model on the hf backbone with random (non-trivial) heads, as training
+    would leave it."""
+    config = aligner_lib.AlignerConfig(
+        backbone=None,
+        projection="dense",
+        projection_dim=8,
+        salience="lp",
+        query_maxlen=16,
+        doc_maxlen=48,
+    )
+    bundle = loading.load_encoder(config=config, backbone_weights=folder_spec, seed=3)
+    assert bundle.config.backbone == backbone_config
+    return bundle
+
+
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_export_roundtrip(kind, bert_folder, t5_folder, tmp_path):
+    folder = bert_folder if kind == "bert" else t5_folder
+    backbone_config, _ = hf_models.load_backbone(folder)
+    bundle = _trained_like(backbone_config, f"hf:{folder}", tmp_path)
+    out = tmp_path / "export"
+    files = hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    expected_files = {
+        "config.json",
+        "model.safetensors",
+        "aligner_heads.safetensors",
+        "aligner_config.json",
+        "README.md",
+    }
+    assert expected_files <= set(files)
+    assert ("spiece.model" if kind == "t5" else "tokenizer.json") in files
+
+    # hf: alone brings the backbone, the heads and their architecture back: identical scores.
+    plain = aligner_lib.AlignerConfig(query_maxlen=16, doc_maxlen=48)  # gin defaults otherwise
+    loaded = loading.load_encoder(config=plain, backbone_weights=f"hf:{out}", seed=99)
+    assert loaded.config == bundle.config
+    jax.tree_util.tree_map(np.testing.assert_array_equal, loaded.params, bundle.params)
+    scores = _scores(loaded)
+    np.testing.assert_array_equal(scores, _scores(bundle))
+    assert np.ptp(scores) > 0
+    rebuilt = loading.encoder_from_spec(loaded.spec())  # what an index's encoder.json gives
+    assert rebuilt.fingerprint() == loaded.fingerprint() == bundle.fingerprint()
+
+    # transformers loads the backbone; the README's recipe gives our token vectors.
+    ids, mask = _batch(loaded.tokenizer, maxlen=48)
+    if kind == "t5":
+        model = transformers.T5EncoderModel.from_pretrained(out)
+    else:
+        model = transformers.AutoModel.from_pretrained(out, add_pooling_layer=False)
+    hidden = _torch_hidden(model.eval(), ids, mask)
+    ours = _ours_hidden(loaded.config.backbone, loaded.params["backbone"], ids, mask)
+    np.testing.assert_allclose(ours, hidden, atol=1e-4, rtol=0)
+    heads = load_file(str(out / "aligner_heads.safetensors"))
+    v = hidden @ heads["projection.weight"].T
+    v = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12) * mask[..., None]
+    vectors, _ = loaded.module.apply({"params": loaded.params}, ids, mask, "doc")
+    np.testing.assert_allclose(v, np.asarray(vectors), atol=1e-4, rtol=0)
+    readme = (out / "README.md").read_text()
+    assert "Eq. 1-2" in readme and "Eq. 4" in readme and "Eq. 5" in readme
+
+
+def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty and not an aligner-export folder"):
+        hf_export.export_model(
+            bundle.config, bundle.params, bundle.source["tokenizer"], tmp_path / "busy"
+        )
+    out = tmp_path / "export"
+    hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    heads = load_file(str(out / "aligner_heads.safetensors"))
+    del heads["doc_salience.bias"]
+    save_file(heads, str(out / "aligner_heads.safetensors"))
+    config = aligner_lib.AlignerConfig()
+    with pytest.raises(CheckpointError, match=r"aligner_heads.safetensors: no tensor 'doc_sal"):
+        loading.load_encoder(config=config, backbone_weights=f"hf:{out}")
+
+
+def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):
+    """aligner_t5.gin's tokenizer 'auto': SentencePiece beside a t5x: checkpoint, or a clear
+    refusal; the bundled WordPiece vocabulary is refused for T5X weights."""
+    config = t5.T5Config(
+        vocab_size=128, emb_dim=16, num_heads=2, num_layers=1, head_dim=8, mlp_dim=24
+    )
+    step = tmp_path / "model" / "checkpoint_5"
+    step.mkdir(parents=True)
+    spec = f"t5x:{step}"
+    with pytest.raises(ConfigError, match="needs T5's SentencePiece vocabulary.*tokenizer="):
+        loading.resolve_tokenizer("auto", spec, config)
+    with pytest.raises(ConfigError, match="tokenizer='minilm' is BERT's WordPiece"):
+        loading.resolve_tokenizer("minilm", spec, config)
+    _spiece(tmp_path / "model")
+    resolved = loading.resolve_tokenizer("auto", spec, config)
+    assert resolved == f"sentencepiece:{tmp_path / 'model' / 'spiece.model'}"
+    tok = loading.load_tokenizer(resolved)
+    assert type(tok).__name__ == "SentencePieceTokenizer" and tok.encode("honey bees")[-1] == 1
+    explicit = f"sentencepiece:{tmp_path / 'model' / 'spiece.model'}"
+    assert loading.resolve_tokenizer(explicit, spec, config) == explicit
+
+
+def test_trainer_takes_backbone_config_and_weights_from_hf(tmp_path):
+    """``train.backbone_weights='hf:DIR'`` alone: the folder's architecture replaces the model
+    gin's (bert_tiny: 32-d, 2 layers) and its weights initialise the backbone (learning rate 0:
+    they come out of training unchanged); evaluation loads the checkpoint the same way."""
+    from fixtures import write_toy_beir
+
+    from aligner_jax.common import cli
+    from aligner_jax.training import trainer
+
+    folder = tmp_path / "hf"
+    config = transformers.BertConfig(
+        vocab_size=30522,  # the task's WordPiece vocabulary (the bundled one)
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(2)
+    transformers.BertModel(config).save_pretrained(folder)
+    shutil.copy(minilm.minilm_model_dir() / "tokenizer.json", folder / "tokenizer.json")
+    data = write_toy_beir(tmp_path / "data")
+    bindings = {
+        "MODEL_DIR": repr(str(tmp_path / "m")),
+        "TRAIN_STEPS": 2,
+        "QUERY_LENGTH": 8,
+        "DOC_LENGTH": 16,
+        "BATCH_SIZE": 2,
+        "LEARNING_RATE": 0.0,
+        "WARMUP_STEPS": 1,
+        "DataConfig.task": "'beir_train_bm25'",
+        "beir_train_source.dataset_dir": repr(str(data)),
+        "beir_train_source.qrels_split": "'test'",
+        "train.backbone_weights": repr(f"hf:{folder}"),
+        "CheckpointConfig.period": 2,
+    }
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], [f"{k} = {v}" for k, v in bindings.items()]
+    )
+    trainer.train()
+    bundle = loading.load_encoder(checkpoint=str(tmp_path / "m"), backbone_weights=f"hf:{folder}")
+    assert bundle.config.backbone.hidden_size == 16 and bundle.config.projection_dim == 16
+    _, expected = hf_models.load_backbone(folder)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, bundle.params["backbone"], expected)
+
+
+def test_export_binary(run_binary, tmp_path):
+    out = tmp_path / "exported"
+    proc = run_binary(
+        "export",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin.load_encoder.seed=4",
+        f"--output_dir={out}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"-> {out}: README.md, aligner_config.json, aligner_heads.safetensors" in proc.stdout
+    assert f"backbone_weights=\"'hf:{out}'\"" in proc.stdout
+    assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
+    recorded = json.loads((out / "aligner_config.json").read_text())
+    assert (recorded["projection"], recorded["projection_dim"], recorded["salience"]) == (
+        "dense",
+        16,
+        "lp",
+    )
+    # A folder holding something else is refused in one line.
+    proc = run_binary("export", "--gin_file=models/bert_tiny.gin", f"--output_dir={tmp_path}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"aligner-export: error: --output_dir={tmp_path}: not empty and not an aligner-export "
+        "folder; choose an empty or new folder"
+    )
+
+
+def test_aligner_t5_gin_with_a_t5x_checkpoint_takes_sentencepiece(tmp_path):
+    """models/aligner_t5.gin leaves the tokenizer on 'auto': a t5x: checkpoint without a
+    SentencePiece model beside it is refused in one line naming the flag; with spiece.model
+    beside it, that model is the tokenizer."""
+    import orbax.checkpoint as ocp
+    from flax import linen as nn
+
+    from aligner_jax.common import cli
+
+    step = tmp_path / "t5x_model" / "checkpoint_10"
+    bindings = [
+        f"load_encoder.backbone_weights = {f't5x:{step}'!r}",
+        "T5Config.dropout_rate = 0.0",
+    ]
+    cli.parse_gin(["models/t5_tiny.gin", "models/aligner_t5.gin"], bindings)
+    config = t5.T5Config()  # t5_tiny's sizes, from gin
+    params = nn.unbox(t5.init_t5_encoder(config, jax.random.key(0)))["params"]
+    ocp.PyTreeCheckpointer().save(step / "state", {"target": jax.device_get(params)})
+    with pytest.raises(ConfigError, match=r"SentencePiece vocabulary.*load_encoder.tokenizer="):
+        loading.load_encoder()
+    _spiece(tmp_path / "t5x_model")
+    bundle = loading.load_encoder()
+    assert type(bundle.tokenizer).__name__ == "SentencePieceTokenizer"
+    assert bundle.source["tokenizer"] == f"sentencepiece:{tmp_path / 't5x_model' / 'spiece.model'}"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, bundle.params["backbone"], params)
