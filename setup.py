@@ -41,10 +41,13 @@ setuptools.setup(
         "tqdm",
         "psutil",
         "threadpoolctl>=3",
+        "qdrant-edge-py==0.9.*",
     ],
     extras_require={
         "tpu": ["jax[tpu]>=0.10,<0.11"],
         "cuda": ["jax[cuda12]>=0.10,<0.11"],
+        # aligner-publish --qdrant_url: a Qdrant server or cluster.
+        "qdrant": ["qdrant-client>=1.20,<2"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -52,6 +55,7 @@ setuptools.setup(
             "ruff",
             "torch",
             "sentence-transformers",
+            "qdrant-client>=1.20,<2",
         ],
     },
     entry_points={
@@ -62,6 +66,7 @@ setuptools.setup(
             "aligner-search=aligner_jax.search:console_entry",
             "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
+            "aligner-publish=aligner_jax.publish:console_entry",
         ]
     },
 )
