@@ -88,6 +88,16 @@ def rrf_scores(rankings: Sequence[Sequence[int]], k: int) -> dict[int, float]:
     return fused
 
 
+def _named_vectors(point: PointData, sparse_name, make_sparse, dense=lambda a: a) -> dict:
+    """A point's named vectors in an engine's types (``make_sparse(indices, values)``)."""
+    vectors = {}
+    if point.multivector is not None:
+        vectors[MULTIVECTOR] = dense(np.asarray(point.multivector, np.float32))
+    if point.sparse is not None:
+        vectors[sparse_name] = make_sparse(point.sparse[0].tolist(), point.sparse[1].tolist())
+    return vectors
+
+
 def _needs(spec: QuerySpec, sparse_name: str | None) -> None:
     if spec.mode not in MODES:
         raise ConfigError(f"--mode={spec.mode}: choose one of {list(MODES)}")
@@ -144,16 +154,10 @@ class EdgeTarget:
         self.sparse_name = sparse_name
 
     def upsert(self, points: Sequence[PointData]) -> None:
-        out = []
-        for p in points:
-            vectors = {}
-            if p.multivector is not None:
-                vectors[MULTIVECTOR] = np.asarray(p.multivector, np.float32)
-            if p.sparse is not None:
-                vectors[self.sparse_name] = edge.SparseVector(
-                    p.sparse[0].tolist(), p.sparse[1].tolist()
-                )
-            out.append(edge.Point(int(p.id), vectors, p.payload))
+        out = [
+            edge.Point(int(p.id), _named_vectors(p, self.sparse_name, edge.SparseVector), p.payload)
+            for p in points
+        ]
         self._shard.update(edge.UpdateOperation.upsert_points(out))
 
     def finish(self) -> None:
@@ -267,16 +271,17 @@ class ClientTarget:
     def upsert(self, points: Sequence[PointData]) -> None:
         from qdrant_client import models  # noqa: PLC0415  optional extra aligner_jax[qdrant]
 
-        out = []
-        for p in points:
-            vectors = {}
-            if p.multivector is not None:
-                vectors[MULTIVECTOR] = np.asarray(p.multivector, np.float32).tolist()
-            if p.sparse is not None:
-                vectors[self.sparse_name] = models.SparseVector(
-                    indices=p.sparse[0].tolist(), values=p.sparse[1].tolist()
-                )
-            out.append(models.PointStruct(id=int(p.id), vector=vectors, payload=p.payload))
+        def sparse(indices, values):
+            return models.SparseVector(indices=indices, values=values)
+
+        out = [
+            models.PointStruct(
+                id=int(p.id),
+                vector=_named_vectors(p, self.sparse_name, sparse, np.ndarray.tolist),
+                payload=p.payload,
+            )
+            for p in points
+        ]
         self.client.upsert(self.collection, out, wait=True)
 
     def finish(self) -> None:
