@@ -50,6 +50,8 @@ _QDRANT_PATH = flags.DEFINE_string("qdrant_path", None, "Shard folder (outputs/q
 _REUSE = flags.DEFINE_boolean("reuse_export", False, "Reuse a complete earlier export.")
 _K = flags.DEFINE_integer("k", 100, "Documents per query.")
 _MAX_QUERIES = flags.DEFINE_integer("max_queries", 0, "First N test queries (0: all).")
+_SYSTEMS = flags.DEFINE_list("systems", None, "A subset of SYSTEMS (default: all).")
+_WRITE_EVERY = flags.DEFINE_integer("write_every", 10, "Write the results every N queries.")
 _OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/qdrant"), "Results stem.")
 
 SYSTEMS = (
@@ -119,71 +121,100 @@ def main(argv):
         searcher = qdrant[system.split()[1]]
         return [(h.payload["doc_id"], h.score) for h in searcher.search_encoded([q], [text], k)[0]]
 
-    for system in SYSTEMS:  # warm-up (compilation, page cache)
+    systems = tuple(_SYSTEMS.value or SYSTEMS)
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise app.UsageError(f"--systems: unknown {sorted(unknown)}; choose from {SYSTEMS}")
+    for system in systems:  # warm-up (compilation, page cache)
         run(system, 0)
-    results = {s: {} for s in SYSTEMS}
-    latency = {s: [] for s in SYSTEMS}
+    results = {s: {} for s in systems}
+    latency = {s: [] for s in systems}
     start = time.perf_counter()
     for i, qid in enumerate(qids):
-        order = SYSTEMS[i % len(SYSTEMS) :] + SYSTEMS[: i % len(SYSTEMS)]
+        order = systems[i % len(systems) :] + systems[: i % len(systems)]
         for system in order:
             t = time.perf_counter()
             ranked = run(system, i)
             latency[system].append(1000.0 * (time.perf_counter() - t))
             results[system][qid] = dict(ranked)
-        if (i + 1) % 25 == 0:
-            rate = (i + 1) / (time.perf_counter() - start)
-            logging.info("%d/%d queries, ETA %.0fs", i + 1, len(qids), (len(qids) - i - 1) / rate)
+        done = i + 1
+        if done % _WRITE_EVERY.value == 0 or done == len(qids):
+            rate = done / (time.perf_counter() - start)
+            logging.info(
+                "%d/%d queries, ETA %.0fs; p50 ms %s",
+                done,
+                len(qids),
+                (len(qids) - done) / rate,
+                {s: round(float(np.median(latency[s])), 1) for s in systems},
+            )
+            entry = summarise(qids[:done], results, latency, data, record, store, size)
+            entry.update(
+                export_reused=bool(reused),
+                query_encoding_ms_per_query_batched=round(1000 * encode_s / len(qids), 2),
+                queries_planned=len(qids),
+            )
+            write(dataset, entry, done == len(qids))
     target.close()
+
+
+def summarise(qids, results, latency, data, record, store, size) -> dict:
+    """Quality, agreement and latency over the queries ``qids`` run so far."""
 
     def top10(system, qid):
         return list(results[system][qid])[:10]
 
-    same_mv = sum(
-        top10("qdrant multivector", q) == top10("aligner_jax exhaustive", q) for q in qids
-    )
-    score_diff = max(
-        abs(s - results["aligner_jax exhaustive"][q][d])
-        for q in qids
-        for d, s in list(results["qdrant multivector"][q].items())[:10]
-    )
-    same_bm25 = sum(top10("qdrant sparse", q) == top10("bm25s", q) for q in qids)
+    def agree(a, b):
+        if a not in results or b not in results:
+            return None
+        return f"{sum(top10(a, q) == top10(b, q) for q in qids)}/{len(qids)}"
+
+    score_diff = None
+    if {"qdrant multivector", "aligner_jax exhaustive"} <= results.keys():
+        score_diff = max(
+            abs(s - results["aligner_jax exhaustive"][q][d])
+            for q in qids
+            for d, s in list(results["qdrant multivector"][q].items())[:10]
+        )
     rows = []
-    for system in SYSTEMS:
+    for system in results:
         ev = metrics.evaluate_run(data.qrels, {q: results[system][q] for q in qids})
+        times = latency[system][: len(qids)]
         rows.append(
             {
                 "system": system,
                 "ndcg@10": round(100 * ev["ndcg@10"], 2),
                 "recall@100": round(100 * ev["recall@100"], 2),
-                "p50_ms": round(float(np.percentile(latency[system], 50)), 2),
-                "p90_ms": round(float(np.percentile(latency[system], 90)), 2),
+                "p50_ms": round(float(np.percentile(times, 50)), 2),
+                "p90_ms": round(float(np.percentile(times, 90)), 2),
             }
         )
-    entry = {
-        "dataset": dataset,
-        "index_dir": str(Path(_INDEX_DIR.value).resolve()),
+    return {
+        "dataset": data.name,
+        "index_dir": record["index_dir"],
         "num_docs": record["num_points"],
         "num_tokens": store.num_tokens,
         "dim": store.dim,
         "num_queries": len(qids),
-        "k": k,
+        "k": _K.value,
         "export_s": record["seconds"],
-        "export_reused": bool(reused),
         "disk_bytes": size,
         "store_bytes": store.nbytes(),
-        "query_encoding_ms_per_query_batched": round(1000 * encode_s / len(qids), 2),
-        "top10_equal_qdrant_multivector_vs_exhaustive": f"{same_mv}/{len(qids)}",
+        "top10_equal_qdrant_multivector_vs_exhaustive": agree(
+            "qdrant multivector", "aligner_jax exhaustive"
+        ),
         "max_top10_score_diff_multivector": score_diff,
-        "top10_equal_qdrant_sparse_vs_bm25s": f"{same_bm25}/{len(qids)}",
+        "top10_equal_qdrant_sparse_vs_bm25s": agree("qdrant sparse", "bm25s"),
         "rows": rows,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "load_avg_1m_at_end": os.getloadavg()[0],
+            "load_avg_1m": os.getloadavg()[0],
             "note": "2 cores shared with other engineers' jobs (busy); systems interleaved",
         },
     }
+
+
+def write(dataset: str, entry: dict, final: bool) -> None:
     out = Path(_OUT.value)
     merged = {}
     if out.with_suffix(".json").exists():
@@ -191,7 +222,8 @@ def main(argv):
     merged[dataset] = entry
     fileio.atomic_write_json(out.with_suffix(".json"), merged)
     fileio.atomic_write_text(out.with_suffix(".md"), markdown(merged))
-    print(markdown({dataset: entry}))
+    if final:
+        print(markdown({dataset: entry}))
 
 
 def markdown(merged: dict) -> str:
@@ -200,16 +232,16 @@ def markdown(merged: dict) -> str:
         mb = e["disk_bytes"]["allocated"] / 1e6
         lines += [
             f"## {dataset}: {e['num_docs']} documents, {e['num_tokens']} tokens × {e['dim']}, "
-            f"{e['num_queries']} test queries",
+            f"{e['num_queries']} of {e.get('queries_planned', e['num_queries'])} test queries",
             "",
             f"Export {e['export_s']['total']:.1f} s (BM25 vectors {e['export_s']['sparse']:.1f} s); "
             f"shard {mb:.0f} MB on disk (store: {e['store_bytes'] / 1e6:.0f} MB float16). "
             f"Qdrant multivector top-10 = exhaustive top-10 on "
             f"{e['top10_equal_qdrant_multivector_vs_exhaustive']} queries (max score diff "
-            f"{e['max_top10_score_diff_multivector']:.2g}); Qdrant BM25 top-10 = bm25s on "
+            f"{e['max_top10_score_diff_multivector'] or 0:.2g}); Qdrant BM25 top-10 = bm25s on "
             f"{e['top10_equal_qdrant_sparse_vs_bm25s']}. Query encoding (batched) "
             f"{e['query_encoding_ms_per_query_batched']} ms/query, excluded below. "
-            f"Load average at the end: {e['machine']['load_avg_1m_at_end']:.1f} (2 cores).",
+            f"Load average (1 min) at the last write: {e['machine']['load_avg_1m']:.1f} (2 cores).",
             "",
             "| system | nDCG@10 | R@100 | p50 ms | p90 ms |",
             "|---|---|---|---|---|",
