@@ -177,7 +177,8 @@ def summarise(qids, results, latency, data, record, store, size) -> dict:
         )
     rows = []
     for system in results:
-        ev = metrics.evaluate_run(data.qrels, {q: results[system][q] for q in qids})
+        judged = {q: data.qrels[q] for q in qids}  # the queries run so far
+        ev = metrics.evaluate_run(judged, {q: results[system][q] for q in qids})
         times = latency[system][: len(qids)]
         rows.append(
             {
