@@ -42,10 +42,13 @@ setuptools.setup(
         "tqdm",
         "psutil",
         "threadpoolctl>=3",
+        "qdrant-edge-py==0.9.*",
     ],
     extras_require={
         "tpu": ["jax[tpu]>=0.10,<0.11"],
         "cuda": ["jax[cuda12]>=0.10,<0.11"],
+        # aligner-publish --qdrant_url: a Qdrant server or cluster.
+        "qdrant": ["qdrant-client>=1.20,<2"],
         "test": [
             "pytest>=8",
             "pytest-xdist",
@@ -53,6 +56,7 @@ setuptools.setup(
             "ruff",
             "torch",
             "sentence-transformers",
+            "qdrant-client>=1.20,<2",
         ],
     },
     entry_points={
@@ -64,6 +68,7 @@ setuptools.setup(
             "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
             "aligner-export=aligner_jax.export:console_entry",
+            "aligner-publish=aligner_jax.publish:console_entry",
         ]
     },
 )

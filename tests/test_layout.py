@@ -1,7 +1,7 @@
 """The package's import graph follows the pipeline (issue: layout).
 
 Stages run one way: common → core → data, models → weights → encoding → tasks → training,
-indexing → retrieval → evaluation → binaries (the top-level modules). A module may import its own
+indexing → retrieval → evaluation, serving → binaries (the top-level modules). A module may import its own
 package and any earlier stage, never a later one or a sibling of its own stage; there is no import
 cycle, counting function-local imports; and a function-local import exists only to keep a heavy
 optional dependency off the import path, with a one-line reason beside it.
@@ -31,6 +31,7 @@ STAGES = {
     "indexing": 6,
     "retrieval": 7,
     "evaluation": 8,
+    "serving": 8,
 }
 BINARY_STAGE = 9
 # Function-local imports are allowed only for these (TensorFlow, plotting, optional tokenisers).
@@ -43,6 +44,7 @@ HEAVY = {
     "tensorflow",
     "tensorstore",
     "sentencepiece",
+    "qdrant_client",  # the optional extra aligner_jax[qdrant] (a Qdrant server)
 }
 HEAVY_OWN = {"aligner_jax.tasks"}  # importing registers seqio tasks (imports TensorFlow)
 
@@ -188,7 +190,7 @@ def test_local_imports_only_for_heavy_dependencies_with_a_reason():
     )
 
 
-@pytest.mark.parametrize("binary", ["evaluate", "index", "train", "sweep", "explain"])
+@pytest.mark.parametrize("binary", ["evaluate", "index", "train", "sweep", "explain", "publish"])
 def test_binaries_are_thin(binary):
     lines = (PACKAGE / f"{binary}.py").read_text().splitlines()
     assert len(lines) <= 80, f"aligner_jax/{binary}.py has {len(lines)} lines (a binary is ≤ 80)"

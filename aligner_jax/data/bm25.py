@@ -50,6 +50,32 @@ def _top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
     return candidates[order]
 
 
+def analyze(
+    texts: Sequence[str], stemmer_language: str | None = "english", stopwords: str | None = "en"
+) -> list[list[str]]:
+    """The BM25 analysis of `texts` (lower-case, `\\b\\w\\w+\\b`, stopwords, stemming): the one
+    tokenisation of every lexical scorer (BM25Index, its sparse vectors for other engines)."""
+    stemmer = Stemmer.Stemmer(stemmer_language) if stemmer_language else None
+    return bm25s.tokenize(
+        list(texts),
+        stopwords=stopwords or [],
+        stemmer=stemmer,
+        show_progress=False,
+        return_ids=False,
+    )
+
+
+def term_frequency_importance(
+    tf: np.ndarray, doc_length: np.ndarray, avgdl: float, k1: float, b: float
+) -> np.ndarray:
+    """BM25's term-frequency factor tf / (tf + k1 · (1 − b + b · |d| / avgdl)) (the module
+    docstring's formula without the idf): what a document contributes per term, so that
+    score(q, d) = Σ_{t ∈ q} idf(t) · importance(t, d)."""
+    tf = np.asarray(tf, dtype=np.float64)
+    norm = k1 * (1.0 - b + b * np.asarray(doc_length, dtype=np.float64) / avgdl)
+    return tf / (tf + norm)
+
+
 class BM25Index:
     """An in-memory BM25 index over `(doc_id, text)` pairs. Build with `BM25Index.build`."""
 
@@ -63,7 +89,6 @@ class BM25Index:
         self._retriever = retriever
         self._doc_ids = list(doc_ids)
         self._stemmer_language = stemmer_language
-        self._stemmer = Stemmer.Stemmer(stemmer_language) if stemmer_language else None
         self._stopwords = stopwords
 
     @classmethod
@@ -123,13 +148,7 @@ class BM25Index:
 
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         """The index's analysis (lower-case, stopwords, stemming) applied to `texts`."""
-        return bm25s.tokenize(
-            list(texts),
-            stopwords=self._stopwords or [],
-            stemmer=self._stemmer,
-            show_progress=False,
-            return_ids=False,
-        )
+        return analyze(texts, self._stemmer_language, self._stopwords)
 
     def score(self, query_tokens: Sequence[str]) -> np.ndarray:
         """BM25 scores of every document (index order) for one tokenized query."""

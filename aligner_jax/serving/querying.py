@@ -1,0 +1,135 @@
+"""Query a published collection through Qdrant's own Query API (``aligner-publish --query``).
+
+The query is encoded by the index's own encoder (``Searcher.load(...).encoder``: the model
+recorded with the token store) and, for the lexical side, by the publication record's sparse
+vectors (BM25's vocabulary and analysis). Modes (``QueryConfig.mode``):
+
+  ``multivector``  MaxSim over every point (exact: the collection has no HNSW graph). Scores
+                   are divided by the query's token count n_q, which makes them ALIGNER's
+                   top-1 score (Eq. 1, u ≡ 1) — the exhaustive searcher's, up to float rounding.
+  ``fusion``       prefetch the sparse top ``prefetch_limit`` and the multivector top
+                   ``prefetch_limit`` and fuse them with RRF (Qdrant: Σ 1/(k + 0-based rank)).
+  ``rerank``       prefetch the sparse top ``prefetch_limit``, re-score them by MaxSim (÷ n_q).
+  ``sparse``       the sparse vector alone (BM25 or miniCOIL scores, the IDF applied by Qdrant).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import gin
+
+from aligner_jax.common import checks
+from aligner_jax.common.errors import ConfigError
+from aligner_jax.encoding.encoder import EncodedText, Encoder
+from aligner_jax.retrieval import searcher as search_lib
+from aligner_jax.serving import sparse as sparse_lib
+from aligner_jax.serving import targets
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class QueryConfig:
+    """Attributes: mode (``targets.MODES``), prefetch_limit (candidates per prefetch),
+    rrf_k (RRF's k)."""
+
+    mode: str = "fusion"
+    prefetch_limit: int = 100
+    rrf_k: int = 60
+
+    def __post_init__(self):
+        checks.choice("QueryConfig.mode", self.mode, targets.MODES)
+        checks.integer("QueryConfig.prefetch_limit", self.prefetch_limit, minimum=1)
+        checks.integer("QueryConfig.rrf_k", self.rrf_k, minimum=0)
+
+
+def sparse_vectors(record: dict, minicoil_index=None):
+    """The query side's sparse vectors of a publication (None without any)."""
+    state = record.get("sparse")
+    if state is None:
+        return None
+    if state["kind"] == "bm25":
+        return sparse_lib.Bm25Vectors.from_state(state)
+    if minicoil_index is None:
+        raise ConfigError("this collection's sparse vector is miniCOIL: pass its MiniCoilIndex")
+    return sparse_lib.MiniCoilVectors(minicoil_index)
+
+
+class QdrantSearcher:
+    """Free-text search of a published collection: ``search(text, k) → [(doc_id, score)]``."""
+
+    def __init__(self, target, encoder: Encoder, sparse, config: QueryConfig | None = None):
+        self.target = target
+        self.encoder = encoder
+        self.sparse = sparse
+        self.config = config or QueryConfig()
+
+    @classmethod
+    def open(
+        cls,
+        target,
+        record: dict,
+        index_dir: str | None = None,
+        checkpoint: str | None = None,
+        encoder: Encoder | None = None,
+        config: QueryConfig | None = None,
+        minicoil_index=None,
+    ) -> QdrantSearcher:
+        """Opens ``target`` (``EdgeTarget``/``ClientTarget``) as ``record`` describes it; the
+        query encoder is the one of ``index_dir`` (default: the record's), refused when its
+        fingerprint is not the published one."""
+        store_dir = index_dir or record["index_dir"]
+        loaded = search_lib.Searcher.load(
+            store_dir, mode="exhaustive", checkpoint=checkpoint, encoder=encoder
+        )
+        published = record["model"].get("fingerprint")
+        if loaded.store.manifest["model"].get("fingerprint") != published:
+            raise ConfigError(
+                f"--index_dir={store_dir}: its model is not the published one "
+                f"({record['model'].get('name')}); give the index that was published"
+            )
+        sparse = sparse_vectors(record, minicoil_index)
+        target.open(None if sparse is None else sparse.name)
+        return cls(target, loaded.encoder, sparse, config)
+
+    def spec(self, encoded: EncodedText, text: str, k: int) -> targets.QuerySpec:
+        cfg = self.config
+        sparse = None
+        if self.sparse is not None and cfg.mode != "multivector":
+            sparse = sparse_lib.row_vector(self.sparse.query_matrix([text]), 0)
+        return targets.QuerySpec(
+            mode=cfg.mode,
+            multivector=encoded.vectors,
+            sparse=sparse,
+            limit=k,
+            prefetch_limit=max(cfg.prefetch_limit, k),
+            rrf_k=cfg.rrf_k,
+        )
+
+    def search_encoded(
+        self, encoded: Sequence[EncodedText], texts: Sequence[str], k: int
+    ) -> list[list[targets.Hit]]:
+        """Hits (point id, score, payload) of already encoded queries (``texts`` for the sparse
+        side); MaxSim scores divided by n_q (ALIGNER's top-1 score)."""
+        out = []
+        for q, text in zip(encoded, texts, strict=True):
+            hits = self.target.query(self.spec(q, text, k))
+            scale = 1.0 / len(q.vectors) if self.config.mode in ("multivector", "rerank") else 1.0
+            out.append([dataclasses.replace(h, score=h.score * scale) for h in hits])
+        return out
+
+    def search_hits(self, texts: Sequence[str], k: int = 10) -> list[list[targets.Hit]]:
+        if k < 1:
+            raise ConfigError(f"k={k}: must be >= 1")
+        texts = list(texts)
+        return self.search_encoded(self.encoder.encode(texts, "query"), texts, k)
+
+    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
+        """``[(doc_id, score)]`` per query, best first."""
+        return [
+            [(h.payload["doc_id"], h.score) for h in hits] for hits in self.search_hits(texts, k)
+        ]
+
+    def search(self, text: str, k: int = 10) -> list[tuple[str, float]]:
+        return self.search_batch([text], k)[0]

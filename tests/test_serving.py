@@ -1,0 +1,314 @@
+"""Serving on Qdrant (issue 12, item 3): a tiny token store exported to the real engine,
+in-process (``qdrant_edge``), and to ``qdrant_client``'s local mode; its answers against ours.
+
+The store is the toy collection plus mixed documents, encoded by a tiny random BERT without
+salience (u ≡ 1), so ALIGNER's top-1 score is Σ_i max_j q_i·d_j / n_q: Qdrant's MaxSim ÷ n_q.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import gin
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from fixtures import TOY_DOCS, TOY_QUERIES, run_module, write_beir_fixture
+
+from aligner_jax.common import cli, errors
+from aligner_jax.data import beir, bm25, corpus_sources
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.indexing import indexer, updates
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import searcher as search_lib
+from aligner_jax.serving import exporter, querying, targets
+from aligner_jax.serving import sparse as sparse_lib
+
+TEXTS = [d["text"] for d in TOY_DOCS.values()]
+MIXED = {  # more documents sharing words, so rankings have depth (lengths differ: no BM25 ties)
+    f"m{i}": {"title": "Mixed" + " note" * i, "text": f"{TEXTS[i % 12]} {TEXTS[(3 * i + 5) % 12]}"}
+    for i in range(18)
+}
+DOCS = {**TOY_DOCS, **MIXED}
+QUERIES = list(TOY_QUERIES.values()) + ["gravity of the moon and black holes", "zzz unknownword"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A token store of DOCS (tiny BERT, no salience) with its encoder.json."""
+    root = tmp_path_factory.mktemp("serving")
+    folder = write_beir_fixture(root, DOCS, TOY_QUERIES, {}, name="docs")
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin"], ["AlignerConfig.salience = 'none'"])
+    encoder = Encoder(loading.load_encoder(), EncodingConfig())
+    gin.clear_config()
+    documents, info = corpus_sources.open_corpus(str(folder / "corpus.jsonl"))
+    index_dir = root / "index"
+    indexer.build_token_store(
+        documents, encoder, index_dir, indexer.IndexingConfig(shard_size=8), corpus_info=info
+    )
+    return index_dir
+
+
+@pytest.fixture(scope="module")
+def published(built, tmp_path_factory):
+    path = tmp_path_factory.mktemp("edge") / "shard"
+    record = exporter.publish_embedded(ts.TokenStore(built), path)
+    return path, record
+
+
+@pytest.fixture(scope="module")
+def exhaustive(built):
+    """Our searcher: every document refined with top-1 alignment (its encoder is reused)."""
+    return search_lib.Searcher.load(str(built), mode="exhaustive")
+
+
+@pytest.fixture(scope="module")
+def ours(exhaustive):
+    return exhaustive.search_batch(QUERIES, len(DOCS))
+
+
+def _searcher(path, record, mode, encoder, **kw):
+    config = querying.QueryConfig(mode=mode, **kw)
+    target = targets.EdgeTarget(path)
+    return querying.QdrantSearcher.open(target, record, encoder=encoder, config=config)
+
+
+def test_multivector_top10_equals_the_exhaustive_top1_searcher(built, published, exhaustive, ours):
+    path, record = published
+    assert record["num_points"] == len(DOCS) and record["sparse"]["kind"] == "bm25"
+    qdrant = _searcher(path, record, "multivector", exhaustive.encoder)
+    try:
+        theirs = qdrant.search_batch(QUERIES, 10)
+        raw = qdrant.target.query(
+            targets.QuerySpec("multivector", qdrant.encoder.encode(QUERIES[:1], "query")[0].vectors,
+                              None, 10)
+        )  # fmt: skip
+    finally:
+        qdrant.target.close()
+    for mine, got in zip(ours, theirs, strict=True):
+        mine = mine[:10]
+        assert [d for d, _ in got] == [d for d, _ in mine]
+        np.testing.assert_allclose([s for _, s in got], [s for _, s in mine], rtol=1e-5, atol=1e-6)
+    # Qdrant's own score is the raw MaxSim sum: n_q times ALIGNER's normalised top-1 score.
+    n_q = len(exhaustive.encoder.encode(QUERIES[:1], "query")[0].vectors)
+    np.testing.assert_allclose(raw[0].score, n_q * ours[0][0][1], rtol=1e-5)
+    assert raw[0].payload == {"doc_id": ours[0][0][0], "title": DOCS[ours[0][0][0]]["title"]}
+    assert raw[0].id == ts.TokenStore(built).doc_ids.index(ours[0][0][0])  # point id = position
+
+
+def test_bm25_sparse_with_the_idf_modifier_is_bm25index(published, exhaustive):
+    path, record = published
+    ids = list(DOCS)
+    texts = [beir.document_text(beir.Document(i, d["title"], d["text"])) for i, d in DOCS.items()]
+    reference = bm25.BM25Index.build(ids, texts)
+    expected = reference.search({str(i): q for i, q in enumerate(QUERIES)}, k=10)
+    qdrant = _searcher(path, record, "sparse", exhaustive.encoder)
+    try:
+        theirs = qdrant.search_batch(QUERIES, 10)
+    finally:
+        qdrant.target.close()
+    for i, got in enumerate(theirs):
+        mine = expected[str(i)]
+        assert [d for d, _ in got] == list(mine)  # only documents sharing a term, best first
+        np.testing.assert_allclose([s for _, s in got], list(mine.values()), rtol=1e-5)
+    assert theirs[-1] == []  # an unknown word matches nothing
+
+
+def test_query_values_count_repeated_terms_like_bm25s():
+    vectors = sparse_lib.Bm25Vectors.build(["honey bees bees hive", "bees are insects"])
+    q = vectors.query_matrix(["bees bees honey", "unknownword"])
+    column = vectors.column
+    assert q[0, column["bee"]] == 2.0 and q[0, column["honey"]] == 1.0 and q[1].nnz == 0
+    # document 0: tf(bee)=2, |d|=4; document 1: bee, insect ("are" is a stopword); avgdl=3
+    expected = 2 / (2 + 1.5 * (1 - 0.75 + 0.75 * 4 / 3))
+    assert vectors.doc_matrix[0, column["bee"]] == pytest.approx(expected, rel=1e-6)
+
+
+def test_fusion_is_qdrants_rrf_of_the_two_prefetches(published, exhaustive):
+    path, record = published
+    qdrant = _searcher(path, record, "fusion", exhaustive.encoder, prefetch_limit=8, rrf_k=60)
+    try:
+        for text in QUERIES[:5]:
+            encoded = qdrant.encoder.encode([text], "query")[0]
+            spec = qdrant.spec(encoded, text, 30)  # prefetches max(limit, k) = 30 each
+            fused = qdrant.target.query(spec)
+            lists = [
+                [h.id for h in qdrant.target.query(targets.QuerySpec(m, spec.multivector,
+                                                                      spec.sparse,
+                                                                      spec.prefetch_limit))]
+                for m in ("sparse", "multivector")
+            ]  # fmt: skip
+            expected = targets.rrf_scores(lists, 60)
+            assert {h.id for h in fused} == set(expected)  # the union of both prefetches
+            np.testing.assert_allclose([h.score for h in fused], [expected[h.id] for h in fused])
+            assert [h.score for h in fused] == sorted((h.score for h in fused), reverse=True)
+    finally:
+        qdrant.target.close()
+
+
+def test_rerank_rescores_the_sparse_candidates_by_maxsim(published, exhaustive, ours):
+    path, record = published
+    qdrant = _searcher(path, record, "rerank", exhaustive.encoder, prefetch_limit=5)
+    sparse = querying.QdrantSearcher(  # the same open shard (one opener at a time)
+        qdrant.target, qdrant.encoder, qdrant.sparse, querying.QueryConfig(mode="sparse")
+    )
+    try:
+        reranked = qdrant.search_batch(QUERIES[:4], 5)  # prefetch max(5, k) = 5
+        candidates = sparse.search_batch(QUERIES[:4], 5)
+        with pytest.raises(errors.LockedError, match="one process at a time"):
+            _searcher(path, record, "sparse", exhaustive.encoder)
+    finally:
+        qdrant.target.close()
+    for got, cands, mine in zip(reranked, candidates, ours, strict=False):
+        full = dict(mine)
+        expected = sorted(((d, full[d]) for d, _ in cands), key=lambda x: -x[1])
+        assert [d for d, _ in got] == [d for d, _ in expected]
+        np.testing.assert_allclose([s for _, s in got], [s for _, s in expected], rtol=1e-5)
+
+
+def test_deleted_documents_are_not_exported(built, tmp_path, exhaustive):
+    copy = tmp_path / "index"
+    shutil.copytree(built, copy)
+    updates.delete_documents(str(copy), ["d1", "m3"])
+    store = ts.TokenStore(copy)
+    record = exporter.publish_embedded(store, tmp_path / "shard")
+    assert record["num_points"] == len(DOCS) - 2 and record["deleted_skipped"] == 2
+    target = targets.EdgeTarget(tmp_path / "shard")
+    target.open("bm25")
+    try:
+        points = target._shard.retrieve(list(range(len(DOCS))), True, False)
+    finally:
+        target.close()
+    assert sorted(p.id for p in points) == [
+        i for i, d in enumerate(store.doc_ids) if d not in ("d1", "m3")
+    ]
+    assert all(p.payload["doc_id"] == store.doc_ids[p.id] for p in points)
+    # the exhaustive searcher drops tombstones too: the two still agree
+    alive = search_lib.Searcher.load(str(copy), mode="exhaustive", encoder=exhaustive.encoder)
+    ours = alive.search("honey bees", 10)
+    assert "d1" not in dict(ours)
+    qdrant = _searcher(tmp_path / "shard", record, "multivector", exhaustive.encoder)
+    try:
+        assert [d for d, _ in qdrant.search("honey bees", 10)] == [d for d, _ in ours]
+    finally:
+        qdrant.target.close()
+
+
+def test_beta_d_keeps_the_top_tokens_by_salience(built, tmp_path, exhaustive):
+    store = ts.TokenStore(built)
+    config = exporter.ExportConfig(beta_d=0.5, sparse="none")
+    record = exporter.publish_embedded(store, tmp_path / "shard", config)
+    assert record["sparse"] is None and record["beta_d"] == 0.5
+    target = targets.EdgeTarget(tmp_path / "shard")
+    target.open(None)
+    try:
+        (point,) = target._shard.retrieve([3], False, True)
+    finally:
+        target.close()
+    vectors, salience, _ = store.document(3)
+    kept = np.sort(np.argsort(-salience.astype(np.float32), kind="stable")[: -(-len(vectors) // 2)])
+    np.testing.assert_array_equal(
+        np.array(point.vector["aligner"]), vectors[kept].astype(np.float32)
+    )
+    with pytest.raises(errors.ConfigError, match="publish with --sparse=bm25"):
+        _searcher(tmp_path / "shard", record, "fusion", exhaustive.encoder).search("bees")
+
+
+def test_qdrant_client_local_mode_gives_the_same_answers(built, published, exhaustive):
+    path, record = published
+    client = targets.ClientTarget("toy", location=":memory:")
+    out = exporter.export_store(ts.TokenStore(built), client)
+    assert out["num_points"] == len(DOCS)
+    for mode in ("multivector", "sparse", "fusion", "rerank"):
+        config = querying.QueryConfig(mode=mode, prefetch_limit=6)
+        embedded = _searcher(path, record, mode, exhaustive.encoder, prefetch_limit=6)
+        local = querying.QdrantSearcher(client, embedded.encoder, embedded.sparse, config)
+        k = 30 if mode == "fusion" else 10  # the whole union: RRF ties come in any order
+        try:
+            a, b = embedded.search_batch(QUERIES, k), local.search_batch(QUERIES, k)
+        finally:
+            embedded.target.close()
+        for x, y in zip(a, b, strict=True):
+            if mode == "fusion":
+                x, y = (sorted(z, key=lambda h: (-round(h[1], 9), h[0])) for z in (x, y))
+            assert [d for d, _ in x] == [d for d, _ in y], mode
+            np.testing.assert_allclose([s for _, s in x], [s for _, s in y], rtol=1e-5)
+    with pytest.raises(errors.ConfigError, match="already exists"):
+        exporter.export_store(ts.TokenStore(built), client)
+    client.close()
+
+
+class FakeMiniCoil:
+    """The MiniCoilIndex contract: doc_matrix / query_matrix without idf, idf per cell."""
+
+    def __init__(self, num_docs: int, cells: int = 24, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        dense = rng.normal(size=(num_docs, cells)) * (rng.random((num_docs, cells)) < 0.3)
+        self.doc_matrix = sp.csr_matrix(dense.astype(np.float32))
+        self.idf = sparse_lib.qdrant_idf(np.bincount(self.doc_matrix.indices, minlength=cells),
+                                         num_docs)  # fmt: skip
+        self._cells = cells
+
+    def query_matrix(self, texts):
+        rows = [np.random.default_rng(len(t)).normal(size=self._cells) for t in texts]
+        return sp.csr_matrix(np.array(rows, np.float32))
+
+
+def test_minicoil_cells_with_the_idf_modifier_score_q_idf_d(built, tmp_path, exhaustive):
+    store = ts.TokenStore(built)
+    fake = FakeMiniCoil(store.num_docs)
+    config = exporter.ExportConfig(sparse="minicoil")
+    record = exporter.publish_embedded(store, tmp_path / "shard", config, minicoil_index=fake)
+    assert record["sparse"] == {"kind": "minicoil"}
+    assert sparse_lib.MiniCoilVectors(fake).check_idf() < 1e-9
+    qdrant = querying.QdrantSearcher.open(
+        targets.EdgeTarget(tmp_path / "shard"),
+        record,
+        encoder=exhaustive.encoder,
+        config=querying.QueryConfig(mode="sparse"),
+        minicoil_index=fake,
+    )
+    try:
+        got = qdrant.search("honey bees in the hive", 10)
+    finally:
+        qdrant.target.close()
+    q = fake.query_matrix(["honey bees in the hive"]).toarray()[0]
+    scores = fake.doc_matrix.toarray() @ (q * fake.idf)
+    order = [i for i in np.argsort(-scores, kind="stable") if scores[i] > 0][:10]
+    assert [d for d, _ in got] == [store.doc_ids[i] for i in order]
+    np.testing.assert_allclose([s for _, s in got], scores[order], rtol=1e-4)
+
+
+def test_publish_binary_exports_then_queries(built, tmp_path, ours):
+    path = tmp_path / "shard"
+    r = run_module("aligner_jax.publish", f"--index_dir={built}", f"--qdrant_path={path}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{len(DOCS)} documents (0 deleted skipped)" in r.stdout and "sparse bm25" in r.stdout
+    r = run_module(
+        "aligner_jax.publish", f"--qdrant_path={path}", f"--query={QUERIES[1]}", "--k=3",
+        "--mode=multivector",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == f"query: {QUERIES[1]}  [multivector]" and len(lines) == 4
+    assert [line.split()[2] for line in lines[1:]] == [d for d, _ in ours[1][:3]]
+    assert lines[1].split()[3:] == DOCS[ours[1][0][0]]["title"].split()  # the payload's title
+    r = run_module("aligner_jax.publish", f"--index_dir={built}", "--qdrant_url=http://x:6333")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "aligner-publish: error: --qdrant_url needs --record=FILE.json (what the query side reads)"
+    )
+
+
+def test_a_foreign_folder_is_never_overwritten(built, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(errors.ConfigError, match="not an aligner-publish shard"):
+        exporter.publish_embedded(ts.TokenStore(built), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    first = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")
+    again = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")  # replaces it
+    assert again["num_points"] == first["num_points"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "shard"]
