@@ -115,44 +115,68 @@ def few_shot_adaptation(
       config: strategies, default, fold size, seed.
     """
     config = config or AdaptationConfig()
-    names = config.strategy_names
+    return select_on_folds(
+        per_query,
+        config.strategy_names,
+        config.default_name,
+        fold_size=config.fold_size,
+        seed=config.seed,
+        metric=config.metric,
+    )
+
+
+def select_on_folds(
+    per_query: Mapping[str, Mapping[str, float]],
+    choices: Sequence[str],
+    default: str,
+    fold_size: int = 8,
+    seed: int = 0,
+    metric: str = "ndcg@10",
+) -> AdaptationResult:
+    """The §4.1 few-shot protocol for any finite set of ``choices`` (alignment strategies,
+    fusion weights, ...): on each fold of ``fold_size`` labelled queries the choice with the best
+    mean ``per_query[choice][qid]`` wins (ties: the earlier choice), and is scored on the
+    remaining queries; mean ± std over folds, beside ``default`` and the oracle."""
+    names = list(choices)
     missing = [s for s in names if s not in per_query]
     if missing:
-        raise ValueError(f"few_shot_adaptation: no per-query values for strategies {missing}")
+        raise ValueError(f"few-shot selection: no per-query values for {missing}")
+    if default not in names:
+        raise ValueError(f"few-shot selection: the default {default!r} is not among {names}")
     qids = sorted(per_query[names[0]])
     for s in names:
         if sorted(per_query[s]) != qids:
-            raise ValueError(f"few_shot_adaptation: strategy {s} covers other queries")
-    if len(qids) <= config.fold_size:
+            raise ValueError(f"few-shot selection: {s} covers other queries")
+    if len(qids) <= fold_size:
         raise ConfigError(
-            f"few_shot_adaptation needs more than fold_size={config.fold_size} queries to "
+            f"few-shot selection needs more than fold_size={fold_size} queries to "
             f"score the remaining ones; got {len(qids)}"
         )
     table = np.array([[per_query[s][q] for q in qids] for s in names])  # [S, Q]
     index = {q: i for i, q in enumerate(qids)}
-    folds = make_folds(qids, config.fold_size, config.seed)
-    scores, choices = [], []
+    folds = make_folds(qids, fold_size, seed)
+    scores, chosen = [], []
     for fold in folds:
         in_fold = np.zeros(len(qids), bool)
         in_fold[[index[q] for q in fold]] = True
         best = int(np.argmax(table[:, in_fold].mean(axis=1)))  # first maximum: earlier wins
         scores.append(float(table[best, ~in_fold].mean()))
-        choices.append(names[best])
+        chosen.append(names[best])
     means = table.mean(axis=1)
     oracle = int(np.argmax(means))
     return AdaptationResult(
         per_strategy={s: float(m) for s, m in zip(names, means, strict=True)},
-        default=float(means[names.index(config.default_name)]),
+        default=float(means[names.index(default)]),
         adapted_mean=float(np.mean(scores)),
         adapted_std=float(np.std(scores)),
         oracle=float(means[oracle]),
         oracle_strategy=names[oracle],
         fold_scores=scores,
-        fold_choices=choices,
+        fold_choices=chosen,
         num_folds=len(folds),
         num_queries=len(qids),
-        metric=config.metric,
-        fold_size=config.fold_size,
+        metric=metric,
+        fold_size=fold_size,
     )
 
 
