@@ -39,8 +39,11 @@ from aligner_jax.retrieval import lexical as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
-#: ``evaluate.first_stage``: ALIGNER's own search, a lexical stage alone, or both fused.
-FIRST_STAGES = ("aligner", "hybrid", *lexical_lib.STAGES)
+
+
+def first_stages() -> tuple[str, ...]:
+    """``evaluate.first_stage``: ALIGNER's own search, both fused, or a lexical stage alone."""
+    return ("aligner", "hybrid", *lexical_lib.STAGES)
 
 
 def corpus_info(dataset: beir.BeirDataset) -> dict:
@@ -157,15 +160,18 @@ def prepare(
     unknown_qrels: str = "error",
     verify_checksums: bool = False,
     query_maxlen: int | None = None,
+    dataset: beir.BeirDataset | None = None,
 ) -> PreparedRun:
     """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
     ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query, whole: up to
     ``query_maxlen`` tokens (None: the backbone's maximum, e.g. 512 for BERT, not the training
-    length). Queries and documents that were cut are counted in ``truncation``."""
+    length). Queries and documents that were cut are counted in ``truncation``. ``dataset``: the
+    split, when the caller has loaded it already."""
     output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
     if index_dir and not (Path(index_dir) / ts.MANIFEST).exists():  # a complete one is only read
         fileio.check_output_dir(index_dir, "--index_dir")
-    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    if dataset is None:
+        dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
     logging.info(
         "%s/%s: %d documents, %d queries",
         dataset.name,
@@ -234,7 +240,7 @@ def evaluate(
 ) -> dict:
     """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json.
 
-    ``first_stage`` (``FIRST_STAGES``): ``aligner`` (token / centroid search), ``bm25`` or
+    ``first_stage`` (``first_stages()``): ``aligner`` (token / centroid search), ``bm25`` or
     ``minicoil`` alone (``lexical_config``; no token store), or ``hybrid`` (both, the union
     refined by ALIGNER and fused, ``hybrid_config``; with ``adapt`` the fusion weight is chosen
     by the few-shot protocol instead of the alignment). ``rerank_run``: a TREC run file whose
@@ -254,7 +260,7 @@ def evaluate(
     adaptation_config = adaptation_config or adaptation_lib.AdaptationConfig()
     lexical_config = lexical_config or lexical_lib.LexicalConfig()
     hybrid_config = hybrid_config or hybrid_lib.HybridConfig()
-    checks.choice("evaluate.first_stage", first_stage, FIRST_STAGES)
+    checks.choice("evaluate.first_stage", first_stage, first_stages())
     if rerank_run and first_stage != "aligner":
         raise ConfigError(
             f"--rerank_run replaces the first stage: drop --gin.evaluate.first_stage={first_stage!r}"
@@ -272,6 +278,11 @@ def evaluate(
             ignore_identical_ids,
             query_maxlen,
         )
+    if (rerank_run or first_stage == "hybrid") and search_config.refine != "full":
+        raise ConfigError(
+            "--rerank_run and the hybrid refine candidates with stored token vectors: use "
+            "--gin.SearchConfig.refine='full'"
+        )
     strategy = scoring.AlignmentStrategy.parse(alignment)
     strategies = [strategy]
     if adapt and first_stage != "hybrid":
@@ -281,6 +292,11 @@ def evaluate(
             )
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
+    candidates, dataset = None, None
+    if rerank_run:  # read (and refused) before any encoding
+        fileio.check_output_dir(output_dir, "--output_dir")
+        dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+        candidates, first_stage_info = read_rerank_run(rerank_run, dataset)
     run = prepare(
         dataset_dir,
         output_dir,
@@ -290,12 +306,13 @@ def evaluate(
         unknown_qrels,
         verify_checksums,
         query_maxlen,
+        dataset,
     )
     output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
 
     token_index, centroid_index, build_s = None, None, 0.0
-    if search_config.exhaustive:
+    if search_config.exhaustive or rerank_run:  # no search: no token index
         pass
     elif search_config.backend == "centroid":
         centroid_index, build_s = open_centroid_index(store, search_config.beta_d)
@@ -306,11 +323,15 @@ def evaluate(
         build_s = token_index.build_seconds
 
     query_encode_s = run.encode_queries_s
-    searcher = search_lib.Searcher(store, search_config, token_index, centroid_index=centroid_index)
+    searcher = search_lib.Searcher(
+        store,
+        dataclasses.replace(search_config, k_prime=0) if rerank_run else search_config,
+        token_index,
+        centroid_index=centroid_index,
+    )
     name = "xtr" if search_config.refine == "xtr" else str(strategy)
-    hybrid_run, first_stage_info = None, {"kind": first_stage}
+    hybrid_run = None
     if rerank_run:
-        candidates, first_stage_info = read_rerank_run(rerank_run, dataset)
         out = searcher.rerank(qids, encoded, candidates, strategies=tuple(strategies))
     elif first_stage == "hybrid":
         hybrid_run, out, first_stage_info = hybrid_search(
@@ -318,6 +339,7 @@ def evaluate(
         )
     else:
         out = searcher.run(qids, encoded, strategies=tuple(strategies))
+        first_stage_info = {"kind": first_stage}
     identical = beir.IdenticalIds.of(
         dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
     )
@@ -346,7 +368,9 @@ def evaluate(
             "projection": bundle.config.projection,
             "salience": bundle.config.salience,
             "alignment": name,
-            "search": search_config.backend if not search_config.exhaustive else "exact",
+            "search": "run"
+            if rerank_run
+            else (search_config.backend if not search_config.exhaustive else "exact"),
             "exhaustive": search_config.exhaustive,
             "k_prime": search_config.k_prime,
             "beta_q": search_config.beta_q,

@@ -130,7 +130,9 @@ def search(
         run.aligner[qid] = np.array([scores[qid][d] for d in docs], np.float64)
         run.lexical[qid] = np.array([lex.get(d, np.nan) for d in docs], np.float64)
         # Timed here (arrays + one fusion); HybridRun.fused makes the rankings for any weight.
-        fusion_lib.fuse(run.aligner[qid], run.lexical[qid], config.weight, config.fusion, config.rrf_k)
+        fusion_lib.fuse(
+            run.aligner[qid], run.lexical[qid], config.weight, config.fusion, config.rrf_k
+        )
         run.fusion_ms.append(1000.0 * (time.perf_counter() - t0))
         run.num_candidates.append(len(docs))
     return run

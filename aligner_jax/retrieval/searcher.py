@@ -298,7 +298,8 @@ class Searcher:
                 )
             lists[qid] = np.asarray([position[d] for d in ids], np.int64)
         given = lambda ids, batch: [(lists[qid], None, None) for qid in ids]  # noqa: E731
-        return self._refine_all(query_ids, queries, given, strategies, progress_every, k)
+        # One query at a time: a batch would score every query against the batch's union.
+        return self._refine_all(query_ids, queries, given, strategies, progress_every, k, 1)
 
     @property
     def doc_positions(self) -> dict[str, int]:
@@ -307,8 +308,11 @@ class Searcher:
             self._doc_positions = {d: i for i, d in enumerate(self.store.doc_ids)}
         return self._doc_positions
 
-    def _refine_all(self, query_ids, queries, find, strategies, progress_every, k) -> SearchOutput:
-        """Steps 2 and 3 over query batches; ``find(batch_ids, batch)`` gives each query's
+    def _refine_all(
+        self, query_ids, queries, find, strategies, progress_every, k, batch_size=None
+    ) -> SearchOutput:
+        """Steps 2 and 3 over query batches (``batch_size``, default
+        ``SearchConfig.query_batch_size``); ``find(batch_ids, batch)`` gives each query's
         (candidate doc indices, token scores, token docs) as ``token_search`` does."""
         cfg = self.config
         names = [str(s) for s in strategies]
@@ -317,7 +321,7 @@ class Searcher:
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         token_ms, refine_ms, num_candidates, costs = [], [], [], []
         doc_lengths = self.store.doc_lengths
-        qb = max(1, cfg.query_batch_size)
+        qb = max(1, batch_size or cfg.query_batch_size)
         start_all = time.perf_counter()
         for lo in range(0, len(queries), qb):
             batch = list(queries[lo : lo + qb])
