@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
 import numpy as np
@@ -189,6 +189,20 @@ def _label(strategy: str) -> str:
     return strategy
 
 
+def result_cells(r: AdaptationResult, label: Callable[[str], str] = _label) -> list[str]:
+    """Table cells of one result: the metric ×100 per choice (the best in bold), then default,
+    adapted ± std and oracle (``label`` names its choice)."""
+    best = max(r.per_strategy.values())
+    cells = [
+        f"**{100 * v:.1f}**" if v == best else f"{100 * v:.1f}" for v in r.per_strategy.values()
+    ]
+    return cells + [
+        f"{100 * r.default:.1f}",
+        f"{100 * r.adapted_mean:.1f} ± {100 * r.adapted_std:.1f}",
+        f"{100 * r.oracle:.1f} ({label(r.oracle_strategy)})",
+    ]
+
+
 def markdown_table(rows: Mapping[str, AdaptationResult]) -> str:
     """A table in the style of the paper's Table 3 (+ default / adapted / oracle columns)."""
     first = next(iter(rows.values()))
@@ -196,17 +210,7 @@ def markdown_table(rows: Mapping[str, AdaptationResult]) -> str:
     header = ["dataset"] + [_label(s) for s in strategies] + ["default", "adapted (±std)", "oracle"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, r in rows.items():
-        best = max(r.per_strategy.values())
-        cells = [name]
-        for s in strategies:
-            v = f"{100 * r.per_strategy[s]:.1f}"
-            cells.append(f"**{v}**" if r.per_strategy[s] == best else v)
-        cells += [
-            f"{100 * r.default:.1f}",
-            f"{100 * r.adapted_mean:.1f} ± {100 * r.adapted_std:.1f}",
-            f"{100 * r.oracle:.1f} ({_label(r.oracle_strategy)})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([name, *result_cells(r)]) + " |")
     lines.append("")
     lines.append(
         f"{first.metric} ×100. Adapted: on each fold of {first.fold_size} queries the strategy "

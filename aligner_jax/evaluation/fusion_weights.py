@@ -80,16 +80,8 @@ def markdown_table(dataset: str, results: Mapping[str, adaptation_lib.Adaptation
     header += ["default", "few-shot (±std)", "oracle"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, r in results.items():
-        best = max(r.per_strategy.values())
-        cells = [dataset, method]
-        for v in r.per_strategy.values():
-            cells.append(f"**{100 * v:.1f}**" if v == best else f"{100 * v:.1f}")
-        cells += [
-            f"{100 * r.default:.1f}",
-            f"{100 * r.adapted_mean:.1f} ± {100 * r.adapted_std:.1f}",
-            f"{100 * r.oracle:.1f} ({r.oracle_strategy.split(':', 1)[1]})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = adaptation_lib.result_cells(r, lambda name: name.split(":", 1)[1])
+        lines.append("| " + " | ".join([dataset, method, *cells]) + " |")
     lines.append("")
     lines.append(
         f"{first.metric} ×100; w = ALIGNER's weight (1 − w: the lexical stage), fused over the "
