@@ -609,6 +609,14 @@ def evaluate_lexical(
     return report
 
 
+def lexical_settings(lexical: dict) -> str:
+    if lexical["kind"] == "bm25":
+        return f"k1={lexical['k1']}, b={lexical['b']}"
+    if lexical["kind"] == "minicoil":
+        return f"meaning models {lexical['minicoil_models'] or 'fitted on the corpus'}"
+    return lexical["kind"]
+
+
 def lexical_summary(report: dict) -> str:
     c, m, t = report["config"], report["metrics"], report["timing"]
     lexical = c["lexical"]
@@ -617,7 +625,7 @@ def lexical_summary(report: dict) -> str:
             "=" * 72,
             f"{c['first_stage']} evaluation: {report['dataset']}/{report['split']} "
             f"({report['num_queries']} queries, {report['num_docs']} docs)",
-            f"lexical    {c['first_stage']} (k1={lexical['k1']}, b={lexical['b']})"
+            f"lexical    {c['first_stage']} ({lexical_settings(lexical)})"
             + (f", encoder {c['model']}" if c["model"] else ""),
             f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
             f"   MRR@10 {100 * m['mrr@10']:.1f}",
@@ -684,7 +692,8 @@ def summary(report: dict) -> str:
     if first.get("kind") == "hybrid":
         h, ms = first["hybrid"], first["ms_per_query_p50"]
         lines.append(
-            f"hybrid     {first['lexical']['kind']} + ALIGNER, {h['fusion']} fusion, ALIGNER "
+            f"hybrid     {first['lexical']['kind']} ({lexical_settings(first['lexical'])}) + "
+            f"ALIGNER, {h['fusion']} fusion, ALIGNER "
             f"weight {h['weight']}, depth {h['depth']}; p50 ms: ALIGNER {ms['aligner']:.1f}, "
             f"lexical {ms['lexical']:.1f}, union refine {ms['rerank']:.1f}"
         )
