@@ -13,7 +13,7 @@ from aligner_jax.common import cli, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25, runs
 from aligner_jax.evaluation import beir_eval
-from aligner_jax.retrieval import lexical
+from aligner_jax.retrieval import lexical, searcher
 
 
 def _parse(*files, bindings=()):
@@ -132,10 +132,12 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
 
 def test_first_stage_settings_are_checked_before_any_work(tmp_path):
     data = write_toy_beir(tmp_path / "data")
+    xtr = searcher.SearchConfig(backend="exact", refine="xtr")
     cases = [
         (dict(first_stage="faiss"), "--gin.evaluate.first_stage='faiss': choose one of"),
         (dict(first_stage="bm25", adapt=True), "--adapt needs ALIGNER"),
         (dict(first_stage="hybrid", rerank_run="x.trec"), "--rerank_run replaces the first"),
+        (dict(first_stage="hybrid", search_config=xtr), "refine='full'"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -260,14 +260,8 @@ def evaluate(
     adaptation_config = adaptation_config or adaptation_lib.AdaptationConfig()
     lexical_config = lexical_config or lexical_lib.LexicalConfig()
     hybrid_config = hybrid_config or hybrid_lib.HybridConfig()
-    checks.choice("evaluate.first_stage", first_stage, first_stages())
-    if rerank_run and first_stage != "aligner":
-        raise ConfigError(
-            f"--rerank_run replaces the first stage: drop --gin.evaluate.first_stage={first_stage!r}"
-        )
+    check_first_stage(first_stage, rerank_run, adapt, search_config)
     if first_stage in lexical_lib.STAGES:
-        if adapt:
-            raise ConfigError(f"--adapt needs ALIGNER: evaluate.first_stage={first_stage!r}")
         return evaluate_lexical(
             dataset_dir,
             output_dir,
@@ -277,11 +271,6 @@ def evaluate(
             unknown_qrels,
             ignore_identical_ids,
             query_maxlen,
-        )
-    if (rerank_run or first_stage == "hybrid") and search_config.refine != "full":
-        raise ConfigError(
-            "--rerank_run and the hybrid refine candidates with stored token vectors: use "
-            "--gin.SearchConfig.refine='full'"
         )
     strategy = scoring.AlignmentStrategy.parse(alignment)
     strategies = [strategy]
@@ -438,6 +427,24 @@ def evaluate(
     report = fileio.write_outputs(output, files, report)
     print(summary(report))
     return report
+
+
+def check_first_stage(
+    first_stage: str, rerank_run: str | None, adapt: bool, search_config: search_lib.SearchConfig
+) -> None:
+    """Refuses, before any work, first-stage settings that cannot go together."""
+    checks.choice("evaluate.first_stage", first_stage, first_stages())
+    if rerank_run and first_stage != "aligner":
+        raise ConfigError(
+            f"--rerank_run replaces the first stage: drop --gin.evaluate.first_stage={first_stage!r}"
+        )
+    if first_stage in lexical_lib.STAGES and adapt:
+        raise ConfigError(f"--adapt needs ALIGNER: evaluate.first_stage={first_stage!r}")
+    if (rerank_run or first_stage == "hybrid") and search_config.refine != "full":
+        raise ConfigError(
+            "--rerank_run and the hybrid refine candidates with stored token vectors: use "
+            "--gin.SearchConfig.refine='full'"
+        )
 
 
 def _adaptation_summary(r: adaptation_lib.AdaptationResult) -> dict:
