@@ -104,16 +104,16 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     )
     assert report["config"]["first_stage"] == "hybrid"
     info = report["first_stage"]
-    assert info["lexical"]["kind"] == "bm25" and info["hybrid"]["fusion"] == "rrf"
-    assert info["hybrid"]["weight"] == 0.5 and info["union_candidates_median"] >= 1
+    assert info["lexical"]["kind"] == "bm25" and info["hybrid"]["fusion"] == "score"
+    assert info["hybrid"]["weight"] == 0.7 and info["union_candidates_median"] >= 1
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
     assert saved["metrics"]["ndcg@10"] > 0.9  # both systems find the toy's relevant documents
     adapted = json.loads((out / "fusion_adaptation.json").read_text())
     assert set(adapted["methods"]) == {"rrf", "score"}
-    rrf = adapted["methods"]["rrf"]
-    assert rrf["num_folds"] == 2 and len(rrf["per_strategy"]) == 11
-    assert rrf["default"] == pytest.approx(saved["metrics"]["ndcg@10"])
+    score = adapted["methods"]["score"]
+    assert score["num_folds"] == 2 and len(score["per_strategy"]) == 11
+    assert score["default"] == pytest.approx(saved["metrics"]["ndcg@10"])
     assert saved["adaptation"]["chooses"] == "fusion weight"
     assert set(saved["files"]) == {
         "run.tsv", "config.gin", "fusion_adaptation.json", "fusion_adaptation.md"

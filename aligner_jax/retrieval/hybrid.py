@@ -39,16 +39,17 @@ class HybridConfig:
     """Fusion of ALIGNER with the lexical stage (``LexicalConfig``).
 
     Attributes:
-      fusion: ``rrf`` (reciprocal-rank fusion) or ``score`` (min–max normalised scores).
-      weight: ALIGNER's weight ``w`` in [0, 1]; the lexical stage gets ``1 − w``. The label-free
-        default 0.5 weighs both alike (no labels needed; RRF's own convention).
+      fusion: ``score`` (min–max normalised scores) or ``rrf`` (reciprocal-rank fusion).
+      weight: ALIGNER's weight ``w`` in [0, 1]; the lexical stage gets ``1 − w``. The default
+        (score fusion, 0.7) needs no labels of the searched collection: it was chosen on
+        SciFact's train queries, disjoint from every test split (``gin/eval/hybrid.gin``).
       rrf_k: RRF's rank constant (Cormack et al. 2009: 60).
       depth: documents each first stage contributes to the candidate union.
       weights: the grid the few-shot protocol (``--adapt``) chooses ``w`` from.
     """
 
-    fusion: str = "rrf"
-    weight: float = 0.5
+    fusion: str = "score"
+    weight: float = 0.7
     rrf_k: int = fusion_lib.RRF_K
     depth: int = 100
     weights: tuple[float, ...] = WEIGHT_GRID
