@@ -13,7 +13,8 @@ from aligner_jax.common import cli, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25, runs
 from aligner_jax.evaluation import beir_eval
-from aligner_jax.retrieval import lexical, searcher
+from aligner_jax.retrieval import lexical_stages as lexical
+from aligner_jax.retrieval import searcher
 
 
 def _parse(*files, bindings=()):

@@ -35,7 +35,7 @@ from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import hybrid as hybrid_lib
-from aligner_jax.retrieval import lexical as lexical_lib
+from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)

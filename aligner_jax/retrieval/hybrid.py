@@ -26,7 +26,7 @@ from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.retrieval import fusion as fusion_lib
-from aligner_jax.retrieval import lexical as lexical_lib
+from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 #: ALIGNER weights tried by the few-shot selection: 0 (lexical alone) to 1 (ALIGNER alone).
