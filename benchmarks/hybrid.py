@@ -16,6 +16,7 @@ each run's folder (metrics.json, run file, fusion_adaptation.md) under ``--outpu
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -41,6 +42,7 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", str(REPO / "outputs/hybrid_bench
 _NAME = flags.DEFINE_string("name", "hybrid", "Result files benchmarks/results/<name>.{json,md}.")
 _MODEL_GIN = flags.DEFINE_multi_string("model_gin", [], "Extra gin files after each eval file.")
 _BINDINGS = flags.DEFINE_multi_string("binding", [], "Extra gin bindings for ALIGNER runs.")
+_REUSE = flags.DEFINE_bool("reuse", False, "Read a run's metrics.json when its folder has one.")
 
 # The hybrids' defaults were chosen on SciFact's train queries (gin/eval/hybrid.gin): score
 # fusion w=0.7 (eval/hybrid.gin) and RRF's best there, w=0.6. The RRF run goes first: it compiles
@@ -59,6 +61,9 @@ SYSTEMS = (
 
 
 def run_system(collection: str, system: str, files, bindings, adapt: bool) -> dict:
+    done = Path(_OUTPUT_DIR.value) / collection / system / "metrics.json"
+    if _REUSE.value and done.exists():
+        return json.loads(done.read_text())
     gin.clear_config()
     neural = system != "bm25"
     cli.parse_gin(
