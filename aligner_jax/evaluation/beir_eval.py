@@ -682,6 +682,8 @@ def summary(report: dict) -> str:
             " exhaustive"
             if c["exhaustive"]
             else (f" {c['centroid_stages']}" if "centroid_stages" in c else f" k'={c['k_prime']}")
+            if c["search"] != "run"
+            else " (the candidates of --rerank_run)"
         )
         + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
