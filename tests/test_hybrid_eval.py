@@ -173,3 +173,18 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
 def test_minicoil_without_the_lexical_stage_is_a_clear_error():
     with pytest.raises(ConfigError, match="LexicalConfig.kind='minicoil'.*use 'bm25'"):
         lexical.build(lexical.LexicalConfig(kind="minicoil"), ["d0"], ["text"], encoder=object())
+
+
+@pytest.mark.skipif(lexical.minicoil_lib is None, reason="miniCOIL is not in this checkout")
+def test_minicoil_alone_and_in_the_hybrid(toy, tmp_path):
+    data, index, _ = toy
+    _parse("eval/minicoil.gin")
+    out = tmp_path / "minicoil"
+    report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
+    assert report["config"]["first_stage"] == "minicoil" and not (out / "index").exists()
+    assert report["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    _parse("eval/hybrid.gin", bindings=["LexicalConfig.kind = 'minicoil'"])
+    out = tmp_path / "hybrid"
+    report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out), index_dir=index)
+    assert report["first_stage"]["lexical"]["kind"] == "minicoil"
+    assert report["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
