@@ -9,7 +9,7 @@ r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
 ``--index_dir``, ``--unknown_qrels``, ``--ignore_identical_ids``, ``--query_maxlen``,
-``--verify_checksums``, ``--adapt``.
+``--verify_checksums``, ``--adapt``, ``--rerank_run``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_integer("query_maxlen", None, "Query token budget (default: the backbone's max).")
 flags.DEFINE_bool("verify_checksums", False, "Re-hash every index file even if verified before.")
-flags.DEFINE_bool("adapt", False, "Also run few-shot alignment adaptation (§4.1).")
+flags.DEFINE_bool("adapt", False, "Also run few-shot adaptation (§4.1; hybrid: the fusion weight).")
+flags.DEFINE_string("rerank_run", None, "A TREC run file: ALIGNER refines its candidates.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -60,6 +61,7 @@ def main(argv: Sequence[str]) -> None:
         query_maxlen=FLAGS.query_maxlen,
         verify_checksums=FLAGS.verify_checksums,
         adapt=FLAGS.adapt,
+        rerank_run=FLAGS.rerank_run,
     )
 
 

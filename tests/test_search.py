@@ -174,3 +174,30 @@ def test_search_config_errors():
         search_lib.SearchConfig(beta_q=0.0)
     with pytest.raises(ValueError, match="k_prime > 0"):
         search_lib.SearchConfig(refine="xtr", k_prime=0)
+
+
+def test_chunks_are_padded_to_a_power_of_two_not_a_full_chunk():
+    sizes = [refine_lib.padded_chunk(n, 64) for n in (1, 8, 9, 33, 64, 100)]
+    assert sizes == [8, 8, 16, 64, 64, 64]
+
+
+def test_rerank_scores_exactly_the_given_candidates(store):
+    queries = _queries(3, seed=9)
+    ids = ["a", "b", "c"]
+    searcher = search_lib.Searcher(store, search_lib.SearchConfig(backend="exact", k_prime=0))
+    given = {"a": ["doc3", "doc1", "doc3"], "b": [f"doc{i}" for i in range(0, 20, 2)]}
+    out = searcher.rerank(ids, queries, given, ("top_k:1", "top_k:2"), k=5)
+    assert out.num_candidates == [2, 10, 0]  # duplicates once; "c" has no candidates
+    assert (
+        set(out.results["top_k:1"]["a"]) == {"doc1", "doc3"} and out.results["top_k:1"]["c"] == {}
+    )
+    assert len(out.results["top_k:2"]["b"]) == 5
+    for qid, q in zip(ids[:2], queries[:2], strict=True):
+        for doc, score in out.results["top_k:1"][qid].items():
+            assert score == pytest.approx(exhaustive_all(store, q)[doc], abs=1e-5)
+    with pytest.raises(search_lib.ConfigError, match="lists 1 document.*'nope'"):
+        searcher.rerank(ids, queries, {"c": ["doc1", "nope"]})
+    xtr_config = search_lib.SearchConfig(backend="exact", k_prime=5, refine="xtr")
+    xtr_searcher = search_lib.Searcher(store, xtr_config, ti.TokenIndex.build(store, "exact"))
+    with pytest.raises(search_lib.ConfigError, match="refine='full'"):
+        xtr_searcher.rerank(ids, queries, given)

@@ -30,6 +30,10 @@ class BeirFormatError(UserError, ValueError):
     """A BEIR file is missing or malformed; the message names the file, the line and the fix."""
 
 
+class RunFileError(UserError, ValueError):
+    """A TREC run file (``aligner-eval --rerank_run``) is malformed or names unknown documents."""
+
+
 class BeirDownloadError(UserError, RuntimeError):
     """The official BEIR archive could not be downloaded or unpacked."""
 

@@ -1,13 +1,17 @@
 """TREC run files: ``qid Q0 doc_id rank score tag`` lines, in trec_eval's order, written
 atomically. Scores are written exactly (``repr``: they read back as the same floats), so
-trec_eval / pytrec_eval on the file reproduce the metrics computed from the same results."""
+trec_eval / pytrec_eval on the file reproduce the metrics computed from the same results.
+``read_run`` reads one back (any system's run, to rerank it), with errors naming file and line."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import math
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from aligner_jax.common import fileio
+from aligner_jax.common.errors import RunFileError
 
 
 def _sort_key(item: tuple[str, float]) -> tuple[float, str]:
@@ -30,3 +34,69 @@ def format_run(results: Mapping[str, Mapping[str, float]], tag: str) -> str:
 
 def write_run(path: str | Path, results: Mapping[str, Mapping[str, float]], tag: str) -> None:
     fileio.atomic_write_text(path, format_run(results, tag))
+
+
+@dataclasses.dataclass
+class RunFile:
+    """A run read back: ``results[qid][doc_id] = score`` for the known queries, the number of
+    lines read, and the lines skipped per query id that is not among the known queries."""
+
+    results: dict[str, dict[str, float]]
+    num_lines: int
+    skipped: dict[str, int]
+
+
+def read_run(
+    path: str | Path,
+    query_ids: Collection[str],
+    doc_ids: Collection[str],
+    flag: str = "--rerank_run",
+) -> RunFile:
+    """Reads a TREC run (``qid Q0 doc_id rank score [tag]``, whitespace-separated).
+
+    Lines of a query not in ``query_ids`` (e.g. a run over every query of a collection, scored
+    on its test split) are skipped and counted. A document not in ``doc_ids`` (a run made on
+    another corpus), a repeated (query, document) pair or a malformed line is a
+    ``RunFileError`` naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RunFileError(f"{flag}={path}: no such file (expected a TREC run file)")
+    expected = "expected 'qid Q0 doc_id rank score tag'"
+    results: dict[str, dict[str, float]] = {}
+    skipped: dict[str, int] = {}
+    num_lines = 0
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            num_lines += 1
+            where = f"{path}:{number}"
+            if len(fields) not in (5, 6):
+                raise RunFileError(f"{where}: {len(fields)} fields, {expected}")
+            qid, _, doc_id, rank, score = fields[:5]
+            try:
+                value = float(score)
+                int(rank)
+            except ValueError:
+                raise RunFileError(
+                    f"{where}: rank {rank!r} / score {score!r}: {expected}"
+                ) from None
+            if not math.isfinite(value):
+                raise RunFileError(f"{where}: score {score!r} is not a finite number")
+            if qid not in query_ids:
+                skipped[qid] = skipped.get(qid, 0) + 1
+                continue
+            if doc_id not in doc_ids:
+                raise RunFileError(
+                    f"{where}: document {doc_id!r} is not in the corpus; was the run made on "
+                    "another collection?"
+                )
+            docs = results.setdefault(qid, {})
+            if doc_id in docs:
+                raise RunFileError(f"{where}: document {doc_id!r} is listed twice for {qid!r}")
+            docs[doc_id] = value
+    if not num_lines:
+        raise RunFileError(f"{flag}={path}: the file is empty ({expected})")
+    return RunFile(results, num_lines, skipped)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
 import numpy as np
@@ -115,44 +115,68 @@ def few_shot_adaptation(
       config: strategies, default, fold size, seed.
     """
     config = config or AdaptationConfig()
-    names = config.strategy_names
+    return select_on_folds(
+        per_query,
+        config.strategy_names,
+        config.default_name,
+        fold_size=config.fold_size,
+        seed=config.seed,
+        metric=config.metric,
+    )
+
+
+def select_on_folds(
+    per_query: Mapping[str, Mapping[str, float]],
+    choices: Sequence[str],
+    default: str,
+    fold_size: int = 8,
+    seed: int = 0,
+    metric: str = "ndcg@10",
+) -> AdaptationResult:
+    """The §4.1 few-shot protocol for any finite set of ``choices`` (alignment strategies,
+    fusion weights, ...): on each fold of ``fold_size`` labelled queries the choice with the best
+    mean ``per_query[choice][qid]`` wins (ties: the earlier choice), and is scored on the
+    remaining queries; mean ± std over folds, beside ``default`` and the oracle."""
+    names = list(choices)
     missing = [s for s in names if s not in per_query]
     if missing:
-        raise ValueError(f"few_shot_adaptation: no per-query values for strategies {missing}")
+        raise ValueError(f"few-shot selection: no per-query values for {missing}")
+    if default not in names:
+        raise ValueError(f"few-shot selection: the default {default!r} is not among {names}")
     qids = sorted(per_query[names[0]])
     for s in names:
         if sorted(per_query[s]) != qids:
-            raise ValueError(f"few_shot_adaptation: strategy {s} covers other queries")
-    if len(qids) <= config.fold_size:
+            raise ValueError(f"few-shot selection: {s} covers other queries")
+    if len(qids) <= fold_size:
         raise ConfigError(
-            f"few_shot_adaptation needs more than fold_size={config.fold_size} queries to "
+            f"few-shot selection needs more than fold_size={fold_size} queries to "
             f"score the remaining ones; got {len(qids)}"
         )
     table = np.array([[per_query[s][q] for q in qids] for s in names])  # [S, Q]
     index = {q: i for i, q in enumerate(qids)}
-    folds = make_folds(qids, config.fold_size, config.seed)
-    scores, choices = [], []
+    folds = make_folds(qids, fold_size, seed)
+    scores, chosen = [], []
     for fold in folds:
         in_fold = np.zeros(len(qids), bool)
         in_fold[[index[q] for q in fold]] = True
         best = int(np.argmax(table[:, in_fold].mean(axis=1)))  # first maximum: earlier wins
         scores.append(float(table[best, ~in_fold].mean()))
-        choices.append(names[best])
+        chosen.append(names[best])
     means = table.mean(axis=1)
     oracle = int(np.argmax(means))
     return AdaptationResult(
         per_strategy={s: float(m) for s, m in zip(names, means, strict=True)},
-        default=float(means[names.index(config.default_name)]),
+        default=float(means[names.index(default)]),
         adapted_mean=float(np.mean(scores)),
         adapted_std=float(np.std(scores)),
         oracle=float(means[oracle]),
         oracle_strategy=names[oracle],
         fold_scores=scores,
-        fold_choices=choices,
+        fold_choices=chosen,
         num_folds=len(folds),
         num_queries=len(qids),
-        metric=config.metric,
-        fold_size=config.fold_size,
+        metric=metric,
+        fold_size=fold_size,
     )
 
 
@@ -165,6 +189,20 @@ def _label(strategy: str) -> str:
     return strategy
 
 
+def result_cells(r: AdaptationResult, label: Callable[[str], str] = _label) -> list[str]:
+    """Table cells of one result: the metric ×100 per choice (the best in bold), then default,
+    adapted ± std and oracle (``label`` names its choice)."""
+    best = max(r.per_strategy.values())
+    cells = [
+        f"**{100 * v:.1f}**" if v == best else f"{100 * v:.1f}" for v in r.per_strategy.values()
+    ]
+    return cells + [
+        f"{100 * r.default:.1f}",
+        f"{100 * r.adapted_mean:.1f} ± {100 * r.adapted_std:.1f}",
+        f"{100 * r.oracle:.1f} ({label(r.oracle_strategy)})",
+    ]
+
+
 def markdown_table(rows: Mapping[str, AdaptationResult]) -> str:
     """A table in the style of the paper's Table 3 (+ default / adapted / oracle columns)."""
     first = next(iter(rows.values()))
@@ -172,17 +210,7 @@ def markdown_table(rows: Mapping[str, AdaptationResult]) -> str:
     header = ["dataset"] + [_label(s) for s in strategies] + ["default", "adapted (±std)", "oracle"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, r in rows.items():
-        best = max(r.per_strategy.values())
-        cells = [name]
-        for s in strategies:
-            v = f"{100 * r.per_strategy[s]:.1f}"
-            cells.append(f"**{v}**" if r.per_strategy[s] == best else v)
-        cells += [
-            f"{100 * r.default:.1f}",
-            f"{100 * r.adapted_mean:.1f} ± {100 * r.adapted_std:.1f}",
-            f"{100 * r.oracle:.1f} ({_label(r.oracle_strategy)})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([name, *result_cells(r)]) + " |")
     lines.append("")
     lines.append(
         f"{first.metric} ×100. Adapted: on each fold of {first.fold_size} queries the strategy "

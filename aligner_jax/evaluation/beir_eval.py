@@ -21,22 +21,29 @@ import jax
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import checks, errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, scoring
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
-from aligner_jax.evaluation import metrics
+from aligner_jax.evaluation import fusion_weights, metrics
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.retrieval import hybrid as hybrid_lib
+from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
+
+
+def first_stages() -> tuple[str, ...]:
+    """``evaluate.first_stage``: ALIGNER's own search, both fused, or a lexical stage alone."""
+    return ("aligner", "hybrid", *lexical_lib.STAGES)
 
 
 def corpus_info(dataset: beir.BeirDataset) -> dict:
@@ -153,15 +160,18 @@ def prepare(
     unknown_qrels: str = "error",
     verify_checksums: bool = False,
     query_maxlen: int | None = None,
+    dataset: beir.BeirDataset | None = None,
 ) -> PreparedRun:
     """Loads the BEIR split, the gin-configured encoder, the corpus's token store (under
     ``index_dir``, default ``OUTPUT_DIR/index``) and encodes every query, whole: up to
     ``query_maxlen`` tokens (None: the backbone's maximum, e.g. 512 for BERT, not the training
-    length). Queries and documents that were cut are counted in ``truncation``."""
+    length). Queries and documents that were cut are counted in ``truncation``. ``dataset``: the
+    split, when the caller has loaded it already."""
     output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
     if index_dir and not (Path(index_dir) / ts.MANIFEST).exists():  # a complete one is only read
         fileio.check_output_dir(index_dir, "--index_dir")
-    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    if dataset is None:
+        dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
     logging.info(
         "%s/%s: %d documents, %d queries",
         dataset.name,
@@ -223,8 +233,18 @@ def evaluate(
     adaptation_config: adaptation_lib.AdaptationConfig | None = None,
     ignore_identical_ids: str = "same_text",
     query_maxlen: int | None = None,
+    first_stage: str = "aligner",
+    rerank_run: str | None = None,
+    lexical_config: lexical_lib.LexicalConfig | None = None,
+    hybrid_config: hybrid_lib.HybridConfig | None = None,
 ) -> dict:
     """Evaluates the gin-configured encoder on one split of a BEIR folder; returns metrics.json.
+
+    ``first_stage`` (``first_stages()``): ``aligner`` (token / centroid search), ``bm25`` or
+    ``minicoil`` alone (``lexical_config``; no token store), or ``hybrid`` (both, the union
+    refined by ALIGNER and fused, ``hybrid_config``; with ``adapt`` the fusion weight is chosen
+    by the few-shot protocol instead of the alignment). ``rerank_run``: a TREC run file whose
+    candidates ALIGNER refines instead of searching (queries it does not list get none).
 
     ``ignore_identical_ids`` (``beir.IDENTICAL_ID_MODES``) says when the document whose id is a
     query's id is removed from that query's ranking; the rule is applied once, to the rankings
@@ -238,15 +258,34 @@ def evaluate(
     search_config = search_config or search_lib.SearchConfig()
     encoding_config = encoding_config or EncodingConfig()
     adaptation_config = adaptation_config or adaptation_lib.AdaptationConfig()
+    lexical_config = lexical_config or lexical_lib.LexicalConfig()
+    hybrid_config = hybrid_config or hybrid_lib.HybridConfig()
+    check_first_stage(first_stage, rerank_run, adapt, search_config)
+    if first_stage in lexical_lib.STAGES:
+        return evaluate_lexical(
+            dataset_dir,
+            output_dir,
+            split,
+            lexical_config,
+            search_config.top_k,
+            unknown_qrels,
+            ignore_identical_ids,
+            query_maxlen,
+        )
     strategy = scoring.AlignmentStrategy.parse(alignment)
     strategies = [strategy]
-    if adapt:
+    if adapt and first_stage != "hybrid":
         if search_config.refine == "xtr":
             raise ConfigError(
                 "--adapt re-scores candidates with alignment strategies: use refine='full'"
             )
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
+    candidates, dataset = None, None
+    if rerank_run:  # read (and refused) before any encoding
+        fileio.check_output_dir(output_dir, "--output_dir")
+        dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+        candidates, first_stage_info = read_rerank_run(rerank_run, dataset)
     run = prepare(
         dataset_dir,
         output_dir,
@@ -256,12 +295,13 @@ def evaluate(
         unknown_qrels,
         verify_checksums,
         query_maxlen,
+        dataset,
     )
     output, dataset, bundle, store = run.output, run.dataset, run.encoder.bundle, run.store
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
 
     token_index, centroid_index, build_s = None, None, 0.0
-    if search_config.exhaustive:
+    if search_config.exhaustive or rerank_run:  # no search: no token index
         pass
     elif search_config.backend == "centroid":
         centroid_index, build_s = open_centroid_index(store, search_config.beta_d)
@@ -272,9 +312,23 @@ def evaluate(
         build_s = token_index.build_seconds
 
     query_encode_s = run.encode_queries_s
-    searcher = search_lib.Searcher(store, search_config, token_index, centroid_index=centroid_index)
-    out = searcher.run(qids, encoded, strategies=tuple(strategies))
+    searcher = search_lib.Searcher(
+        store,
+        dataclasses.replace(search_config, k_prime=0) if rerank_run else search_config,
+        token_index,
+        centroid_index=centroid_index,
+    )
     name = "xtr" if search_config.refine == "xtr" else str(strategy)
+    hybrid_run = None
+    if rerank_run:
+        out = searcher.rerank(qids, encoded, candidates, strategies=tuple(strategies))
+    elif first_stage == "hybrid":
+        hybrid_run, out, first_stage_info = hybrid_search(
+            searcher, run, strategy, lexical_config, hybrid_config
+        )
+    else:
+        out = searcher.run(qids, encoded, strategies=tuple(strategies))
+        first_stage_info = {"kind": first_stage}
     identical = beir.IdenticalIds.of(
         dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
     )
@@ -284,7 +338,11 @@ def evaluate(
     results = ranked[name]
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
     adapted, files = None, {}
-    if adapt:
+    if adapt and hybrid_run is not None:
+        adapted, files = fusion_adaptation(
+            dataset, hybrid_run, hybrid_config, adaptation_config, search_config.top_k, identical
+        )
+    elif adapt:
         adapted, files = adaptation_files(dataset, ranked, adaptation_config)
 
     report = {
@@ -299,7 +357,9 @@ def evaluate(
             "projection": bundle.config.projection,
             "salience": bundle.config.salience,
             "alignment": name,
-            "search": search_config.backend if not search_config.exhaustive else "exact",
+            "search": "run"
+            if rerank_run
+            else (search_config.backend if not search_config.exhaustive else "exact"),
             "exhaustive": search_config.exhaustive,
             "k_prime": search_config.k_prime,
             "beta_q": search_config.beta_q,
@@ -307,7 +367,9 @@ def evaluate(
             "refine": search_config.refine,
             "top_k": search_config.top_k,
             "ignore_identical_ids": ignore_identical_ids,
+            "first_stage": "run" if rerank_run else first_stage,
         },
+        "first_stage": first_stage_info,
         "identical_ids": identical.as_dict(),
         "truncation": run.truncation,
         "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
@@ -345,8 +407,15 @@ def evaluate(
             "num_centroids": stages.index.num_centroids,
             "residual_bits": stages.index.codec.bits,
         }
+    if isinstance(adapted, dict):  # the hybrid: the fusion weight, per fusion method
+        report["adaptation"] = {
+            "chooses": "fusion weight",
+            **{m: _adaptation_summary(r) for m, r in adapted.items()},
+        }
+        adapted = adapted[hybrid_config.fusion]
     if adapted is not None:
         report["adaptation"] = {
+            **report.get("adaptation", {}),
             "default": adapted.default,
             "adapted_mean": adapted.adapted_mean,
             "adapted_std": adapted.adapted_std,
@@ -358,6 +427,221 @@ def evaluate(
     report = fileio.write_outputs(output, files, report)
     print(summary(report))
     return report
+
+
+def check_first_stage(
+    first_stage: str, rerank_run: str | None, adapt: bool, search_config: search_lib.SearchConfig
+) -> None:
+    """Refuses, before any work, first-stage settings that cannot go together."""
+    checks.choice("evaluate.first_stage", first_stage, first_stages())
+    if rerank_run and first_stage != "aligner":
+        raise ConfigError(
+            f"--rerank_run replaces the first stage: drop --gin.evaluate.first_stage={first_stage!r}"
+        )
+    if first_stage in lexical_lib.STAGES and adapt:
+        raise ConfigError(f"--adapt needs ALIGNER: evaluate.first_stage={first_stage!r}")
+    if (rerank_run or first_stage == "hybrid") and search_config.refine != "full":
+        raise ConfigError(
+            "--rerank_run and the hybrid refine candidates with stored token vectors: use "
+            "--gin.SearchConfig.refine='full'"
+        )
+
+
+def _adaptation_summary(r: adaptation_lib.AdaptationResult) -> dict:
+    return {
+        "default": r.default,
+        "adapted_mean": r.adapted_mean,
+        "adapted_std": r.adapted_std,
+        "oracle": r.oracle,
+        "oracle_strategy": r.oracle_strategy,
+        "choice_counts": r.as_dict()["choice_counts"],
+    }
+
+
+def read_rerank_run(path: str, dataset: beir.BeirDataset) -> tuple[dict[str, list[str]], dict]:
+    """The candidates of ``--rerank_run`` for the split's queries, and what was read: lines of
+    queries outside the split are skipped (counted, warned); a split query the run does not
+    list gets no candidates (counted, warned); an unknown document is an error (file:line)."""
+    read = runs.read_run(path, dataset.queries, dataset.corpus)
+    missing = [q for q in dataset.queries if q not in read.results]
+    if read.skipped:
+        logging.warning(
+            "--rerank_run=%s: %d lines of %d queries not in the %s split were skipped",
+            path,
+            sum(read.skipped.values()),
+            len(read.skipped),
+            dataset.split,
+        )
+    if missing:
+        logging.warning(
+            "--rerank_run=%s: %d of %d queries have no line (ranked empty, scored 0)",
+            path,
+            len(missing),
+            len(dataset.queries),
+        )
+    info = {
+        "kind": "run",
+        "file": str(Path(path).resolve()),
+        "sha256": fileio.sha256_file(path),
+        "lines": read.num_lines,
+        "skipped_lines": sum(read.skipped.values()),
+        "skipped_queries": len(read.skipped),
+        "queries_without_candidates": len(missing),
+    }
+    return {q: list(docs) for q, docs in read.results.items()}, info
+
+
+def hybrid_search(
+    searcher: search_lib.Searcher,
+    run: PreparedRun,
+    strategy: scoring.AlignmentStrategy,
+    lexical_config: lexical_lib.LexicalConfig,
+    config: hybrid_lib.HybridConfig,
+) -> tuple[hybrid_lib.HybridRun, search_lib.SearchOutput, dict]:
+    """ALIGNER + the lexical stage, fused (``retrieval.hybrid``); the fused ranking as a
+    ``SearchOutput`` (first stages as token search, the union's refinement + fusion as refine)."""
+    dataset = run.dataset
+    t0 = time.perf_counter()
+    index = lexical_lib.build(
+        lexical_config,
+        list(dataset.corpus),
+        [beir.document_text(d) for d in dataset.corpus.values()],
+        run.encoder,
+    )
+    build_s = time.perf_counter() - t0
+    texts = dataset.queries
+    hybrid = hybrid_lib.search(searcher, index, run.qids, run.queries, texts, strategy, config)
+    name = str(strategy)
+    fused = hybrid.fused(config.weight, config.fusion, config.rrf_k, searcher.config.top_k)
+    first = [a + b for a, b in zip(hybrid.aligner_ms, hybrid.lexical_ms, strict=True)]
+    second = [a + b for a, b in zip(hybrid.rerank_ms, hybrid.fusion_ms, strict=True)]
+    out = search_lib.SearchOutput({name: fused}, first, second, hybrid.num_candidates, hybrid.costs)
+    info = {
+        "kind": "hybrid",
+        "lexical": dataclasses.asdict(lexical_config),
+        "hybrid": dataclasses.asdict(config),
+        "lexical_index_build_s": build_s,
+        "ms_per_query_p50": {
+            part: percentile(getattr(hybrid, f"{part}_ms"), 50)
+            for part in ("aligner", "lexical", "rerank", "fusion", "search")
+        },
+        "union_candidates_median": float(np.median(hybrid.num_candidates)),
+    }
+    return hybrid, out, info
+
+
+def fusion_adaptation(
+    dataset: beir.BeirDataset,
+    hybrid: hybrid_lib.HybridRun,
+    config: hybrid_lib.HybridConfig,
+    adaptation: adaptation_lib.AdaptationConfig,
+    top_k: int,
+    identical: beir.IdenticalIds,
+) -> tuple[dict[str, adaptation_lib.AdaptationResult], dict[str, str]]:
+    """The few-shot fusion weight per method → fusion_adaptation.json and .md."""
+    chosen = fusion_weights.choose_weights(
+        hybrid, dataset.qrels, config, adaptation, top_k, K_VALUES, identical.apply
+    )
+    return chosen, fusion_weights.files(dataset.name, dataset.split, config, chosen)
+
+
+def evaluate_lexical(
+    dataset_dir: str,
+    output_dir: str,
+    split: str,
+    config: lexical_lib.LexicalConfig,
+    top_k: int,
+    unknown_qrels: str = "error",
+    ignore_identical_ids: str = "same_text",
+    query_maxlen: int | None = None,
+) -> dict:
+    """A lexical first stage alone (``bm25``, ``minicoil``) through the same outputs: run file,
+    config.gin, metrics.json and the summary. BM25 encodes nothing; miniCOIL reads the
+    gin-configured encoder's token vectors (no token store is built)."""
+    output = fileio.check_output_dir(output_dir, "--output_dir")
+    dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    encoder = None
+    if lexical_lib.needs_encoder(config):
+        bundle = loading_lib.load_encoder()
+        limit = query_maxlen or aligner_lib.backbone_max_length(bundle.config.backbone)
+        encoder = Encoder(bundle, EncodingConfig(), query_maxlen=limit)
+    t0 = time.perf_counter()
+    index = lexical_lib.build(
+        config,
+        list(dataset.corpus),
+        [beir.document_text(d) for d in dataset.corpus.values()],
+        encoder,
+    )
+    build_s = time.perf_counter() - t0
+    found, ms = lexical_lib.search_timed(index, dataset.queries, top_k)
+    identical = beir.IdenticalIds.of(
+        dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
+    )
+    if identical.query_ids_in_corpus:
+        logging.warning("%s", identical.describe())
+    results = identical.apply(found)
+    evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
+    report = {
+        "dataset": dataset.name,
+        "split": split,
+        "num_queries": len(dataset.queries),
+        "num_docs": len(dataset.corpus),
+        "config": {
+            "first_stage": config.kind,
+            "lexical": dataclasses.asdict(config),
+            "model": encoder.bundle.name if encoder else None,
+            "top_k": top_k,
+            "ignore_identical_ids": ignore_identical_ids,
+        },
+        "identical_ids": identical.as_dict(),
+        "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
+        "metrics_all": evaluation.aggregate,
+        "per_query": {
+            q: {"ndcg@10": evaluation.per_query.get(q, {}).get("ndcg@10", 0.0)}
+            for q in dataset.queries
+        },
+        "timing": {
+            "index_build_s": build_s,
+            "search_ms_per_query_p50": percentile(ms, 50),
+            "search_ms_per_query_p90": percentile(ms, 90),
+        },
+        "dataset_stats": dataset.stats.as_dict(),
+    }
+    files = {
+        "run.tsv": runs.format_run(results, tag=f"aligner_jax-{config.kind}"),
+        "config.gin": gin.operative_config_str(),
+    }
+    report = fileio.write_outputs(output, files, report)
+    print(lexical_summary(report))
+    return report
+
+
+def lexical_settings(lexical: dict) -> str:
+    if lexical["kind"] == "bm25":
+        return f"k1={lexical['k1']}, b={lexical['b']}"
+    if lexical["kind"] == "minicoil":
+        return f"meaning models {lexical['minicoil_models'] or 'fitted on the corpus'}"
+    return lexical["kind"]
+
+
+def lexical_summary(report: dict) -> str:
+    c, m, t = report["config"], report["metrics"], report["timing"]
+    lexical = c["lexical"]
+    return "\n".join(
+        [
+            "=" * 72,
+            f"{c['first_stage']} evaluation: {report['dataset']}/{report['split']} "
+            f"({report['num_queries']} queries, {report['num_docs']} docs)",
+            f"lexical    {c['first_stage']} ({lexical_settings(lexical)})"
+            + (f", encoder {c['model']}" if c["model"] else ""),
+            f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
+            f"   MRR@10 {100 * m['mrr@10']:.1f}",
+            f"ids        {report['identical_ids']['description']}",
+            f"timing     index build {t['index_build_s']:.1f}s, search p50 "
+            f"{t['search_ms_per_query_p50']:.2f} ms/query",
+            "=" * 72,
+        ]
+    )
 
 
 def adaptation_files(
@@ -398,6 +682,8 @@ def summary(report: dict) -> str:
             " exhaustive"
             if c["exhaustive"]
             else (f" {c['centroid_stages']}" if "centroid_stages" in c else f" k'={c['k_prime']}")
+            if c["search"] != "run"
+            else " (the candidates of --rerank_run)"
         )
         + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
@@ -411,6 +697,20 @@ def summary(report: dict) -> str:
         f"{t['search_ms_per_query_p50']:.1f} ms/query, median candidates "
         f"{report['candidates_per_query_median']:.0f}",
     ]
+    first = report.get("first_stage", {})
+    if first.get("kind") == "hybrid":
+        h, ms = first["hybrid"], first["ms_per_query_p50"]
+        lines.append(
+            f"hybrid     {first['lexical']['kind']} ({lexical_settings(first['lexical'])}) + "
+            f"ALIGNER, {h['fusion']} fusion, ALIGNER "
+            f"weight {h['weight']}, depth {h['depth']}; p50 ms: ALIGNER {ms['aligner']:.1f}, "
+            f"lexical {ms['lexical']:.1f}, union refine {ms['rerank']:.1f}"
+        )
+    elif first.get("kind") == "run":
+        lines.append(
+            f"reranked   {first['file']} ({first['lines']} lines, {first['skipped_lines']} "
+            f"skipped, {first['queries_without_candidates']} queries without candidates)"
+        )
     if "adaptation" in report:
         a = report["adaptation"]
         lines.append(

@@ -124,6 +124,13 @@ class QueryBatch:
         return cls(vectors, mask, salience, token_ids)
 
 
+def padded_chunk(num_docs: int, chunk: int) -> int:
+    """Documents a chunk of ``num_docs`` is padded to: the next power of two (at least 8), at
+    most ``chunk``: a few compiled shapes, and a query's few candidates in a length bucket are
+    not padded to a full chunk (reranking ~100 documents per query)."""
+    return min(chunk, max(8, 1 << max(0, num_docs - 1).bit_length()))
+
+
 class Refiner:
     """Re-scores candidate documents of queries with their full stored token vectors."""
 
@@ -189,8 +196,9 @@ class Refiner:
         def run(job):
             part, length, chunk, bucket_docs = job
             d, dm, du, di = self._gather(part, length, bucket_docs)
-            if len(part) < chunk:  # fixed shapes: one compilation per (n, L)
-                pad = [(0, chunk - len(part))]
+            size = padded_chunk(len(part), chunk)
+            if len(part) < size:  # few shapes: one compilation per (n, L, power of two)
+                pad = [(0, size - len(part))]
                 d = np.pad(d, pad + [(0, 0), (0, 0)])
                 dm, du, di = (np.pad(x, pad + [(0, 0)]) for x in (dm, du, di))
             scores = score_chunk(*q, d, dm, du, di, strategies=strategies)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import numpy as np
@@ -146,6 +146,7 @@ class Searcher:
             self.centroid = cs.CentroidSearcher(store, centroid_index, centroid_config)
         self._refine_config = refine_config
         self._refiner = None
+        self._doc_positions: dict[str, int] | None = None
 
     @property
     def refiner(self) -> refine_lib.Refiner | None:
@@ -257,19 +258,71 @@ class Searcher:
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
         if self.centroid is not None:
             return self._run_centroid(query_ids, queries, strategies, progress_every, k)
+        find = lambda ids, batch: self.token_search(batch)  # noqa: E731
+        return self._refine_all(query_ids, queries, find, strategies, progress_every, k)
+
+    def rerank(
+        self,
+        query_ids: Sequence[str],
+        queries: Sequence[EncodedText],
+        candidates: Mapping[str, Sequence[str]],
+        strategies: Sequence[scoring.AlignmentStrategy | str] = ("top_k:1",),
+        progress_every: int = 50,
+        k: int | None = None,
+    ) -> SearchOutput:
+        """Refines given candidates instead of searching for them (step 2 after another first
+        stage: a TREC run, BM25, a hybrid's candidate union): each query's ``candidates[qid]``
+        (document ids; a query without an entry gets none) are scored with all their stored
+        token vectors and each strategy (Eq. 1–2) and the top ``k`` returned, as ``run`` does.
+        A document id the store does not hold is a ``ConfigError``."""
+        if self.config.refine != "full":
+            raise ConfigError(
+                "reranking refines stored token vectors: use --gin.SearchConfig.refine='full'"
+            )
+        k = self.config.top_k if k is None else k
+        strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
+        position = self.doc_positions
+        lists = {}
+        for qid in query_ids:
+            ids = list(dict.fromkeys(candidates.get(qid, ())))
+            unknown = [d for d in ids if d not in position]
+            if unknown:
+                raise ConfigError(
+                    f"rerank: query {qid!r} lists {len(unknown)} document(s) the index "
+                    f"{self.store.directory} does not hold (first: {unknown[0]!r})"
+                )
+            lists[qid] = np.asarray([position[d] for d in ids], np.int64)
+        given = lambda ids, batch: [(lists[qid], None, None) for qid in ids]  # noqa: E731
+        # One query at a time: a batch would score every query against the batch's union.
+        return self._refine_all(query_ids, queries, given, strategies, progress_every, k, 1)
+
+    @property
+    def doc_positions(self) -> dict[str, int]:
+        """``{doc_id: index in the store}``, built on first use."""
+        if self._doc_positions is None:
+            self._doc_positions = {d: i for i, d in enumerate(self.store.doc_ids)}
+        return self._doc_positions
+
+    def _refine_all(
+        self, query_ids, queries, find, strategies, progress_every, k, batch_size=None
+    ) -> SearchOutput:
+        """Steps 2 and 3 over query batches (``batch_size``, default
+        ``SearchConfig.query_batch_size``); ``find(batch_ids, batch)`` gives each query's
+        (candidate doc indices, token scores, token docs) as ``token_search`` does."""
+        cfg = self.config
         names = [str(s) for s in strategies]
         if cfg.refine == "xtr":
             names = ["xtr"]
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         token_ms, refine_ms, num_candidates, costs = [], [], [], []
         doc_lengths = self.store.doc_lengths
-        qb = max(1, cfg.query_batch_size)
+        qb = max(1, batch_size or cfg.query_batch_size)
         start_all = time.perf_counter()
         for lo in range(0, len(queries), qb):
             batch = list(queries[lo : lo + qb])
             batch_ids = list(query_ids[lo : lo + qb])
             t0 = time.perf_counter()
-            found = self.token_search(batch)
+            found = find(batch_ids, batch)
             t1 = time.perf_counter()
             if cfg.refine == "xtr":
                 scored = [
