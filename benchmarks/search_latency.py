@@ -47,7 +47,7 @@ from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import searcher as search_lib
 
 REPO = Path(__file__).resolve().parents[1]
-SYSTEMS = ("aligner_jax", "exact", "fast-plaid", "xtr-warp")
+SYSTEMS = ("aligner_jax", "aligner_jax-xtr", "exact", "fast-plaid", "xtr-warp")
 
 _STORES = flags.DEFINE_list(
     "stores",
@@ -209,7 +209,8 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
         else None
     )
     built = {}
-    if "aligner_jax" in systems:
+    ours_systems = {"aligner_jax", "aligner_jax-xtr"}
+    if ours_systems & set(systems):
         index = None
         if _REUSE_INDEX.value and ci.CentroidIndex.exists(index_dir):
             index = ci.CentroidIndex.load(store)
@@ -223,8 +224,18 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
             store, search_lib.SearchConfig(backend="centroid", top_k=_K.value), centroid_index=index
         )
 
+        xtr_searcher = search_lib.Searcher(
+            store,
+            search_lib.SearchConfig(backend="centroid", refine="xtr", top_k=_K.value),
+            centroid_index=index,
+        )
+        built["aligner_jax-xtr"] = built["aligner_jax"]
+
         def ours(qid, e):
             return searcher.run([qid], [e], progress_every=0).results["top_k:1"][qid]
+
+        def ours_xtr(qid, e):  # f_XTR' on the compressed index, WARP-style
+            return xtr_searcher.run([qid], [e], progress_every=0).results["xtr"][qid]
 
     exact = ExactMaxSim(store, _K.value) if "exact" in systems else None
     pooled: dict = {}
@@ -238,9 +249,11 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                 key = (system, threads)
                 if system == "exact" and r >= _PEER_ROUNDS.value:
                     continue
-                if system in ("aligner_jax", "exact"):
+                if system in ("aligner_jax", "aligner_jax-xtr", "exact"):
+                    fn = exact if system == "exact" else None
+                    fn = fn or (ours if system == "aligner_jax" else ours_xtr)
                     with threadpoolctl.threadpool_limits(threads):
-                        res, lat = _timed_queries(ours if system == "aligner_jax" else exact, items)
+                        res, lat = _timed_queries(fn, items)
                     entry = pooled.setdefault(key, {"results": res, "latency": [], "extra": {}})
                     entry["latency"] += lat
                     continue
