@@ -1,4 +1,4 @@
-"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
+r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 :func:`aligner_jax.evaluation.beir_eval.evaluate`.
 
   python -m aligner_jax.evaluate \
@@ -32,7 +32,9 @@ FLAGS = flags.FLAGS
 DEFAULT_GIN_FILES = ("eval/zero_shot.gin",)
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
 flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
-flags.DEFINE_string("output_dir", None, "Where metrics.json, run.trec, results.json and config.gin go.")
+flags.DEFINE_string(
+    "output_dir", None, "Where metrics.json, run.trec, results.json and config.gin go."
+)
 flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
 flags.DEFINE_enum("unknown_qrels", "error", ["error", "skip"], "qrels naming unknown ids.")
 flags.DEFINE_enum(

@@ -1,12 +1,12 @@
-"""Explanation binary (``aligner-explain``): a thin absl + gin wrapper of
+r"""Explanation binary (``aligner-explain``): a thin absl + gin wrapper of
 :mod:`aligner_jax.evaluation.explanation` that renders the saliences and alignments of one
 query–document pair (paper §4.4, Tables 4–5) as a self-contained HTML page and prints a summary.
 
-  python -m aligner_jax.explain --dataset_dir=../shared/data/beir/scifact \\
+  python -m aligner_jax.explain --dataset_dir=../shared/data/beir/scifact \
     --query_id=1 --doc_id=31715818 --output_dir=outputs/explain_q1
 
-  python -m aligner_jax.explain --gin_file=models/minilm.gin \\
-    --gin.load_encoder.checkpoint="'/path/model_dir'" --gin.evaluate.alignment="'top_k:4'" \\
+  python -m aligner_jax.explain --gin_file=models/minilm.gin \
+    --gin.load_encoder.checkpoint="'/path/model_dir'" --gin.evaluate.alignment="'top_k:4'" \
     --query="what is a fathom" --document="a fathom is six feet" --output_dir=outputs/fathom
 
 Without ``--gin_file`` it explains the zero-shot bundled backbone (``models/minilm_identity.gin``).

@@ -1,4 +1,4 @@
-"""Training binary (``aligner-train``), t5x style: a thin absl + gin wrapper of
+r"""Training binary (``aligner-train``), t5x style: a thin absl + gin wrapper of
 :func:`aligner_jax.training.trainer.train`.
 
   python -m aligner_jax.train --gin_file=runs/scifact_minilm.gin \

@@ -222,7 +222,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
         )
 
         def ours(qid, e):
-            return searcher.run([qid], [e], progress_every=0).results["top_k:1"][qid]
+            return searcher.run([qid], [e], show_progress=False).results["top_k:1"][qid]
 
     exact = ExactMaxSim(store, _K.value) if "exact" in systems else None
     pooled: dict = {}

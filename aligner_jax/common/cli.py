@@ -25,9 +25,11 @@ import tokenize
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# Before TensorFlow / XLA load and log: their C++ INFO-to-ERROR lines (cuInit on a host without a
-# GPU, oneDNN notes) are noise for a user; an explicit TF_CPP_MIN_LOG_LEVEL wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Before TensorFlow loads (gin imports the seqio tasks) and logs: its C++ lines (cuInit on a host
+# without a GPU, oneDNN notes, at ERROR) are noise for a user. ``import jax`` sets the variable to
+# "1" when unset, so "1" (or unset) means nobody chose a level; any other exported level wins.
+if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 import gin  # noqa: E402
 from absl import app, flags  # noqa: E402

@@ -56,9 +56,16 @@ class Progress:
     other named count. Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, total: int | None, desc: str, unit: str = "it", log_every_s: float = 0.0):
+    def __init__(
+        self,
+        total: int | None,
+        desc: str,
+        unit: str = "it",
+        log_every_s: float = 0.0,
+        enabled: bool = True,
+    ):
         self.total, self.desc, self.unit = total, desc, unit
-        self.mode = current_mode()
+        self.mode = current_mode() if enabled else "none"
         self.n = 0
         self.warm_n = 0  # units done before the clock started (the first, compiling update)
         self.counts: dict[str, float] = {}
@@ -87,6 +94,7 @@ class Progress:
         now = time.perf_counter()
         if self.start is None:  # the first update compiled: the clock starts now
             self.start, self.warm_n, self.warm_counts = now, self.n, dict(self.counts)
+            self.last_log = now  # log lines every log_every_s of the clock, not of compiling
             if self._bar is not None:
                 self._bar.n = self._bar.initial = self.n  # tqdm: rate = (n - initial) / elapsed
                 self._bar.start_t = self._bar._time()
@@ -99,6 +107,15 @@ class Progress:
         elif self.mode == "log" and now - self.last_log >= self.log_every_s:
             self.last_log = now
             logging.info("%s", self.line(now))
+
+    def skip(self, n: int) -> None:
+        """Takes ``n`` units out of the total (work found already done, e.g. a resumed job's
+        complete shards), so rate and ETA cover only what is computed now."""
+        if self.total is not None:
+            self.total = max(self.total - n, self.n)
+            if self._bar is not None:
+                self._bar.total = self.total
+                self._bar.refresh()
 
     def rate(self, now: float | None = None) -> float:
         """Units per second since the clock started (0 before two updates)."""
@@ -130,6 +147,13 @@ class Progress:
             bar_format=fmt,
             postfix=postfix,
         )
+
+    def write(self, text: str) -> None:
+        """Prints a line of results without breaking the bar (stdout)."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
 
     # -- the end -------------------------------------------------------------------------------
     def close(self) -> None:
