@@ -26,7 +26,6 @@ size); NAME is ``--name`` (default ``scaling``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -234,21 +234,25 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000000,4000000,16000000")
-    parser.add_argument("--k_prime", type=int, default=1000)
-    parser.add_argument("--num_queries", type=int, default=50)
-    parser.add_argument("--workdir", default="/tmp/aligner_scaling")
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results"))
-    parser.add_argument("--leaves_to_search_fraction", type=float, default=None)
-    parser.add_argument("--reorder_factor", type=float, default=None)
-    parser.add_argument("--num_leaves_to_search", type=int, default=None)
-    parser.add_argument("--name", default="scaling", help="Output file stem.")
-    parser.add_argument("--noise", type=float, default=DEFAULT_NOISE, help="σ of token noise.")
-    parser.add_argument("--calibrate", help="A token store: print its clustering statistics.")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one size, in-process
-    args = parser.parse_args()
+FLAGS = flags.FLAGS
+flags.DEFINE_string("sizes", "1000000,4000000,16000000", "Corpus sizes in tokens, comma-separated.")
+flags.DEFINE_integer("k_prime", 1000, "Token neighbours per query token.")
+flags.DEFINE_integer("num_queries", 50, "Queries per size.")
+flags.DEFINE_string("workdir", "/tmp/aligner_scaling", "Where the synthetic stores go.")
+flags.DEFINE_string("output", str(REPO / "benchmarks" / "results"), "Output folder.")
+flags.DEFINE_float("leaves_to_search_fraction", None, "ScannConfig.leaves_to_search_fraction.")
+flags.DEFINE_float("reorder_factor", None, "ScannConfig.reorder_factor.")
+flags.DEFINE_integer("num_leaves_to_search", None, "ScannConfig.num_leaves_to_search.")
+flags.DEFINE_string("name", "scaling", "Output file stem.")
+flags.DEFINE_float("noise", DEFAULT_NOISE, "σ of token noise.")
+flags.DEFINE_string("calibrate", None, "A token store: print its clustering statistics.")
+flags.DEFINE_string("measure", None, "Internal: measure one size in-process.")
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    args = FLAGS
     scann = {
         k: v
         for k, v in (
@@ -339,4 +343,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main)

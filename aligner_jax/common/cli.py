@@ -38,7 +38,8 @@ from absl import logging as absl_logging  # noqa: E402
 from aligner_jax.common import errors, progress  # noqa: E402
 
 # Shown by --help beside the binary's own flags (absl lists the others under --helpfull).
-KEY_FLAGS = ("gin_file", "gin_bindings", "gin_search_paths", "verbosity", "progress")
+GIN_FLAGS = ("gin_file", "gin_bindings", "gin_search_paths")
+KEY_FLAGS = (*GIN_FLAGS, "verbosity", "progress")
 
 
 def _gin_dir() -> Path:
@@ -85,17 +86,22 @@ def _project_roots() -> tuple[str, ...]:
     return tuple(str(r) + os.sep for r in roots)
 
 
+def _absl_verbosity() -> int:
+    return flags.FLAGS.verbosity if flags.FLAGS.is_parsed() else 0
+
+
 class QuietLibraries(std_logging.Filter):
     """Passes the project's records at any level and other libraries' from WARNING up; at
     ``--verbosity`` >= 1 everything. gin's resource probe (an ERROR "Path not found" for every
     include before gin tries the search paths) is dropped unless ``--verbosity`` >= 1."""
 
-    def __init__(self, roots: Sequence[str]):
+    def __init__(self, roots: Sequence[str], verbosity: Callable[[], int] | None = None):
         super().__init__()
         self.roots = tuple(roots)
+        self.verbosity = verbosity or _absl_verbosity
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1:
+        if self.verbosity() >= 1:
             return True
         path = os.path.realpath(record.pathname)
         if path.startswith(self.roots):
@@ -112,14 +118,28 @@ def quiet_logs() -> None:
         handler.addFilter(QuietLibraries(_project_roots()))
 
 
-def _declare_key_flags(main: Callable) -> None:
+def _help_and_exit(argv: Sequence[str]) -> None:
+    """``--help`` (``-h``, ``--helpshort``) / ``--helpfull`` print absl's usage and exit 0 (absl's
+    own help flags exit 1, which breaks ``aligner-eval --help && ...`` and scripted checks)."""
+    for arg in argv[1:]:
+        if arg == "--":
+            return
+        if arg in ("--help", "-h", "-?", "--helpshort", "--helpfull"):
+            short = arg != "--helpfull"
+            app.usage(shorthelp=short, writeto_stdout=True)
+            if short:
+                print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
+
+
+def _declare_key_flags(main: Callable, uses_gin: bool = True) -> None:
     """``--help`` lists the binary's flags and ``KEY_FLAGS``, also when it runs as a console
     script (absl lists the flags of the module named ``sys.argv[0]``)."""
     main_name = sys.argv[0]
     module = sys.modules.get(main.__module__)
     for flag in flags.FLAGS.flags_by_module_dict().get(main.__module__, []):
         flags.FLAGS.register_key_flag_for_module(main_name, flag)
-    for name in KEY_FLAGS:
+    for name in KEY_FLAGS if uses_gin else set(KEY_FLAGS) - set(GIN_FLAGS):
         flags.FLAGS.register_key_flag_for_module(main_name, flags.FLAGS[name])
     entry = sys.modules.get("__main__")
     if entry is not None and not entry.__doc__ and module is not None:
@@ -180,10 +200,12 @@ def parse_gin(
         raise errors.ConfigError(f"gin configuration error: {e}") from e
 
 
-def run(main: Callable[[Sequence[str]], None]) -> None:
-    """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first."""
+def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
+    """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first, quiet library logs and
+    ``--progress``. A binary without gin (``uses_gin=False``) refuses the gin flags."""
     define_gin_flags()
-    _declare_key_flags(main)
+    _declare_key_flags(main, uses_gin)
+    _help_and_exit(sys.argv)
     quiet_logs()
     try:
         sys.argv = rewrite_gin_args(sys.argv)
@@ -191,6 +213,8 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
         sys.exit(f"FATAL Flags parsing error: {e}")
 
     def main_with_progress(argv):
+        if not uses_gin and any(flags.FLAGS[n].present for n in GIN_FLAGS):
+            raise app.UsageError("this binary takes no gin configuration (--gin_file/--gin.X)")
         progress.set_mode(flags.FLAGS.progress)
         return main(argv)
 
