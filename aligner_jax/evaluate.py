@@ -11,11 +11,6 @@ r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 Without ``--gin_file`` it runs the zero-shot default, ``eval/zero_shot.gin``. Writes ``run.trec``
 (TREC run), ``results.json`` (BEIR's ``{qid: {doc_id: score}}``), ``config.gin`` and, last,
 ``metrics.json``.
-
-Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
-``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
-``--index_dir``, ``--unknown_qrels``, ``--ignore_identical_ids``, ``--query_maxlen``,
-``--verify_checksums``, ``--adapt``.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class Progress:
             self.last_log = now  # log lines every log_every_s of the clock, not of compiling
             if self._bar is not None:
                 self._bar.n = self._bar.initial = self.n  # tqdm: rate = (n - initial) / elapsed
-                self._bar.start_t = self._bar._time()
+                self._bar.start_t = self._bar.last_print_t = self._bar._time()
+                self._bar.last_print_n = self.n
                 self._bar.refresh()
             return
         if self._bar is not None:
@@ -137,7 +138,7 @@ class Progress:
         elapsed = now - (self.start or now)
         fmt = _LOG_FORMAT if self.total else _LOG_FORMAT_NO_TOTAL
         postfix = self._postfix(now)
-        return tqdm.tqdm.format_meter(
+        text = tqdm.tqdm.format_meter(
             self.n,
             self.total,
             elapsed,
@@ -147,6 +148,7 @@ class Progress:
             bar_format=fmt,
             postfix=postfix,
         )
+        return " ".join(text.split())  # tqdm pads the rate to a fixed width
 
     def write(self, text: str) -> None:
         """Prints a line of results without breaking the bar (stdout)."""
