@@ -213,23 +213,12 @@ def test_twenty_step_training_prints_at_most_25_lines(tmp_path):
     model_dir = tmp_path / "m"
     bindings = {**TRAIN_BINDINGS, "MODEL_DIR": repr(str(model_dir))}
     bindings["beir_train_source.dataset_dir"] = repr(str(data))
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aligner_jax.train",
-            "--gin_file=models/bert_tiny.gin",
-            "--gin_file=runs/train.gin",
-            *[f"--gin.{k}={v}" for k, v in bindings.items()],
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_module(
+        "aligner_jax.train",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin_file=runs/train.gin",
+        *[f"--gin.{k}={v}" for k, v in bindings.items()],
+        as_user=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
