@@ -10,7 +10,8 @@ line which file it needs.
 Logs are quiet by default, in this one place: the project's own lines (``aligner_jax`` and its
 ``tasks``) at absl's ``--verbosity`` (default 0: INFO), other libraries' lines (orbax, clu, jax's
 backend probing, gin's resource probing) only from WARNING up; ``--verbosity=1`` shows everything.
-TensorFlow's and XLA's C++ logs are off unless ``TF_CPP_MIN_LOG_LEVEL`` is set in the environment.
+TensorFlow's C++ logs are off unless ``TF_CPP_MIN_LOG_LEVEL`` is exported (to another level than
+jax's default, 1).
 Progress (``--progress``, :mod:`aligner_jax.common.progress`) is a tqdm bar on a terminal and a log
 line every 30 s otherwise.
 """
