@@ -16,6 +16,7 @@ setuptools.setup(
     ],
     package_dir={"aligner_jax.tasks": "tasks", "aligner_jax.gin": "gin"},
     package_data={"aligner_jax.gin": ["*/*.gin"]},
+    license="Apache-2.0",
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10,<0.11",

@@ -47,23 +47,49 @@ CLUSTERS = 4096
 DEFAULT_NOISE = 0.074
 
 
+def synthetic_centres(rng: np.random.Generator) -> np.ndarray:
+    """CLUSTERS random unit centres (the first draw of the store's generator)."""
+    centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
+    return centers / np.linalg.norm(centers, axis=1, keepdims=True)
+
+
+def synthetic_document(
+    rng: np.random.Generator, centers: np.ndarray, noise: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """One document's DOC_TOKENS unit vectors (float32) and each token's centre index."""
+    topic = rng.integers(0, CLUSTERS, size=8)  # a document mixes a few topics
+    assign = topic[rng.integers(0, 8, size=DOC_TOKENS)]
+    v = centers[assign] + noise * rng.normal(size=(DOC_TOKENS, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True), assign
+
+
+def synthetic_queries(
+    centers: np.ndarray, num_queries: int, noise: float, seed: int = 1
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``num_queries`` queries of 32 unit token vectors (float32) and their tokens' centres."""
+    rng = np.random.default_rng(seed)
+    queries, assigns = [], []
+    for _ in range(num_queries):
+        assign = rng.integers(0, CLUSTERS, size=32)
+        q = centers[assign] + noise * rng.normal(size=(32, DIM))
+        queries.append((q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32))
+        assigns.append(assign)
+    return queries, assigns
+
+
 def make_store(directory: Path, num_tokens: int, noise: float, seed: int = 0) -> None:
     """Writes a synthetic store of ``num_tokens`` clustered unit vectors, shard by shard."""
     from aligner_jax.indexing import token_store as ts
 
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
-    centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+    centers = synthetic_centres(rng)
     directory.mkdir(parents=True, exist_ok=True)
     num_docs = num_tokens // DOC_TOKENS
     entries = []
     for shard, start in enumerate(range(0, num_docs, SHARD_DOCS)):
         docs = []
         for d in range(start, min(start + SHARD_DOCS, num_docs)):
-            topic = rng.integers(0, CLUSTERS, size=8)  # a document mixes a few topics
-            assign = topic[rng.integers(0, 8, size=DOC_TOKENS)]
-            v = centers[assign] + noise * rng.normal(size=(DOC_TOKENS, DIM)).astype(np.float32)
-            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            v, _ = synthetic_document(rng, centers, noise)
             docs.append(
                 ts.EncodedDocument(
                     doc_id=f"doc{d}",
@@ -106,12 +132,7 @@ def measure(
     )
     build_s = time.perf_counter() - t0
     index_bytes = index.nbytes()
-    rng = np.random.default_rng(seed)
-    centers = np.load(directory / "centers.npy")
-    queries = []
-    for _ in range(num_queries):
-        q = centers[rng.integers(0, CLUSTERS, size=32)] + noise * rng.normal(size=(32, DIM))
-        queries.append((q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32))
+    queries, _ = synthetic_queries(np.load(directory / "centers.npy"), num_queries, noise, seed)
     index.search(queries[0], k_prime)  # warm-up
     times, found, found_rows = [], [], []
     for q in queries:
@@ -207,52 +228,224 @@ def _describe(scann: dict) -> str:
     )
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+def markdown(rows: list[dict]) -> str:
+    """NAME.md: the table of ``rows`` (NAME.json); lines whose fields the rows lack are left out."""
+    first = rows[0]
+    lines = [
+        f"# Token index scaling (synthetic 128-d token vectors, ScaNN, k′={first['k_prime']}, "
+        f"{first['query_tokens']} query tokens)",
+        "",
+    ]
+    if "scann_config" in first and "noise" in first:
+        lines += [
+            f"ScannConfig: {_describe(first['scann_config'])}. Tokens: σ = {first['noise']:g} "
+            f"(cosine to their centre ≈ {cos_to_centre(first['noise']):.2f}).",
+            "",
+        ]
+    token_recall = all("token_recall_10" in r for r in rows)
+    lines += [
+        "| tokens | parts | build s | peak RSS GiB | index GiB | search ms/query p50 | "
+        "candidate recall |" + (" token recall 10@k′ |" if token_recall else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if token_recall else ""),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['num_tokens']:,} | {r['num_parts']} | {r['build_s']:.1f} | "
+            f"{r['peak_rss_gib']:.2f} | {r['index_bytes'] / 2**30:.2f} | "
+            f"{r['search_ms_per_query_p50']:.1f} | {100 * r['candidate_recall']:.1f}% |"
+            + (f" {100 * r['token_recall_10']:.1f}% |" if token_recall else "")
+        )
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        grow = b["num_tokens"] / a["num_tokens"]
+        lines += [
+            "",
+            f"From {a['num_tokens']:,} to {b['num_tokens']:,} tokens (×{grow:.0f}): build ×"
+            f"{b['build_s'] / a['build_s']:.1f}, search ×"
+            f"{b['search_ms_per_query_p50'] / a['search_ms_per_query_p50']:.1f}, peak RSS ×"
+            f"{b['peak_rss_gib'] / a['peak_rss_gib']:.1f}.",
+        ]
+    return "\n".join(lines) + "\n"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    n = [r["num_tokens"] / 1e6 for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
-    axes[0].plot(n, [r["build_s"] for r in rows], "o-", label="build (s)")
-    axes[0].plot(n, [r["peak_rss_gib"] for r in rows], "s-", label="peak RSS (GiB)")
-    axes[0].plot(n, [r["index_bytes"] / 2**30 for r in rows], "^-", label="index (GiB)")
-    axes[1].plot(n, [r["search_ms_per_query_p50"] for r in rows], "o-", label="search ms/query")
-    axes[2].plot(n, [100 * r["candidate_recall"] for r in rows], "o-", label="candidate recall %")
-    axes[2].plot(n, [100 * r["token_recall_10"] for r in rows], "s-", label="token recall 10@k′ %")
-    for ax in axes:
+def _millions(num_tokens: int) -> str:
+    return f"{num_tokens / 1e6:g}M"
+
+
+def recall_dips(rows: list[dict]) -> list[int]:
+    """Indices of the sizes whose candidate recall is below both neighbours'."""
+    r = [row["candidate_recall"] for row in rows]
+    return [i for i in range(1, len(r) - 1) if r[i] < r[i - 1] and r[i] < r[i + 1]]
+
+
+def dip_caption(rows: list[dict], candidates: list[dict] | None) -> str:
+    """What the data says about each candidate-recall dip: the two recalls at the dip and, from
+    ``scaling_candidates.py``'s exact lists of the same corpora, what the lists are made of."""
+    lines = []
+    for i in recall_dips(rows):
+        r = rows[i]
+        line = (
+            f"Dip at {_millions(r['num_tokens'])}: ScaNN misses "
+            f"{100 * (1 - r['candidate_recall']):.0f}% of exact search's candidate documents"
+        )
+        if "token_recall_10" in r:
+            line += (
+                f", yet finds {100 * r['token_recall_10']:.1f}% of each query token's 10 nearest"
+            )
+        lines.append(line + ".")
+    if lines and candidates:
+        lines.append(
+            f"Exact k′={candidates[0]['k_prime']} lists of the same corpora "
+            "(scaling_candidates.json), per query token and per query:"
+        )
+        for c in candidates:
+            lines.append(
+                f"  {_millions(c['num_tokens'])}: its centre has {c['own_centre_tokens']:,.0f} "
+                f"tokens, {100 * (1 - c['own_share_of_list']):.0f}% of its list are other centres' "
+                f"tokens; {c['candidate_docs']:,.0f} candidate documents "
+                f"({100 * c['candidate_share_of_corpus']:.0f}% of the corpus), "
+                f"{100 * c['other_only_share']:.0f}% of them reached only through other centres."
+            )
+        by_size = {c["num_tokens"]: c for c in candidates}
+        for i in recall_dips(rows):
+            c = by_size.get(rows[i]["num_tokens"])
+            if c and 0 < c["own_share_of_list"] < 1:
+                lines.append(
+                    f"At {_millions(c['num_tokens'])} a list ends just past its centre's "
+                    f"{c['own_centre_tokens']:,.0f} tokens, and {100 * c['other_only_share']:.0f}%"
+                    " of the candidate documents come only from the other centres' tokens at "
+                    "its far end."
+                )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, candidates: list[dict] | None = None) -> None:
+    """Writes :func:`figure` as NAME.png."""
+    from aligner_jax.evaluation import plotting
+
+    plotting.save(figure(rows, candidates), path)
+
+
+def figure(rows: list[dict], candidates: list[dict] | None = None):
+    """Build time (s), search time (ms), memory (GiB) and recall (%) against the corpus size,
+    each on its own axes, every point labelled with its value; candidate-recall dips are marked
+    and explained in the caption (:func:`dip_caption`)."""
+    from aligner_jax.evaluation import plotting
+
+    plt = plotting.pyplot()
+    n = [r["num_tokens"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.6), sharex=True)
+    (build_ax, search_ax), (memory_ax, recall_ax) = axes
+    panels = [
+        (build_ax, "index build time (s)", True, [("build", [r["build_s"] for r in rows], "{:.0f} s")]),
+        (search_ax, "search time per query (ms)", True, [
+            ("p50", [r["search_ms_per_query_p50"] for r in rows], "{:.0f} ms"),
+            ("p90", [r["search_ms_per_query_p90"] for r in rows], "{:.0f} ms"),
+        ]),
+        (memory_ax, "memory (GiB)", True, [
+            ("peak RSS (build + search)", [r["peak_rss_gib"] for r in rows], "{:.1f}"),
+            ("token index", [r["index_bytes"] / 2**30 for r in rows], "{:.2f}"),
+        ]),
+        (recall_ax, "recall (%)", False, [
+            ("candidate recall (documents)", [100 * r["candidate_recall"] for r in rows], "{:.1f}%"),
+        ] + ([("token recall 10@k′", [100 * r["token_recall_10"] for r in rows], "{:.1f}%")]
+             if all("token_recall_10" in r for r in rows) else [])),
+    ]  # fmt: skip
+    for ax, ylabel, log, series in panels:
+        for i, (label, values, _) in enumerate(series):
+            style = dict(plotting.series_style(i), markersize=6, linewidth=1.8)
+            ax.plot(n, values, label=label, **style)
         ax.set_xscale("log")
-        ax.set_xlabel("corpus size (M tokens, 128-d)")
+        if log:
+            ax.set_yscale("log")
+            plotting.plain_log_axis(ax.yaxis)
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    fig.suptitle("ScaNN token index: cost against corpus size (synthetic token vectors)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        ax.legend(fontsize=8, loc="upper left" if log else "lower left")
+    ticks = [
+        _millions(r["num_tokens"]) + (f"\n{r['num_parts']} parts" if r["num_parts"] > 1 else "")
+        for r in rows
+    ]
+    for ax in axes[1]:
+        plotting.log_ticks(ax.xaxis, n, ticks)
+        ax.set_xlabel("corpus size (tokens of 128 dimensions, log scale)")
+    for ax in (build_ax, search_ax, memory_ax):
+        ax.margins(y=0.25)
+    lo = min(min(v) for _, v, _ in panels[3][3])
+    recall_ax.set_ylim(lo - 0.4 * (100 - lo), 100 + 0.1 * (100 - lo))
+    r0 = rows[0]
+    sigma = f"σ = {r0['noise']:g}, " if "noise" in r0 else ""
+    fig.suptitle(
+        f"ScaNN token index against corpus size (synthetic token vectors, {sigma}"
+        f"k′={r0['k_prime']}, {r0['query_tokens']} query tokens)",
+        fontsize=11,
+    )
+    caption = dip_caption(rows, candidates)
+    bottom = (0.024 * (caption.count("\n") + 1) + 0.01) if caption else 0.0
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=8, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    for i in recall_dips(rows):
+        recall_ax.annotate(
+            "dip: explained below",
+            (n[i], 100 * rows[i]["candidate_recall"]),
+            xytext=(30, -22),
+            textcoords="offset points",
+            ha="left",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->", "lw": 0.8},
+        )
+    for ax, _, _, series in panels:
+        for i, (_, values, fmt) in enumerate(series):
+            plotting.annotate_points(ax, n, values, [fmt.format(v) for v in values], color=f"C{i}")
+    return fig
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("sizes", "1000000,4000000,16000000", "Corpus sizes in tokens, comma-separated.")
-flags.DEFINE_integer("k_prime", 1000, "Token neighbours per query token.")
-flags.DEFINE_integer("num_queries", 50, "Queries per size.")
-flags.DEFINE_string("workdir", "/tmp/aligner_scaling", "Where the synthetic stores go.")
-flags.DEFINE_string("output", str(REPO / "benchmarks" / "results"), "Output folder.")
-flags.DEFINE_float("leaves_to_search_fraction", None, "ScannConfig.leaves_to_search_fraction.")
-flags.DEFINE_float("reorder_factor", None, "ScannConfig.reorder_factor.")
-flags.DEFINE_integer("num_leaves_to_search", None, "ScannConfig.num_leaves_to_search.")
-flags.DEFINE_string("name", "scaling", "Output file stem.")
-flags.DEFINE_float("noise", DEFAULT_NOISE, "σ of token noise.")
-flags.DEFINE_string("calibrate", None, "A token store: print its clustering statistics.")
-flags.DEFINE_string("measure", None, "Internal: measure one size in-process.")
+def write_results(out: Path, name: str) -> None:
+    """NAME.md and, for several sizes, NAME.png from NAME.json in ``out`` (``--replot`` alone
+    redraws them from a saved NAME.json); the PNG's caption uses scaling_candidates.json there
+    when it describes the same corpora (same σ and k′)."""
+    from aligner_jax.common import fileio
+
+    rows = json.loads((out / f"{name}.json").read_text())
+    text = markdown(rows)
+    fileio.atomic_write_text(out / f"{name}.md", text)
+    if len(rows) > 1:
+        path = out / "scaling_candidates.json"
+        candidates = json.loads(path.read_text()) if path.exists() else None
+        if candidates and not all(
+            c["noise"] == rows[0].get("noise") and c["k_prime"] == rows[0]["k_prime"]
+            for c in candidates
+        ):
+            candidates = None
+        plot(rows, out / f"{name}.png", candidates)
+    print(text)
+
+
+def define_flags() -> None:
+    """The command line (absl flags), defined only when this file runs as a script:
+    scaling_candidates.py and the tests import it and define flags of the same names."""
+    flags.DEFINE_string(
+        "sizes", "1000000,4000000,16000000", "Corpus sizes (tokens), comma-separated."
+    )
+    flags.DEFINE_integer("k_prime", 1000, "Token neighbours per query token.")
+    flags.DEFINE_integer("num_queries", 50, "Queries per size.")
+    flags.DEFINE_string("workdir", "/tmp/aligner_scaling", "Where the synthetic stores go.")
+    flags.DEFINE_string("output", str(REPO / "benchmarks" / "results"), "Output folder.")
+    flags.DEFINE_float("leaves_to_search_fraction", None, "ScannConfig.leaves_to_search_fraction.")
+    flags.DEFINE_float("reorder_factor", None, "ScannConfig.reorder_factor.")
+    flags.DEFINE_integer("num_leaves_to_search", None, "ScannConfig.num_leaves_to_search.")
+    flags.DEFINE_string("name", "scaling", "Output file stem.")
+    flags.DEFINE_float("noise", DEFAULT_NOISE, "σ of token noise.")
+    flags.DEFINE_string("calibrate", None, "A token store: print its clustering statistics.")
+    flags.DEFINE_string("measure", None, "Internal: measure one size in-process.")
+    flags.DEFINE_bool("replot", False, "Redraw NAME.md/png from NAME.json.")
 
 
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    args = FLAGS
+    args = flags.FLAGS
     scann = {
         k: v
         for k, v in (
@@ -271,6 +464,9 @@ def main(argv) -> None:
         return
     if args.calibrate:
         print(json.dumps(calibrate(Path(args.calibrate)), indent=1))
+        return
+    if args.replot:
+        write_results(Path(args.output), args.name)
         return
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -308,39 +504,9 @@ def main(argv) -> None:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    lines = [
-        f"# Token index scaling (synthetic 128-d token vectors, ScaNN, k′={args.k_prime}, "
-        "32 query tokens)",
-        "",
-        f"ScannConfig: {_describe(scann)}. Tokens: σ = {args.noise:g} (cosine to their centre "
-        f"≈ {cos_to_centre(args.noise):.2f}).",
-        "",
-        "| tokens | parts | build s | peak RSS GiB | index GiB | search ms/query p50 | "
-        "candidate recall | token recall 10@k′ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['num_tokens']:,} | {r['num_parts']} | {r['build_s']:.1f} | "
-            f"{r['peak_rss_gib']:.2f} | {r['index_bytes'] / 2**30:.2f} | "
-            f"{r['search_ms_per_query_p50']:.1f} | {100 * r['candidate_recall']:.1f}% | "
-            f"{100 * r['token_recall_10']:.1f}% |"
-        )
-    if len(rows) > 1:
-        a, b = rows[0], rows[-1]
-        grow = b["num_tokens"] / a["num_tokens"]
-        lines += [
-            "",
-            f"From {a['num_tokens']:,} to {b['num_tokens']:,} tokens (×{grow:.0f}): build ×"
-            f"{b['build_s'] / a['build_s']:.1f}, search ×"
-            f"{b['search_ms_per_query_p50'] / a['search_ms_per_query_p50']:.1f}, peak RSS ×"
-            f"{b['peak_rss_gib'] / a['peak_rss_gib']:.1f}.",
-        ]
-    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    if len(rows) > 1:
-        plot(rows, out / f"{args.name}.png")
-    print("\n".join(lines))
+    write_results(out, args.name)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

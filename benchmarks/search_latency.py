@@ -16,7 +16,8 @@ Batch 1 (one query at a time), after one untimed warm-up query, with 1 and 2 BLA
 the systems are interleaved (round r: every system at every thread count) and latencies pooled
 over ``--rounds`` (the peers and exact, slow on a CPU, run ``--peer_rounds`` of them). A peer
 whose build fails (or exceeds ``--peer_time_limit_s``) is recorded once with its error. Query encoding at batch 1 is timed separately. Writes
-``benchmarks/results/search_latency.{json,md,png}``; the JSON is ``{"rows": [...], "query_encoding":
+``benchmarks/results/search_latency.{json,md,png}`` (``--replot`` redraws the .md and .png from
+the .json); the JSON is ``{"rows": [...], "query_encoding":
 [...], "machine": ...}`` with one row per (system, setting, model, dataset, threads).
 """
 
@@ -39,7 +40,7 @@ from aligner_jax.common import cli, fileio
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
-from aligner_jax.evaluation import metrics
+from aligner_jax.evaluation import metrics, plotting
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
@@ -77,6 +78,7 @@ _MERGE = flags.DEFINE_list(
     "merge", [], "Only combine these result JSONs (separate runs) into --out."
 )
 _OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/search_latency"), "Output prefix.")
+_REPLOT = flags.DEFINE_bool("replot", False, "Only redraw --out's .md and .png from its .json.")
 
 
 def _resolve(path: str) -> Path:
@@ -305,28 +307,87 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(payload: dict, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 (reason: plotting only)
+_NOTE_MARKS = "*†‡§¶"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415 (reason: plotting only)
 
+def _notes(rows: list[dict]) -> dict[str, str]:
+    """A footnote mark for each run note ('default (quiet re-run)' → 'quiet re-run')."""
+    notes = dict.fromkeys(r["setting"].removeprefix("default").strip(" ()") for r in rows)
+    notes.pop("", None)
+    return {note: _NOTE_MARKS[i % len(_NOTE_MARKS)] for i, note in enumerate(notes)}
+
+
+def _label(row: dict, notes: dict[str, str]) -> str:
+    """'system ×threads', with the footnote mark of the run's note if it has one."""
+    return f"{row['system']} ×{row['threads']}" + notes.get(
+        row["setting"].removeprefix("default").strip(" ()"), ""
+    )
+
+
+def _first_line(text: str, width: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def figure(payload: dict):
+    """One panel per (dataset, model): nDCG@10 against p50 latency (log), every system's point
+    labelled ('system ×threads', a footnote mark for a run's note; filled: the most threads,
+    hollow: fewer), a y range of at least 2 nDCG points (so equal systems look equal), and the
+    systems without a result named with their error."""
+    plt = plotting.pyplot()
     groups = sorted({(r["dataset"], r["model"]) for r in payload["rows"]})
-    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4.8), squeeze=False)
     markers = {"aligner_jax": "o", "exact": "s", "fast-plaid": "^", "xtr-warp": "D"}
+    colors = {s: f"C{i}" for i, s in enumerate(SYSTEMS)}
+    panels = []
     for ax, (dataset, model) in zip(axes[0], groups, strict=True):
-        for r in payload["rows"]:
-            if (r["dataset"], r["model"]) != (dataset, model) or r["p50_ms"] is None:
-                continue
-            ax.scatter(r["p50_ms"], 100 * r["ndcg@10"], marker=markers.get(r["system"], "x"),
-                       s=60 if r["threads"] == 2 else 30, label=f"{r['system']} ×{r['threads']}")  # fmt: skip
+        rows = [r for r in payload["rows"] if (r["dataset"], r["model"]) == (dataset, model)]
+        done = [r for r in rows if r["p50_ms"] is not None]
+        top_threads = max((r["threads"] for r in rows), default=0)
+        for r in done:
+            color = colors.get(r["system"], "k")
+            ax.plot(r["p50_ms"], 100 * r["ndcg@10"], linestyle="none",
+                    marker=markers.get(r["system"], "x"), color=color, markersize=8,
+                    markerfacecolor=color if r["threads"] == top_threads else "none")  # fmt: skip
         ax.set_xscale("log")
-        ax.set_xlabel("p50 ms per query (batch 1, log)")
-        ax.set_ylabel("nDCG@10")
-        ax.set_title(f"{dataset} / {model}")
-        ax.legend(fontsize=7)
+        plotting.plain_log_axis(ax.xaxis)
+        ys = [100 * r["ndcg@10"] for r in done] or [0.0]
+        mid, half = (max(ys) + min(ys)) / 2, max(1.0, 0.6 * (max(ys) - min(ys)))
+        ax.set_ylim(mid - half, mid + half)
+        ax.margins(x=0.15)
+        xs = [r["p50_ms"] for r in done]
+        if xs and max(xs) < 5 * min(xs):  # at least a decade and a half: ticks, honest spread
+            centre = (max(xs) * min(xs)) ** 0.5
+            ax.set_xlim(centre / 5.6, centre * 5.6)
+        ax.set_xlabel("p50 ms per query (batch 1, log scale)")
+        ax.set_ylabel("nDCG@10 (×100)")
+        ax.set_title(f"{dataset} / {model}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        notes = _notes(rows)
+        lines = [f"{mark} {note}" for note, mark in notes.items()]
+        lines += [
+            f"no result: {_label(r, notes)}: {_first_line(r.get('error') or '', 100)}"
+            for r in rows
+            if r["p50_ms"] is None
+        ]
+        if lines:
+            ax.text(0.01, 0.01, "\n".join(lines), transform=ax.transAxes, fontsize=6.5, va="bottom")
+        panels.append((ax, done, notes))
+
+    fig.suptitle(f"Search latency and quality (k={payload.get('k', '?')})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    for ax, done, notes in panels:
+        plotting.annotate_points(
+            ax,
+            [r["p50_ms"] for r in done],
+            [100 * r["ndcg@10"] for r in done],
+            [_label(r, notes) for r in done],
+        )
+    return fig
+
+
+def plot(payload: dict, path: Path) -> None:
+    plotting.save(figure(payload), path, dpi=120)
 
 
 def main(argv) -> None:
@@ -335,6 +396,13 @@ def main(argv) -> None:
     for s in _SYSTEMS.value:
         if s not in SYSTEMS:
             raise app.UsageError(f"--systems: {s!r} is not one of {SYSTEMS}")
+    if _REPLOT.value:
+        out = _resolve(_OUT.value)
+        payload = json.loads(out.with_suffix(".json").read_text())
+        fileio.atomic_write_text(out.with_suffix(".md"), markdown(payload))
+        plot(payload, out.with_suffix(".png"))
+        print(f"wrote {out}.md, .png")
+        return
     rows, encodings = [], []
     if _MERGE.value:
         parts = [json.loads(_resolve(p).read_text()) for p in _MERGE.value]

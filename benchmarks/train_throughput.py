@@ -178,14 +178,21 @@ def write_table(out_dir: Path) -> Path:
 
 
 FLAGS = flags.FLAGS
-cli.define_gin_flags()  # --gin_file / --gin_bindings of the run (both commands)
-flags.DEFINE_integer("num_batches", None, "save-batches: how many batches to save.")
-flags.DEFINE_string("out", None, "save-batches: the .npz file to write.")
-flags.DEFINE_string("batches", None, "run: a file written by save-batches.")
-flags.DEFINE_integer("steps", 100, "run: training steps.")
-flags.DEFINE_integer("summary_period", 10, "run: steps per rate window.")
-flags.DEFINE_string("label", None, "run: the result's name (OUTPUT_DIR/<label>.json).")
-flags.DEFINE_string("output_dir", str(DEFAULT_OUTPUT), "run: where results go.")
+
+
+def define_flags() -> None:
+    """The command line (absl flags), defined only when this file runs as a script (tests import
+    it for ``summarise_log``)."""
+    cli.define_gin_flags()  # --gin_file / --gin_bindings of the run (both commands)
+    flags.DEFINE_integer("num_batches", None, "save-batches: how many batches to save.")
+    flags.DEFINE_string("out", None, "save-batches: the .npz file to write.")
+    flags.DEFINE_string("batches", None, "run: a file written by save-batches.")
+    flags.DEFINE_integer("steps", 100, "run: training steps.")
+    flags.DEFINE_integer("summary_period", 10, "run: steps per rate window.")
+    flags.DEFINE_string("label", None, "run: the result's name (OUTPUT_DIR/<label>.json).")
+    flags.DEFINE_string("output_dir", str(DEFAULT_OUTPUT), "run: where results go.")
+
+
 REQUIRED = {
     "save-batches": ("gin_file", "num_batches", "out"),
     "run": ("gin_file", "batches", "label"),
@@ -203,4 +210,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import scaling  # noqa: E402
+
+from aligner_jax.evaluation import plotting  # noqa: E402
 
 
 def test_calibration_recovers_the_generating_noise(tmp_path):
@@ -49,3 +52,134 @@ def test_scaling_measures_a_small_corpus(tmp_path):
     table = (tmp_path / "out" / "small.md").read_text()
     assert "| 100,000 | 1 |" in table and "σ = 0.074" in table
     assert not (tmp_path / "out" / "small.png").exists()  # a plot needs several sizes
+
+
+def _scaling_rows(recalls=(0.93, 0.84, 0.99)) -> list[dict]:
+    sizes = (1_000_000, 4_000_000, 16_000_000)
+    return [
+        {
+            "num_tokens": n,
+            "num_docs": n // scaling.DOC_TOKENS,
+            "num_parts": 1 if n <= 4_000_000 else 4,
+            "build_s": 34e-6 * n,
+            "index_bytes": 585 * n,
+            "store_bytes": 262 * n,
+            "search_ms_per_query_p50": 20e-6 * n,
+            "search_ms_per_query_p90": 25e-6 * n,
+            "candidate_recall": r,
+            "token_recall_10": 0.99,
+            "recall_queries": 10,
+            "k_prime": 1000,
+            "scann_config": {},
+            "noise": 0.074,
+            "cos_to_centre": scaling.cos_to_centre(0.074),
+            "query_tokens": 32,
+            "peak_rss_gib": 2.6e-6 * n,
+        }
+        for n, r in zip(sizes, recalls, strict=True)
+    ]
+
+
+def test_scaling_figure_keeps_units_apart_and_explains_a_recall_dip():
+    rows = _scaling_rows()
+    candidates = [
+        {"num_tokens": r["num_tokens"], "k_prime": 1000, "noise": 0.074, "own_centre_tokens": t,
+         "own_share_of_list": s, "candidate_docs": 3000.0, "candidate_share_of_corpus": 0.2,
+         "other_only_share": o}
+        for r, t, s, o in zip(rows, (240, 960, 3900), (0.24, 0.91, 1.0), (0.94, 0.63, 0.0), strict=True)
+    ]  # fmt: skip
+    assert scaling.recall_dips(rows) == [1]
+    fig = scaling.figure(rows, candidates)
+    panels = {ax.get_ylabel(): ax for ax in fig.axes}
+    # One unit per axes: seconds, milliseconds, GiB and percent never share one.
+    assert sorted(panels) == [
+        "index build time (s)",
+        "memory (GiB)",
+        "recall (%)",
+        "search time per query (ms)",
+    ]
+    sizes = [r["num_tokens"] for r in rows]
+    memory = {ln.get_label(): list(ln.get_ydata()) for ln in panels["memory (GiB)"].get_lines()}
+    assert memory["token index"] == pytest.approx([r["index_bytes"] / 2**30 for r in rows])
+    assert memory["peak RSS (build + search)"] == pytest.approx([r["peak_rss_gib"] for r in rows])
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            assert list(line.get_xdata()) == sizes
+    build = panels["index build time (s)"]
+    assert [t.get_text() for t in build.texts] == ["34 s", "136 s", "544 s"]  # every point
+    recall = panels["recall (%)"]
+    assert [t.get_text() for t in recall.get_xticklabels()] == ["1M", "4M", "16M\n4 parts"]
+    (dip,) = [t for t in recall.texts if t.get_text().startswith("dip")]
+    assert tuple(dip.xy) == (4_000_000, pytest.approx(84.0))
+    (caption,) = [t.get_text() for t in fig.texts if t.get_text().startswith("Dip")]
+    assert caption.startswith("Dip at 4M: ScaNN misses 16% of exact search's candidate documents")
+    assert "At 4M a list ends just past its centre's 960 tokens, and 63%" in caption
+    plotting.pyplot().close(fig)
+    # No dip, no caption.
+    assert scaling.dip_caption(_scaling_rows((0.99, 0.9, 0.8)), candidates) == ""
+
+
+def test_scaling_replot_rewrites_table_and_plot_from_saved_json(tmp_path):
+    rows = _scaling_rows()
+    (tmp_path / "x.json").write_text(json.dumps(rows))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--replot",
+         f"--output={tmp_path}", "--name=x"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "x.md").read_text() == scaling.markdown(rows)
+    assert "| 4,000,000 | 1 | 136.0 |" in scaling.markdown(rows)
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_candidate_lists_match_brute_force_on_the_written_store(tmp_path):
+    import scaling_candidates
+
+    from aligner_jax.indexing import token_store as ts
+
+    num_tokens, k = 30_000, 40
+    stats = scaling_candidates.exact_lists(num_tokens, k, num_queries=2, noise=0.074)
+    scaling.make_store(tmp_path / "s", num_tokens, noise=0.074)
+    store = ts.TokenStore(tmp_path / "s")
+    vectors = store.vectors().astype(np.float32)
+    doc_of = np.repeat(np.arange(store.num_docs), scaling.DOC_TOKENS)
+    queries, _ = scaling.synthetic_queries(np.load(tmp_path / "s" / "centers.npy"), 2, 0.074)
+    counts = []
+    for q in queries:
+        top = np.argsort(-(q @ vectors.T), axis=1)[:, :k]
+        counts.append(len(set(doc_of[top].ravel().tolist())))
+    assert stats["candidate_docs"] == pytest.approx(np.mean(counts))
+    assert stats["num_docs"] == store.num_docs == num_tokens // scaling.DOC_TOKENS
+    assert 0.0 <= stats["other_only_share"] <= 1.0 and 0.0 < stats["own_share_of_list"] <= 1.0
+
+
+def test_search_latency_figure_labels_every_system_and_keeps_equal_scores_equal():
+    import search_latency
+
+    def row(system, threads, ndcg, p50, setting="default", error=None):
+        return {"system": system, "setting": setting, "model": "zero_shot", "dataset": "toy",
+                "ndcg@10": ndcg, "p50_ms": p50, "threads": threads, "error": error}  # fmt: skip
+
+    payload = {
+        "k": 100,
+        "rows": [
+            row("aligner_jax", 2, 0.7068, 8.7),
+            row("aligner_jax", 1, 0.7068, 11.2, setting="default (quiet re-run)"),
+            row("exact", 2, 0.7072, 9.5),
+            row("fast-plaid", 2, None, None, error="TimeoutError: time limit\ntraceback"),
+        ],
+    }
+    fig = search_latency.figure(payload)
+    (ax,) = fig.axes
+    labels = {t.get_text() for t in ax.texts if not t.get_text().startswith(("*", "no result"))}
+    assert labels == {"aligner_jax ×2", "aligner_jax ×1*", "exact ×2"}
+    (notes,) = [t.get_text() for t in ax.texts if t.get_text().startswith("*")]
+    assert notes == "* quiet re-run\nno result: fast-plaid ×2: TimeoutError: time limit"
+    low, high = ax.get_ylim()
+    assert high - low >= 2.0  # 0.04 nDCG points apart must not fill the axes
+    left, right = ax.get_xlim()
+    assert right / left >= 5.0 and ax.get_xscale() == "log"
+    filled = {ln.get_markerfacecolor() != "none" for ln in ax.get_lines()}
+    assert filled == {True, False}  # 2 threads filled, 1 thread hollow
+    plotting.pyplot().close(fig)

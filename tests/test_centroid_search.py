@@ -231,3 +231,59 @@ def test_config_ranges_are_checked():
         ci.CentroidIndexConfig(residual_bits=3)
     assert cs.CentroidSearchConfig().resolved(5183, 8192) == (8, 216, 54)
     assert cs.CentroidSearchConfig().resolved(100, 64) == (2, 160, 40)
+
+
+def _decoded(store, index):
+    return index.centroids[index.codes.astype(np.int64)] + index.codec.decode(index.residuals)
+
+
+def test_xtr_probing_every_centroid_is_mean_of_token_maxima_over_decoded_vectors(store, index):
+    searcher = cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(xtr_probes=index.num_centroids)
+    )
+    q = _query(11, n=6)
+    rows = np.arange(6)
+    (docs, scores), reached = searcher.xtr(q.vectors, rows, k=store.num_docs)
+    assert reached == store.num_docs and len(docs) == store.num_docs
+    sims = q.vectors @ _decoded(store, index).T  # [n, T]
+    starts = store.offsets[:-1]
+    expected = np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
+    np.testing.assert_allclose(scores, expected[docs], rtol=1e-5, atol=1e-5)
+    assert np.all(np.diff(scores) <= 1e-7)  # best first
+
+
+def test_xtr_imputes_unreached_tokens_with_the_first_unprobed_centroid_score(store, index):
+    probes = 3
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(xtr_probes=probes))
+    q = _query(12, n=4)
+    rows = np.array([0, 2, 3])  # token 1 pruned (β^q)
+    (docs, scores), reached = searcher.xtr(q.vectors, rows, k=1000)
+    qk = q.vectors[rows]
+    s = qk @ index.centroids.T
+    order = np.argsort(-s, axis=1)
+    missing = s[np.arange(3), order[:, probes]]
+    sims = qk @ _decoded(store, index).T
+    doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
+    expected = {}
+    for d in range(store.num_docs):
+        per_token, hit = [], False
+        for i in range(3):
+            mine = (doc_of == d) & np.isin(index.codes, order[i, :probes])
+            hit |= bool(mine.any())
+            per_token.append(sims[i, mine].max() if mine.any() else missing[i])
+        if hit:
+            expected[d] = float(np.mean(per_token))
+    assert reached == len(expected) and set(docs.tolist()) == set(expected)
+    for d, x in zip(docs, scores, strict=True):
+        assert x == pytest.approx(expected[int(d)], abs=1e-5)
+
+
+def test_searcher_runs_xtr_on_the_centroid_backend(store, index):
+    cfg = search_lib.SearchConfig(backend="centroid", refine="xtr", top_k=7)
+    searcher = search_lib.Searcher(store, cfg, centroid_index=index)
+    q = _query(13, n=5)
+    out = searcher.run(["q"], [q])
+    assert list(out.results) == ["xtr"] and len(out.results["xtr"]["q"]) == 7
+    (docs, scores), _ = searcher.centroid.xtr(q.vectors, np.arange(5), 7)
+    assert list(out.results["xtr"]["q"]) == [store.doc_ids[int(d)] for d in docs]
+    assert len(out.search_ms) == 1 and len(out.costs) == 1

@@ -129,7 +129,7 @@ def _same_text(query: str, doc: Document) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class IdenticalIds:
-    """The one rule for ``results[qid][qid]``, applied to run.tsv, metrics and adaptation alike.
+    """The one rule for ``results[qid][qid]``, applied to the run files, metrics and adaptation alike.
 
     BEIR drops the document whose id is the query's id from every ranking, because in ArguAna
     and Quora a query *is* a document and retrieving it says nothing. Where ids merely collide

@@ -6,14 +6,15 @@ it; candidates are refined with the full stored token vectors (§3.2). Each poin
 nDCG@10, Recall@100, the token index's bytes and the search time per query. With ``strategies``
 the unpruned configuration is also re-scored with every alignment strategy (one refinement).
 
-Results go to ``OUTPUT_DIR/sweep.json`` and ``sweep.md`` and three PNG plots in the style of
+Results go to ``OUTPUT_DIR/sweep.json`` and ``sweep.md`` and two PNGs in the style of
 Figures 6–7: nDCG@10 against β^d per β^q, and nDCG@10 against index bytes and against search
-milliseconds.
+milliseconds; :func:`replot` redraws the table and plots from a saved ``sweep.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -22,12 +23,12 @@ import numpy as np
 from absl import logging
 
 from aligner_jax.common import fileio, progress
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.core import scoring
 from aligner_jax.data import beir
 from aligner_jax.encoding.encoder import EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
-from aligner_jax.evaluation import beir_eval, metrics
+from aligner_jax.evaluation import beir_eval, metrics, plotting
 from aligner_jax.indexing import ann as ti
 from aligner_jax.retrieval import searcher as search_lib
 
@@ -178,62 +179,155 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_sweep(report: dict, output: Path) -> list[Path]:
-    """Figure 6/7-style PNGs (small: 100 dpi)."""
-    import matplotlib  # noqa: PLC0415  (plotting only)
+def replot(output_dir: str) -> dict:
+    """Rewrites ``sweep.md`` and the plots from ``OUTPUT_DIR/sweep.json`` (nothing is searched)."""
+    output = Path(output_dir)
+    path = output / "sweep.json"
+    if not path.is_file():
+        raise MissingPathError(f"{path}: no sweep.json to redraw; run the sweep first")
+    report = json.loads(path.read_text())
+    fileio.atomic_write_text(output / "sweep.md", markdown(report))
+    plot_sweep(report, output)
+    return report
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415  (after choosing the Agg backend)
 
-    points = report["points"]
-    name = report["dataset"]
-    paths = []
+def beta_q_label(beta_q: float) -> str:
+    return rf"$\beta^q$ = {plotting.percent(beta_q)}"
+
+
+def _series(points: list[dict]) -> dict[float, list[dict]]:
+    """One series per β^q (largest first), its points in increasing β^d."""
     bqs = sorted({p["beta_q"] for p in points}, reverse=True)
+    return {
+        bq: sorted((p for p in points if p["beta_q"] == bq), key=lambda p: p["beta_d"])
+        for bq in bqs
+    }
 
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for bq in bqs:
-        ps = sorted((p for p in points if p["beta_q"] == bq), key=lambda p: p["beta_d"])
+
+def _coinciding_note(series: dict[float, list[dict]]) -> str:
+    """A caption line for β^q series with the same nDCG@10 (±0.05) at every β^d."""
+    values = {bq: {p["beta_d"]: 100 * p["ndcg@10"] for p in ps} for bq, ps in series.items()}
+    groups = [", ".join(map(plotting.percent, g)) for g in plotting.coinciding(values, tol=0.05)]
+    return "\n".join(
+        rf"$\beta^q$ = {names}: the same nDCG@10 (±0.05) at every $\beta^d$; their lines lie "
+        "on top of each other."
+        for names in groups
+    )
+
+
+def _caption(fig, text: str) -> float:
+    """Writes ``text`` under the axes; returns the figure fraction it takes (for the layout)."""
+    if not text:
+        return 0.0
+    fig.text(0.01, 0.01, text, fontsize=8, va="bottom", ha="left")
+    return (0.045 * (text.count("\n") + 1) + 0.01) * 4.4 / fig.get_figheight()
+
+
+def figure_ndcg_vs_beta_d(report: dict):
+    """Figure 6 style: nDCG@10 against β^d (log), one line per β^q, points joined in β^d order."""
+    plt = plotting.pyplot()
+    series = _series(report["points"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (bq, ps) in enumerate(series.items()):
         ax.plot(
             [100 * p["beta_d"] for p in ps],
             [100 * p["ndcg@10"] for p in ps],
-            marker="o",
-            label=f"β^q={100 * bq:g}%",
+            label=beta_q_label(bq),
+            **plotting.series_style(i),
         )
+    bds = sorted({p["beta_d"] for p in report["points"]})
     ax.set_xscale("log")
-    ax.set_xlabel("β^d: document tokens kept in the token index (%)")
-    ax.set_ylabel("nDCG@10")
-    ax.set_title(f"{name}: pruning by unary salience (k'={report['search']['k_prime']})")
+    plotting.log_ticks(ax.xaxis, [100 * b for b in bds], [plotting.percent(b) for b in bds])
+    ax.set_xlabel(r"$\beta^d$: document tokens kept in the token index (log scale)")
+    ax.set_ylabel("nDCG@10 (×100)")
+    search = report["search"]
+    ax.set_title(
+        f"{report['dataset']}: pruning by unary salience ({search['backend']}, "
+        f"k′={search['k_prime']})",
+        fontsize=10,
+    )
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(output / f"{name}_ndcg_vs_beta_d.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    ax.legend(fontsize=8, title="query tokens kept", title_fontsize=8)
+    bottom = _caption(fig, _coinciding_note(series))
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return fig
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for bq in bqs:
-        ps = sorted((p for p in points if p["beta_q"] == bq), key=lambda p: p["beta_d"])
-        axes[0].plot(
-            [p["token_index_bytes"] / 2**20 for p in ps],
-            [100 * p["ndcg@10"] for p in ps],
-            marker="o",
-            label=f"β^q={100 * bq:g}%",
+
+def figure_ndcg_vs_cost(report: dict):
+    """Figure 7 style. Left: nDCG@10 against the token index size (log), one line per β^q joined
+    in increasing size (= increasing β^d), β^d named on the top axis. Right, one small panel per
+    β^q on shared axes: nDCG@10 against the search time per query, each point labelled with its
+    β^d and not joined (a time is one measurement per point and need not fall with β^d)."""
+    plt = plotting.pyplot()
+    series = _series(report["points"])
+    cols = min(len(series), 2)
+    rows = -(-len(series) // cols)
+    fig = plt.figure(figsize=(6 + 3.8 * cols, 2.2 + 2.3 * rows))
+    grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[1.6] + [1] * cols)
+    size_ax = fig.add_subplot(grid[:, 0])
+    time_axes = []
+    for k in range(len(series)):
+        share = time_axes[0] if time_axes else None
+        time_axes.append(fig.add_subplot(grid[k // cols, 1 + k % cols], sharex=share, sharey=share))
+    for i, ((bq, ps), time_ax) in enumerate(zip(series.items(), time_axes, strict=True)):
+        style = plotting.series_style(i)
+        by_size = sorted(ps, key=lambda p: p["token_index_bytes"])
+        size_ax.plot(
+            [p["token_index_bytes"] / 2**20 for p in by_size],
+            [100 * p["ndcg@10"] for p in by_size],
+            label=beta_q_label(bq),
+            **style,
         )
-        axes[1].plot(
+        time_ax.plot(
             [p["search_ms_per_query_p50"] for p in ps],
             [100 * p["ndcg@10"] for p in ps],
-            marker="o",
-            label=f"β^q={100 * bq:g}%",
+            label=beta_q_label(bq),
+            **dict(style, linestyle="none", markersize=7, zorder=3),
         )
-    axes[0].set_xlabel("token index size (MiB)")
-    axes[1].set_xlabel("search time per query, p50 (ms)")
-    for ax in axes:
-        ax.set_ylabel("nDCG@10")
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{name}: accuracy against index size and search time")
-    fig.tight_layout()
-    paths.append(output / f"{name}_ndcg_vs_cost.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-    return paths
+        time_ax.set_title(beta_q_label(bq) + r"; point labels: $\beta^d$", fontsize=9)
+        time_ax.grid(True, alpha=0.3)
+        lowest = i + cols >= len(series)  # no panel below it: it shows the x axis
+        if lowest:
+            time_ax.set_xlabel("search ms per query (p50)", fontsize=9)
+        time_ax.tick_params(labelsize=8, labelbottom=lowest)
+    sizes = {p["beta_d"]: p["token_index_bytes"] / 2**20 for p in report["points"]}
+    size_ax.set_xscale("log")
+    plotting.log_ticks(size_ax.xaxis, list(sizes.values()), [f"{m:.0f}" for m in sizes.values()])
+    top = size_ax.secondary_xaxis("top")
+    plotting.log_ticks(top.xaxis, list(sizes.values()), [plotting.percent(b) for b in sizes])
+    top.set_xlabel(r"$\beta^d$ (document tokens kept)", fontsize=9)
+    size_ax.set_xlabel("token index size (MiB, log scale)")
+    size_ax.set_ylabel("nDCG@10 (×100)")
+    size_ax.grid(True, alpha=0.3)
+    size_ax.legend(fontsize=8, title="query tokens kept", title_fontsize=8)
+    ys = [100 * p["ndcg@10"] for p in report["points"]]
+    xs = [p["search_ms_per_query_p50"] for p in report["points"]]
+    y_pad, x_pad = 0.12 * (max(ys) - min(ys) or 1), 0.12 * (max(xs) - min(xs) or 1)
+    time_axes[0].set_ylim(min(ys) - y_pad, max(ys) + y_pad)
+    time_axes[0].set_xlim(min(xs) - x_pad, max(xs) + x_pad)
+    search = report["search"]
+    fig.suptitle(
+        f"{report['dataset']}: accuracy against index size and search time "
+        f"({search['backend']}, k′={search['k_prime']})",
+        fontsize=11,
+    )
+    bottom = _caption(fig, _coinciding_note(series))
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    for i, (ps, time_ax) in enumerate(zip(series.values(), time_axes, strict=True)):
+        plotting.annotate_points(
+            time_ax,
+            [p["search_ms_per_query_p50"] for p in ps],
+            [100 * p["ndcg@10"] for p in ps],
+            [plotting.percent(p["beta_d"]) for p in ps],
+            color=f"C{i}",
+        )
+    return fig
+
+
+def plot_sweep(report: dict, output: Path) -> list[Path]:
+    """The two PNGs of :func:`figure_ndcg_vs_beta_d` and :func:`figure_ndcg_vs_cost`."""
+    name = report["dataset"]
+    return [
+        plotting.save(figure_ndcg_vs_beta_d(report), output / f"{name}_ndcg_vs_beta_d.png"),
+        plotting.save(figure_ndcg_vs_cost(report), output / f"{name}_ndcg_vs_cost.png"),
+    ]

@@ -20,12 +20,21 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
      store through ``refine.Refiner``, see ``searcher``).
 
+With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
+the way the WARP engine does instead of stages 2–4: each kept query token probes its
+``xtr_probes`` best centroids, the residuals of the (β^d-kept) tokens in those clusters are scored
+without decoding (q·(c + r̂)), each (query token, document) pair keeps its best score, and a
+document a token did not reach gets that token's imputed score, its first unprobed centroid's
+score (WARPSELECT's missing-similarity estimate: what a token of an unprobed cluster scores up to
+its residual). Every document reached by some token is ranked; one vectorised step per query
+token, never per document or stored token.
+
 The ranking lists the refined documents by their score, then the other interaction documents,
 then the other candidates, each block by its own estimate, shifted below the block before it
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults scale with the index: ``probes = max(2, ⌈C/1024⌉)``, ``refine_docs = clip(⌈0.75·√N⌉,
-40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids.
+40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids; ``xtr_probes = 4·probes``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import gin
 import numpy as np
 
 from aligner_jax.common import checks
+from aligner_jax.core import pruning, xtr
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
@@ -50,11 +60,12 @@ class CentroidSearchConfig:
     interaction_docs: int | None = None
     refine_docs: int | None = None
     refine_margin: float | None = None
+    xtr_probes: int | None = None
 
     def __post_init__(self):
         name = type(self).__name__
         checks.number(f"{name}.refine_margin", self.refine_margin, low=0.0, allow_none=True)
-        for field in ("probes", "interaction_docs", "refine_docs"):
+        for field in ("probes", "interaction_docs", "refine_docs", "xtr_probes"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
 
     def resolved(self, num_docs: int, num_centroids: int) -> tuple[int, int, int]:
@@ -110,7 +121,9 @@ class CentroidSearcher:
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
             store.num_docs, index.num_centroids
         )
+        self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
+        self._token_lists = None
         self.uniform_salience = store.manifest["model"].get("salience") == "none"
         self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
 
@@ -173,6 +186,55 @@ class CentroidSearcher:
         a = u_q[:, None] * u_sel
         z = a.sum(0)
         return np.where(z > 0, (a * best).sum(0) / np.maximum(z, 1e-6), 0.0)
+
+    def token_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR centroid → its β^d-kept stored tokens (offsets, rows, documents), built on first
+        use (one sort of the codes) for the XTR scorer."""
+        if self._token_lists is None:
+            beta_d = self.index.meta["config"]["beta_d"]
+            kept = pruning.top_fraction_segments(self.store.salience(), self.store.offsets, beta_d)
+            codes = self.index.codes[kept]
+            order = np.argsort(codes, kind="stable")
+            offsets = np.zeros(self.index.num_centroids + 1, np.int64)
+            np.cumsum(np.bincount(codes, minlength=self.index.num_centroids), out=offsets[1:])
+            rows = kept[order]
+            docs = np.searchsorted(self.store.offsets, rows, side="right") - 1
+            self._token_lists = (offsets, rows, docs)
+        return self._token_lists
+
+    def xtr(
+        self, q: np.ndarray, probe_rows: np.ndarray, k: int
+    ) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+        """f_XTR′ (XTR Eq. 4) of the documents reached by the kept query tokens ``probe_rows``,
+        WARP-style (see the module docstring): ((document indices, scores) best first, number of
+        documents reached)."""
+        q = np.asarray(q, np.float32)[probe_rows]
+        offsets, rows, docs = self.token_lists()
+        s = q @ self.index.centroids.T  # [n', C]
+        p = self.xtr_probes
+        width = min(p + 1, s.shape[1])
+        top = np.argpartition(-s, width - 1, axis=1)[:, :width]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
+        top_scores = np.take_along_axis(s, top, axis=1)
+        missing = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
+        hit_scores, hit_docs = [], []
+        for i in range(len(q)):  # one vectorised step per query token
+            sel, lengths = concatenated_ranges(offsets, top[i, :p])
+            residual = self.index.codec.residual_scores(
+                q[i : i + 1], self.index.residuals[rows[sel]]
+            )
+            hit_scores.append(np.repeat(top_scores[i, :p], lengths) + residual[0])
+            hit_docs.append(docs[sel])
+        width = max(1, max(len(h) for h in hit_docs))
+        scores = np.zeros((len(q), width), np.float32)
+        doc_ids = np.full((len(q), width), -1, np.int64)
+        for i, (h, d) in enumerate(zip(hit_scores, hit_docs, strict=True)):
+            scores[i, : len(h)], doc_ids[i, : len(d)] = h, d
+        cands, total = xtr.xtr_inference_scores_numpy(scores, doc_ids, missing=missing)
+        keep = self.alive[cands]
+        cands, total = cands[keep], total[keep]
+        top_k = _top(total, min(k, len(cands)))
+        return (cands[top_k], total[top_k]), len(cands)
 
     # -- the query path ------------------------------------------------------------------------
     def search(

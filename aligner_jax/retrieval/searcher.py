@@ -80,11 +80,6 @@ class SearchConfig:
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
         checks.integer(f"{name}.top_k", self.top_k, minimum=1)
         checks.integer(f"{name}.query_batch_size", self.query_batch_size, minimum=1)
-        if self.refine == "xtr" and self.backend == "centroid" and self.k_prime:
-            raise ConfigError(
-                "--gin.SearchConfig.refine='xtr' scores retrieved tokens: use "
-                "--gin.SearchConfig.backend='scann' or 'exact'"
-            )
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
                 "--gin.SearchConfig.refine='xtr' scores from retrieved tokens: set "
@@ -322,8 +317,10 @@ class Searcher:
         return SearchOutput(results, token_ms, refine_ms, num_candidates, costs, wall)
 
     def _run_centroid(self, query_ids, queries, strategies, show_progress, k) -> SearchOutput:
-        """One query at a time through the four stages of :mod:`centroid_search`."""
-        names = [str(s) for s in strategies]
+        """One query at a time through the four stages of :mod:`centroid_search` (or its
+        WARP-style XTR scorer with ``refine='xtr'``)."""
+        xtr_mode = self.config.refine == "xtr"
+        names = ["xtr"] if xtr_mode else [str(s) for s in strategies]
         fast = strategies in ((scoring.AlignmentStrategy.parse("top_k:1"),),)
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         search_ms, num_candidates, costs = [], [], []
@@ -332,30 +329,30 @@ class Searcher:
         start_all = time.perf_counter()
         for qid, q in zip(query_ids, queries, strict=True):
             t0 = time.perf_counter()
-            refine_fn = None
-            if not fast:
-                qbatch = refine_lib.QueryBatch.from_encoded(
-                    [q], self.refiner.config.query_bucket(len(q.token_ids))
-                )
-                refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
-            rankings, counts = self.centroid.search(
-                q.vectors,
-                q.salience,
-                prune_query_tokens(q, self.config.beta_q),
-                k,
-                refine_fn,
-            )
+            kept = prune_query_tokens(q, self.config.beta_q)
+            if xtr_mode:
+                ranking, reached = self.centroid.xtr(q.vectors, kept, k)
+                rankings, refined = [ranking], reached
+            else:
+                refine_fn = None
+                if not fast:
+                    qbatch = refine_lib.QueryBatch.from_encoded(
+                        [q], self.refiner.config.query_bucket(len(q.token_ids))
+                    )
+                    refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
+                rankings, counts = self.centroid.search(q.vectors, q.salience, kept, k, refine_fn)
+                reached, refined = counts.candidates, counts.refined
             search_ms.append(1000.0 * (time.perf_counter() - t0))
             for name, (docs, scores) in zip(names, rankings, strict=True):
                 results[name][qid] = {
                     ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
                 }
-            num_candidates.append(counts.candidates)
+            num_candidates.append(reached)
             costs.append(
                 flops.QueryCost(
                     query_tokens=len(q.token_ids),
                     searched_tokens=len(q.token_ids),
-                    candidates=counts.refined,
+                    candidates=refined,
                     candidate_doc_tokens=0,
                     retrieved_hits=0,
                 )
