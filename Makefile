@@ -35,7 +35,7 @@ demo: install
 	  echo "Point the demo at any BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv):"; \
 	  echo "  make demo DATA=/path/to/beir/scifact"; \
 	  echo "or fetch the official archive (needs network):"; \
-	  echo "  $(PY) -m aligner_jax.data.beir download scifact --to data/beir"; \
+	  echo "  $(PY) -m aligner_jax.beir --download=scifact --to=data/beir"; \
 	  exit 2; \
 	fi
 

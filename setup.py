@@ -65,10 +65,11 @@ setuptools.setup(
             "aligner-train=aligner_jax.train:console_entry",
             "aligner-index=aligner_jax.index:console_entry",
             "aligner-search=aligner_jax.search:console_entry",
-            "aligner-explain=aligner_jax.evaluation.explanation:console_entry",
+            "aligner-explain=aligner_jax.explain:console_entry",
             "aligner-sweep=aligner_jax.sweep:console_entry",
             "aligner-export=aligner_jax.export:console_entry",
             "aligner-publish=aligner_jax.publish:console_entry",
+            "aligner-beir=aligner_jax.beir:console_entry",
         ]
     },
 )

@@ -1,15 +1,17 @@
 r"""BEIR evaluation binary (``aligner-eval``): a thin absl + gin wrapper of
 :func:`aligner_jax.evaluation.beir_eval.evaluate`.
 
-  python -m aligner_jax.evaluate \\
-    --gin_file=eval/zero_shot.gin \\
-    --dataset_dir=../shared/data/beir/scifact --output_dir=outputs/scifact \\
+  python -m aligner_jax.evaluate \
+    --dataset_dir=../shared/data/beir/scifact --output_dir=outputs/scifact
+
+  python -m aligner_jax.evaluate --gin_file=eval/zero_shot.gin \
+    --dataset_dir=../shared/data/beir/scifact --output_dir=outputs/scifact_exact \
     --gin.SearchConfig.backend="'exact'" --gin.SearchConfig.k_prime=0
 
-Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
-``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--dataset_dir``, ``--split``, ``--output_dir``,
-``--index_dir``, ``--unknown_qrels``, ``--ignore_identical_ids``, ``--query_maxlen``,
-``--verify_checksums``, ``--adapt``, ``--rerank_run``.
+Without ``--gin_file`` it runs the zero-shot default, ``eval/zero_shot.gin``. Writes ``run.trec``
+(TREC run), ``results.json`` (BEIR's ``{qid: {doc_id: score}}``), ``config.gin`` and, last,
+``metrics.json``. ``--rerank_run=FILE`` refines the candidates
+of a TREC run (any system's) instead of searching.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from aligner_jax.data import beir
 from aligner_jax.evaluation import beir_eval
 
 FLAGS = flags.FLAGS
+DEFAULT_GIN_FILES = ("eval/zero_shot.gin",)
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
 flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
-flags.DEFINE_string("output_dir", None, "Where metrics.json, run.tsv and config.gin go.")
+flags.DEFINE_string(
+    "output_dir", None, "Where metrics.json, run.trec, results.json and config.gin go."
+)
 flags.DEFINE_string("index_dir", None, "Token store folder (default: OUTPUT_DIR/index).")
 flags.DEFINE_enum("unknown_qrels", "error", ["error", "skip"], "qrels naming unknown ids.")
 flags.DEFINE_enum(
@@ -50,6 +55,7 @@ def main(argv: Sequence[str]) -> None:
     cli.run_job(
         "aligner-eval",
         beir_eval.evaluate,
+        default_gin_files=DEFAULT_GIN_FILES,
         on_interrupt=f"no metrics.json written in {FLAGS.output_dir}; the complete shards of "
         f"{index_dir} are kept and reused by a re-run",
         dataset_dir=FLAGS.dataset_dir,

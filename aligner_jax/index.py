@@ -1,11 +1,15 @@
 r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token store.
 
-  python -m aligner_jax.index --gin_file=models/minilm.gin \
+  python -m aligner_jax.index --corpus=../shared/data/beir/scifact/corpus.jsonl \
+    --index_dir=outputs/scifact_zero_shot_index
+
+  python -m aligner_jax.index --gin_file=models/minilm.gin --gin_file=index/default.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
     --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
     --gin.IndexingConfig.shard_size=500
 
-Updates: ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact`` (indexing/updates.py). ``--corpus``
+Without ``--gin_file``: the zero-shot bundled backbone (``models/minilm_identity.gin``) with
+``index/default.gin``. Updates: ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact`` (indexing/updates.py). ``--corpus``
 may also name a seqio task (``seqio:TASK``, its raw source) or a TFDS dataset
 (``tfds:NAME``), split ``--corpus_split``; feature names via ``CorpusFeatures`` (gin).
 
@@ -28,6 +32,7 @@ from aligner_jax.common import cli
 from aligner_jax.indexing import indexer, updates
 
 FLAGS = flags.FLAGS
+DEFAULT_GIN_FILES = ("models/minilm_identity.gin", "index/default.gin")
 flags.DEFINE_string(
     "corpus", None, "What to index: a BEIR corpus.jsonl, seqio:TASK_NAME or tfds:NAME[:VERSION]."
 )
@@ -58,17 +63,12 @@ def main(argv: Sequence[str]) -> None:
     if FLAGS.multiprocess:
         jax.distributed.initialize()
     summary = cli.run_job(
-        "aligner-index",
-        indexer.index_corpus,
+        "aligner-index", indexer.index_corpus, default_gin_files=DEFAULT_GIN_FILES,
         on_interrupt=f"the complete shards in {FLAGS.index_dir} are kept; re-run the same "
-        "command to resume after the last one",
-        corpus=FLAGS.corpus,
-        index_dir=FLAGS.index_dir,
-        process_index=FLAGS.process_index,
-        process_count=FLAGS.process_count,
-        corpus_split=FLAGS.corpus_split,
-        search_index=FLAGS.search_index,
-    )
+        "command to resume after the last one", corpus=FLAGS.corpus, index_dir=FLAGS.index_dir,
+        process_index=FLAGS.process_index, process_count=FLAGS.process_count,
+        corpus_split=FLAGS.corpus_split, search_index=FLAGS.search_index,
+    )  # fmt: skip
     print(indexer.format_summary(summary) + "\n" + json.dumps(summary.as_dict()))
 
 

@@ -1,11 +1,17 @@
 r"""Pruning / alignment sweep binary (``aligner-sweep``): a thin absl + gin wrapper of
 :func:`aligner_jax.evaluation.pruning_sweep.sweep`.
 
+  python -m aligner_jax.sweep --dataset_dir=../shared/data/beir/scifact \
+    --output_dir=outputs/sweep_scifact_zero_shot
+
   python -m aligner_jax.sweep --gin_file=models/minilm.gin --gin_file=sweeps/pruning.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
     --dataset_dir=../shared/data/beir/scifact --output_dir=benchmarks/results/sweep_scifact
   # redraw sweep.md and the plots from a saved sweep.json (nothing is searched):
   python -m aligner_jax.sweep --replot --output_dir=benchmarks/results/sweep_scifact
+
+Without ``--gin_file``: the zero-shot bundled backbone (``models/minilm_identity.gin``) with the
+paper's grid, ``sweeps/pruning.gin``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from aligner_jax.common import cli
 from aligner_jax.evaluation import pruning_sweep
 
 FLAGS = flags.FLAGS
+DEFAULT_GIN_FILES = ("models/minilm_identity.gin", "sweeps/pruning.gin")
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")
 flags.DEFINE_string("split", "test", "qrels split to evaluate (qrels/<split>.tsv).")
 flags.DEFINE_string("output_dir", None, "Where sweep.json, sweep.md and the PNG plots go.")
@@ -38,6 +45,7 @@ def main(argv: Sequence[str]) -> None:
     cli.run_job(
         "aligner-sweep",
         pruning_sweep.sweep,
+        default_gin_files=DEFAULT_GIN_FILES,
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,
         split=FLAGS.split,

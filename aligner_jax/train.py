@@ -1,8 +1,12 @@
 r"""Training binary (``aligner-train``), t5x style: a thin absl + gin wrapper of
 :func:`aligner_jax.training.trainer.train`.
 
-  python -m aligner_jax.train --gin_file=runs/scifact_minilm.gin \\
+  python -m aligner_jax.train --gin_file=runs/scifact_minilm.gin \
     --gin.MODEL_DIR="'/tmp/aligner_scifact'" --gin.TRAIN_STEPS=600
+
+A run has no default: ``--gin_file`` names it (a run file includes a model file and
+``runs/train.gin``; ``MODEL_DIR`` and ``TRAIN_STEPS`` are required). It ends with a summary: steps,
+time, final loss and the checkpoint written.
 
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--gin_search_paths``, and ``--multiprocess`` to call
@@ -33,6 +37,8 @@ def main(argv: Sequence[str]) -> None:
     cli.run_job(
         "aligner-train",
         trainer.train,
+        needs_gin_file="name a run, e.g. --gin_file=runs/scifact_minilm.gin "
+        "--gin.MODEL_DIR=\"'outputs/scifact_minilm'\" --gin.TRAIN_STEPS=400",
         on_interrupt="the checkpoints in MODEL_DIR/checkpoints are kept; re-run the same command "
         "to resume from the newest",
     )

@@ -12,7 +12,6 @@ Writes benchmarks/results/indexing_memory.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -23,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from absl import app, flags
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,15 +107,21 @@ def kill_test(corpus: Path, workdir: Path, gin_files, bindings, kills: int = 2) 
     return {"kills": points, "identical_checksums": same, "files": len(checksums(ref))}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset_dir", default=str(REPO.parent / "shared/data/beir/scifact"))
-    parser.add_argument("--workdir", default="/tmp/aligner_indexing_memory")
-    parser.add_argument("--gin_file", action="append", default=None)
-    parser.add_argument("--gin_bindings", action="append", default=[])
-    parser.add_argument("--kill_test", action="store_true")
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results"))
-    args = parser.parse_args()
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+    "dataset_dir", str(REPO.parent / "shared/data/beir/scifact"), "A BEIR folder (its corpus)."
+)
+flags.DEFINE_string("workdir", "/tmp/aligner_indexing_memory", "Scratch folder (deleted first).")
+flags.DEFINE_multi_string("gin_file", None, "Gin files of the indexing runs (default: zero-shot).")
+flags.DEFINE_multi_string("gin_bindings", [], "Extra gin bindings of the indexing runs.")
+flags.DEFINE_bool("kill_test", False, "Also kill and resume an indexing run.")
+flags.DEFINE_string("output", str(REPO / "benchmarks" / "results"), "Output folder.")
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    args = FLAGS
     gin_files = args.gin_file or ["models/minilm_identity.gin", "index/default.gin"]
     bindings = ["IndexingConfig.shard_size = 500", *args.gin_bindings]
     work = Path(args.workdir)
@@ -160,4 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main)

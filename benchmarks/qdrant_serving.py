@@ -114,7 +114,7 @@ def main(argv):
         q, text = encoded[i], texts[i]
         if system.startswith("aligner_jax"):
             searcher = exhaustive if system.endswith("exhaustive") else fast
-            out = searcher.run(["q"], [q], ("top_k:1",), progress_every=0, k=k)
+            out = searcher.run(["q"], [q], ("top_k:1",), show_progress=False, k=k)
             return list(out.results["top_k:1"]["q"].items())
         if system == "bm25s":
             return list(reference.search({"q": text}, k)["q"].items())

@@ -26,7 +26,6 @@ size); NAME is ``--name`` (default ``scaling``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -422,22 +422,30 @@ def write_results(out: Path, name: str) -> None:
     print(text)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000000,4000000,16000000")
-    parser.add_argument("--k_prime", type=int, default=1000)
-    parser.add_argument("--num_queries", type=int, default=50)
-    parser.add_argument("--workdir", default="/tmp/aligner_scaling")
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results"))
-    parser.add_argument("--leaves_to_search_fraction", type=float, default=None)
-    parser.add_argument("--reorder_factor", type=float, default=None)
-    parser.add_argument("--num_leaves_to_search", type=int, default=None)
-    parser.add_argument("--name", default="scaling", help="Output file stem.")
-    parser.add_argument("--noise", type=float, default=DEFAULT_NOISE, help="σ of token noise.")
-    parser.add_argument("--calibrate", help="A token store: print its clustering statistics.")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one size, in-process
-    parser.add_argument("--replot", action="store_true", help="Redraw NAME.md/png from NAME.json.")
-    args = parser.parse_args()
+def define_flags() -> None:
+    """The command line (absl flags), defined only when this file runs as a script:
+    scaling_candidates.py and the tests import it and define flags of the same names."""
+    flags.DEFINE_string(
+        "sizes", "1000000,4000000,16000000", "Corpus sizes (tokens), comma-separated."
+    )
+    flags.DEFINE_integer("k_prime", 1000, "Token neighbours per query token.")
+    flags.DEFINE_integer("num_queries", 50, "Queries per size.")
+    flags.DEFINE_string("workdir", "/tmp/aligner_scaling", "Where the synthetic stores go.")
+    flags.DEFINE_string("output", str(REPO / "benchmarks" / "results"), "Output folder.")
+    flags.DEFINE_float("leaves_to_search_fraction", None, "ScannConfig.leaves_to_search_fraction.")
+    flags.DEFINE_float("reorder_factor", None, "ScannConfig.reorder_factor.")
+    flags.DEFINE_integer("num_leaves_to_search", None, "ScannConfig.num_leaves_to_search.")
+    flags.DEFINE_string("name", "scaling", "Output file stem.")
+    flags.DEFINE_float("noise", DEFAULT_NOISE, "σ of token noise.")
+    flags.DEFINE_string("calibrate", None, "A token store: print its clustering statistics.")
+    flags.DEFINE_string("measure", None, "Internal: measure one size in-process.")
+    flags.DEFINE_bool("replot", False, "Redraw NAME.md/png from NAME.json.")
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    args = flags.FLAGS
     scann = {
         k: v
         for k, v in (
@@ -500,4 +508,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -232,10 +232,10 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
         built["aligner_jax-xtr"] = built["aligner_jax"]
 
         def ours(qid, e):
-            return searcher.run([qid], [e], progress_every=0).results["top_k:1"][qid]
+            return searcher.run([qid], [e], show_progress=False).results["top_k:1"][qid]
 
         def ours_xtr(qid, e):  # f_XTR' on the compressed index, WARP-style
-            return xtr_searcher.run([qid], [e], progress_every=0).results["xtr"][qid]
+            return xtr_searcher.run([qid], [e], show_progress=False).results["xtr"][qid]
 
     exact = ExactMaxSim(store, _K.value) if "exact" in systems else None
     pooled: dict = {}

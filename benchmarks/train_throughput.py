@@ -11,15 +11,14 @@ the accelerator host needs neither seqio nor TensorFlow, and every device sees t
       --batches=outputs/batches/scifact_bs16.npz --steps=100 --label=cpu_bs16_f32
 
 ``run`` reads the trainer's ``train_log.jsonl``: every ``--summary_period`` steps it records the
-steps/s and real (non-padding) tokens/s of the window just ended. The first window includes
-compilation and is reported apart; the figures are medians over the other windows. Each run
+steps/s and real (non-padding) tokens/s of the window just ended. The first window starts after
+the first (compiling) step, so it is one step shorter, and is reported apart; the figures are medians over the other windows. Each run
 writes ``OUTPUT_DIR/<label>.json``; ``OUTPUT_DIR/train_throughput.md`` is regenerated from all
 of them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -30,15 +29,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from aligner_jax.common import cli  # noqa: E402
+
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "train_throughput"
 
 
 def save_batches(args) -> None:
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from aligner_jax.common import cli  # noqa: PLC0415
     from aligner_jax.training import input_pipeline  # noqa: PLC0415
 
     bindings = ["MODEL_DIR = 'unused'", "TRAIN_STEPS = 1", *args.gin_bindings]
@@ -176,26 +177,38 @@ def write_table(out_dir: Path) -> Path:
     return path
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("save-batches", "run"):
-        p = sub.add_parser(name)
-        p.add_argument("--gin_file", action="append", required=True)
-        p.add_argument("--gin_bindings", action="append", default=[])
-        if name == "save-batches":
-            p.add_argument("--num_batches", type=int, required=True)
-            p.add_argument("--out", required=True)
-        else:
-            p.add_argument("--batches", required=True)
-            p.add_argument("--steps", type=int, default=100)
-            p.add_argument("--summary_period", type=int, default=10)
-            p.add_argument("--label", required=True)
-            p.add_argument("--output_dir", default=str(DEFAULT_OUTPUT))
-    args = parser.parse_args(argv)
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command line (absl flags), defined only when this file runs as a script (tests import
+    it for ``summarise_log``)."""
+    cli.define_gin_flags()  # --gin_file / --gin_bindings of the run (both commands)
+    flags.DEFINE_integer("num_batches", None, "save-batches: how many batches to save.")
+    flags.DEFINE_string("out", None, "save-batches: the .npz file to write.")
+    flags.DEFINE_string("batches", None, "run: a file written by save-batches.")
+    flags.DEFINE_integer("steps", 100, "run: training steps.")
+    flags.DEFINE_integer("summary_period", 10, "run: steps per rate window.")
+    flags.DEFINE_string("label", None, "run: the result's name (OUTPUT_DIR/<label>.json).")
+    flags.DEFINE_string("output_dir", str(DEFAULT_OUTPUT), "run: where results go.")
+
+
+REQUIRED = {
+    "save-batches": ("gin_file", "num_batches", "out"),
+    "run": ("gin_file", "batches", "label"),
+}
+
+
+def main(argv) -> None:
+    if len(argv) != 2 or argv[1] not in REQUIRED:
+        raise app.UsageError(f"give one command, save-batches or run (got {argv[1:]})")
+    missing = [f"--{name}" for name in REQUIRED[argv[1]] if not FLAGS[name].value]
+    if missing:
+        raise app.UsageError(f"{argv[1]} needs {', '.join(missing)}")
     os.chdir(REPO)
-    (save_batches if args.command == "save-batches" else run)(args)
+    (save_batches if argv[1] == "save-batches" else run)(FLAGS)
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

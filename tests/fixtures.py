@@ -157,9 +157,16 @@ def scatter_add_dtypes(fn, *args) -> set[str]:
     return set(re.findall(r":(\w+)\[[^\]]*\] = scatter-add", text))
 
 
-def run_module(module: str, *args: str, cwd=REPO, timeout: float = 600, **env: str):
-    """``python -m MODULE ARGS`` from the repository root, quiet TensorFlow, on the CPU."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **env)
+def run_module(
+    module: str, *args: str, cwd=REPO, timeout: float = 600, as_user: bool = False, **env: str
+):
+    """``python -m MODULE ARGS`` from the repository root, quiet TensorFlow, on the CPU; with
+    ``as_user``, in the environment a user has (no TF_CPP_MIN_LOG_LEVEL / JAX_PLATFORMS)."""
+    quiet = ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")
+    environment = {k: v for k, v in os.environ.items() if not (as_user and k in quiet)}
+    if not as_user:
+        environment.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+    environment.update(env)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, write_beir_fixture, write_toy_beir
+from fixtures import (
+    TOY_DOCS,
+    TOY_QRELS,
+    TOY_QUERIES,
+    run_module,
+    write_beir_fixture,
+    write_toy_beir,
+)
 
 from aligner_jax.common import errors
 from aligner_jax.data import beir
@@ -311,41 +316,30 @@ def test_download_unpacks_zip_and_rejects_bad_archives(tmp_path, monkeypatch):
         beir.download_dataset("../etc", tmp_path / "data")
 
 
-def test_cli_download_error_exit_code(tmp_path, capsys):
-    rc = beir.main(
-        [
-            "download",
-            "scifact",
-            "--to",
-            str(tmp_path),
-            "--url_template",
-            "http://127.0.0.1:9/{name}",
-        ]
+def _beir_binary(*args):
+    """``python -m aligner_jax.beir`` (absl flags, like every binary)."""
+    return run_module("aligner_jax.beir", *args, timeout=120)
+
+
+def test_cli_download_error_is_one_line(tmp_path):
+    proc = _beir_binary(
+        "--download=scifact", f"--to={tmp_path}", "--url_template=http://127.0.0.1:9/{name}"
     )
-    assert rc == 2
-    assert "could not download http://127.0.0.1:9/scifact" in capsys.readouterr().err
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("aligner-beir: error: could not download http://127.0.0.1:9/scifact")
 
 
-def test_cli_stats(tmp_path, capsys):
+def test_cli_stats(tmp_path):
     folder = write_toy_beir(tmp_path)
-    assert beir.main(["stats", str(folder), "--json"]) == 0
-    stats = json.loads(capsys.readouterr().out)
+    proc = _beir_binary(f"--stats={folder}", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = json.loads(proc.stdout)
     assert stats["name"] == "toy" and stats["num_documents"] == 12 and stats["num_queries"] == 4
-    assert beir.main(["stats", str(folder), "--split=dev"]) == 2
-    assert "missing qrels/dev.tsv" in capsys.readouterr().err
-
-
-def test_cli_module_entry_point(tmp_path):
-    folder = write_toy_beir(tmp_path)
-    out = subprocess.run(
-        [sys.executable, "-m", "aligner_jax.data.beir", "stats", str(folder)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    assert "documents        12" in out and "queries          4 judged of 4" in out
+    proc = _beir_binary(f"--stats={folder}")
+    assert "documents        12" in proc.stdout and "queries          4 judged of 4" in proc.stdout
+    proc = _beir_binary(f"--stats={folder}", "--split=dev")
+    assert proc.returncode == 1 and "missing qrels/dev.tsv" in proc.stderr.strip().splitlines()[-1]
 
 
 def test_identical_ids_rule_drops_only_the_query_itself_by_default():

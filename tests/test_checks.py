@@ -27,7 +27,6 @@ CASES = [
     (EncodingConfig, "max_tokens_per_batch", 0, "must be >= 1"),
     (EncodingConfig, "bucket_multiple", 0, "must be >= 1"),
     (EncodingConfig, "concurrent_batches", 0, "must be >= 1"),
-    (EncodingConfig, "log_every_s", 0.0, "must be > 0.0"),
     (IndexingConfig, "shard_size", 0, "must be >= 1"),
     (IndexingConfig, "shard_size", 2.5, "expected an integer"),
     (IndexingConfig, "store_beta_d", 0.0, "must be in (0.0, 1.0]"),

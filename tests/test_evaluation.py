@@ -35,9 +35,11 @@ def _parse(*files, bindings=()):
     cli.parse_gin(list(files), list(bindings))
 
 
-def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
+def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "exh"
+    (out).mkdir()
+    (out / "run.tsv").write_text("stale\n")  # an older version's run file does not linger
     report = beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(out), index_dir=str(tmp_path / "index")
     )
@@ -55,11 +57,24 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path):
     assert set(saved["per_query"]) == {"q0", "q1", "q2", "q3"}
     for key in ("encode_corpus_s", "index_build_s", "search_ms_per_query_p50"):
         assert saved["timing"][key] >= 0.0
-    run = (out / "run.tsv").read_text().splitlines()
+    run = (out / "run.trec").read_text().splitlines()
     assert len(run) == 4 * 12 and run[0].split()[3] == "1"
     assert "AlignerConfig.projection = 'identity'" in (out / "config.gin").read_text()
     # metrics.json, written last, records the checksums of the files beside it.
-    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in ("run.tsv", "config.gin")}
+    names = ("run.trec", "results.json", "config.gin")
+    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in names}
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted([*names, "metrics.json"])
+    # BEIR's results.json: the rankings of run.trec ({qid: {doc_id: score}}, best first, exact).
+    trec = {}
+    for line in run:
+        qid, _, doc, _, score, _ = line.split()
+        trec.setdefault(qid, []).append((doc, float(score)))
+    results = json.loads((out / "results.json").read_text())
+    assert {q: list(docs.items()) for q, docs in results.items()} == trec
+    # The summary names the files it wrote.
+    printed = capsys.readouterr().out
+    assert f"wrote      metrics.json, run.trec, results.json, config.gin in {out}" in printed
+    assert "search latency p50" in printed
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
     _parse("eval/zero_shot.gin", "eval/scann.gin", bindings=["SearchConfig.k_prime = 50"])
@@ -147,7 +162,7 @@ def test_binary_flag_errors(tmp_path):
 def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
     """A query id that is also a document id: the judged-relevant, unrelated document "q2" stays
     in q2's ranking; "q0", whose text is q0's text, is dropped from q0's ranking; metrics.json
-    equals pytrec_eval on run.tsv exactly."""
+    equals pytrec_eval on run.trec exactly."""
     docs = dict(TOY_DOCS)
     docs["q0"] = TOY_QUERIES["q0"].upper()  # the query itself (ArguAna/Quora style)
     docs["q2"] = {"title": "Pancreas", "text": "Beta cells of the pancreas secrete insulin."}
@@ -156,16 +171,16 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "out"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
-    rows = [line.split() for line in (out / "run.tsv").read_text().splitlines()]
+    rows = [line.split() for line in (out / "run.trec").read_text().splitlines()]
     assert not [r for r in rows if r[0] == "q0" and r[2] == "q0"]
     assert [r for r in rows if r[0] == "q2" and r[2] == "q2"]
     assert report["config"]["ignore_identical_ids"] == "same_text"
     ids = report["identical_ids"]
     assert (ids["query_ids_in_corpus"], ids["dropped"], ids["kept_judged_relevant"]) == (2, 1, 1)
     saved = json.loads((out / "metrics.json").read_text())
-    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
 
-    # BEIR's rule, asked for explicitly: the judged-relevant "q2" leaves run.tsv and metrics alike.
+    # BEIR's rule, asked for explicitly: the judged-relevant "q2" leaves run.trec and metrics alike.
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
     beir_eval.evaluate(
         dataset_dir=str(data),
@@ -173,12 +188,12 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
         index_dir=str(out / "index"),
         ignore_identical_ids="always",
     )
-    run = (tmp_path / "always" / "run.tsv").read_text()
+    run = (tmp_path / "always" / "run.trec").read_text()
     assert "q2 Q0 q2 " not in run
     saved = json.loads((tmp_path / "always" / "metrics.json").read_text())
     assert saved["identical_ids"]["dropped_judged_relevant"] == 1
     assert saved["metrics_all"] == trec_eval_run_file(
-        tmp_path / "always" / "run.tsv", data / "qrels/test.tsv"
+        tmp_path / "always" / "run.trec", data / "qrels/test.tsv"
     )
 
 

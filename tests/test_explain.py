@@ -217,7 +217,7 @@ def test_other_strategies_score_and_list_their_alignments(alignment):
 
 
 def test_bad_settings_name_the_flag():
-    with pytest.raises(ValueError, match="--beta_q"):
+    with pytest.raises(ValueError, match=r"--gin\.SearchConfig\.beta_q"):
         explanation.explain_encoded(*_fake_inputs(), beta_q=1.5)
     with pytest.raises(ValueError, match="--num_aligned"):
         explanation.explain_encoded(*_fake_inputs(), num_aligned=-1)
@@ -247,15 +247,17 @@ def _run_binary(*args):
 
 def test_binary_writes_page_end_to_end(tmp_path):
     data = write_toy_beir(tmp_path / "data")
-    out = tmp_path / "pages" / "q1.html"
+    out = tmp_path / "pages" / "explanation.html"
     proc = _run_binary(
         "--gin_file=models/bert_tiny.gin",
         f"--dataset_dir={data}",
         "--query_id=q1",
         "--doc_id=d1",
-        "--alignment=top_k:2",
+        # aligner-eval's bindings for the alignment and the highlighted fractions
+        "--gin.evaluate.alignment='top_k:2'",
+        "--gin.SearchConfig.beta_q=1.0",
         "--num_aligned=2",
-        f"--output={out}",
+        f"--output_dir={tmp_path / 'pages'}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = out.read_text(encoding="utf-8")
@@ -269,6 +271,20 @@ def test_binary_writes_page_end_to_end(tmp_path):
     assert "<script" not in page and "<link" not in page
 
 
+def test_explain_reads_aligner_eval_bindings():
+    """The alignment and β of the page are aligner-eval's gin bindings; Table 4's otherwise."""
+    assert explanation.settings_from_gin() == {"alignment": "top_k:1", "beta_q": 0.5, "beta_d": 0.2}
+    cli.parse_gin(
+        ["eval/zero_shot.gin"],
+        ["evaluate.alignment = 'top_p:0.5'", "SearchConfig.beta_d = 0.3"],
+    )
+    assert explanation.settings_from_gin() == {
+        "alignment": "top_p:0.5",
+        "beta_q": 1.0,  # eval/zero_shot.gin's
+        "beta_d": 0.3,
+    }
+
+
 def test_binary_unknown_query_id_is_a_clear_error(tmp_path):
     data = write_toy_beir(tmp_path / "data")
     proc = _run_binary(
@@ -276,17 +292,17 @@ def test_binary_unknown_query_id_is_a_clear_error(tmp_path):
         f"--dataset_dir={data}",
         "--query_id=nope",
         "--doc_id=d1",
-        f"--output={tmp_path / 'x.html'}",
+        f"--output_dir={tmp_path / 'x'}",
     )
     assert proc.returncode != 0
     assert "--query_id='nope'" in proc.stderr and str(data / "queries.jsonl") in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "x.html").exists()
+    assert not (tmp_path / "x").exists()
     proc = _run_binary(
         "--gin_file=models/minilm_identity.gin",
         "--query=a",
         "--query_id=q1",
         "--document=b",
-        "--output=x.html",
+        f"--output_dir={tmp_path / 'y'}",
     )
     assert proc.returncode != 0 and "exactly one of --query" in proc.stderr

@@ -52,11 +52,11 @@ def test_metrics_json_is_written_last_with_the_files_checksums(tmp_path, monkeyp
     monkeypatch.setattr(
         fileio, "atomic_write_bytes", lambda p, d: written.append(p.name) or real(p, d)
     )
-    report = fileio.write_outputs(tmp_path, {"run.tsv": "q Q0 d 1 1.0 t\n"}, {"x": 1})
-    assert written == ["run.tsv", "metrics.json"]
+    report = fileio.write_outputs(tmp_path, {"run.trec": "q Q0 d 1 1.0 t\n"}, {"x": 1})
+    assert written == ["run.trec", "metrics.json"]
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved == report
-    assert saved["files"] == {"run.tsv": hashlib.sha256(b"q Q0 d 1 1.0 t\n").hexdigest()}
+    assert saved["files"] == {"run.trec": hashlib.sha256(b"q Q0 d 1 1.0 t\n").hexdigest()}
 
 
 def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
@@ -67,5 +67,5 @@ def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fileio, "atomic_write_bytes", disk_full)
     with pytest.raises(OSError):
-        fileio.write_outputs(tmp_path, {"run.tsv": "x"}, {})
+        fileio.write_outputs(tmp_path, {"run.trec": "x"}, {})
     assert not (tmp_path / "metrics.json").exists()

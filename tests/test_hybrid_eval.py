@@ -34,7 +34,7 @@ def toy(tmp_path_factory):
     _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
     beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp / "exh"), index_dir=str(tmp / "i"))
     gin.clear_config()
-    return data, str(tmp / "i"), _read(tmp / "exh" / "run.tsv")
+    return data, str(tmp / "i"), _read(tmp / "exh" / "run.trec")
 
 
 def test_bm25_gin_through_the_binary_encodes_nothing(tmp_path):
@@ -47,15 +47,16 @@ def test_bm25_gin_through_the_binary_encodes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "bm25 evaluation: toy/test (4 queries, 12 docs)" in proc.stdout
     saved = json.loads((out / "metrics.json").read_text())
-    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     assert saved["config"]["first_stage"] == "bm25" and saved["config"]["model"] is None
-    assert sorted(p.name for p in out.iterdir()) == ["config.gin", "metrics.json", "run.tsv"]
-    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in ("run.tsv", "config.gin")}
+    written = ("run.trec", "results.json", "config.gin")
+    assert sorted(p.name for p in out.iterdir()) == sorted(["metrics.json", *written])
+    assert saved["files"] == {n: fileio.sha256_file(out / n) for n in written}
     # The run is bm25s's own ranking.
     index = bm25.BM25Index.build(
         list(TOY_DOCS), [f"{d['title']} {d['text']}" for d in TOY_DOCS.values()]
     )
-    assert _read(out / "run.tsv") == index.search(TOY_QUERIES, k=1000)
+    assert _read(out / "run.trec") == index.search(TOY_QUERIES, k=1000)
 
 
 def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
@@ -80,7 +81,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
     report = beir_eval.evaluate(
         dataset_dir=str(data), output_dir=str(out), index_dir=index, rerank_run=str(first)
     )
-    reranked = _read(out / "run.tsv")
+    reranked = _read(out / "run.trec")
     assert set(reranked) == {"q0", "q1", "q3"}  # q2 has no line: nothing ranked
     assert list(reranked["q0"])[0] == "d0" and set(reranked["q0"]) == {"d4", "d0", "d9"}
     assert set(reranked["q1"]) == {"d10", "d1", "d2"} and list(reranked["q3"]) == ["d2"]
@@ -92,7 +93,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
     assert (info["lines"], info["skipped_lines"], info["skipped_queries"]) == (8, 1, 1)
     assert info["queries_without_candidates"] == 1
     saved = json.loads((out / "metrics.json").read_text())
-    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     assert saved["per_query"]["q2"]["ndcg@10"] == 0.0
 
 
@@ -108,7 +109,7 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     assert info["lexical"]["kind"] == "bm25" and info["hybrid"]["fusion"] == "score"
     assert info["hybrid"]["weight"] == 0.7 and info["union_candidates_median"] >= 1
     saved = json.loads((out / "metrics.json").read_text())
-    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     assert saved["metrics"]["ndcg@10"] > 0.9  # both systems find the toy's relevant documents
     adapted = json.loads((out / "fusion_adaptation.json").read_text())
     assert set(adapted["methods"]) == {"rrf", "score"}
@@ -117,7 +118,7 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     assert score["default"] == pytest.approx(saved["metrics"]["ndcg@10"])
     assert saved["adaptation"]["chooses"] == "fusion weight"
     assert set(saved["files"]) == {
-        "run.tsv", "config.gin", "fusion_adaptation.json", "fusion_adaptation.md"
+        "run.trec", "results.json", "config.gin", "fusion_adaptation.json", "fusion_adaptation.md"
     }  # fmt: skip
 
     # ALIGNER's weight 1: the fused ranking is ALIGNER's exhaustive ranking of the union.
@@ -125,7 +126,7 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
         "eval/hybrid.gin", bindings=["HybridConfig.weight = 1.0", "HybridConfig.fusion = 'score'"]
     )
     beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "w1"), index_dir=index)
-    fused = _read(tmp_path / "w1" / "run.tsv")
+    fused = _read(tmp_path / "w1" / "run.trec")
     for qid, docs in fused.items():
         order = [d for d, _ in runs.ranked(full[qid]) if d in docs]
         assert [d for d, _ in runs.ranked(docs)] == order
@@ -163,7 +164,7 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
         report = beir_eval.evaluate(
             dataset_dir=str(data), output_dir=str(out), first_stage="reversed"
         )
-        assert list(_read(out / "run.tsv")["q0"])[:2] == ["d11", "d10"]
+        assert list(_read(out / "run.trec")["q0"])[:2] == ["d11", "d10"]
         assert report["config"]["first_stage"] == "reversed"
     finally:
         del lexical.STAGES["reversed"]
@@ -182,9 +183,9 @@ def test_minicoil_alone_and_in_the_hybrid(toy, tmp_path):
     out = tmp_path / "minicoil"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
     assert report["config"]["first_stage"] == "minicoil" and not (out / "index").exists()
-    assert report["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert report["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     _parse("eval/hybrid.gin", bindings=["LexicalConfig.kind = 'minicoil'"])
     out = tmp_path / "hybrid"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out), index_dir=index)
     assert report["first_stage"]["lexical"]["kind"] == "minicoil"
-    assert report["metrics_all"] == trec_eval_run_file(out / "run.tsv", data / "qrels/test.tsv")
+    assert report["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")

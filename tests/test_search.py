@@ -201,3 +201,23 @@ def test_rerank_scores_exactly_the_given_candidates(store):
     xtr_searcher = search_lib.Searcher(store, xtr_config, ti.TokenIndex.build(store, "exact"))
     with pytest.raises(search_lib.ConfigError, match="refine='full'"):
         xtr_searcher.rerank(ids, queries, given)
+
+
+def test_latency_is_per_query_not_a_batch_average(store):
+    """A query answered in a batch waits for the whole batch: its latency is the batch's time
+    (the old code divided the batch's time among its queries, so latencies always summed to at
+    most the run's time). Alone, they add up to the run's time; in batches of 2, to ~2x."""
+    queries, ids = _queries(1, seed=9) * 4, [f"q{i}" for i in range(4)]  # one shape: one compile
+    index = ti.TokenIndex.build(store, "exact")
+    for batch in (1, 2):
+        cfg = search_lib.SearchConfig(backend="exact", k_prime=20, top_k=5, query_batch_size=batch)
+        searcher = search_lib.Searcher(store, cfg, index)
+        searcher.run(ids[:batch], queries[:batch], show_progress=False)  # compile
+        out = searcher.run(ids, queries, show_progress=False)
+        ratio = sum(out.search_ms) / (1000.0 * out.wall_s)
+        assert len(out.search_ms) == 4
+        if batch == 1:
+            assert ratio <= 1.0
+        else:
+            assert out.search_ms[0] == out.search_ms[1] and out.search_ms[2] == out.search_ms[3]
+            assert ratio > 1.5, ratio

@@ -114,7 +114,7 @@ def test_eval_and_search_share_one_code_path(built, folders, run_binary, tmp_pat
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["timing"]["index_build_s"] == 0.0  # loaded, not rebuilt
     run = {}
-    for line in (out / "run.tsv").read_text().splitlines():
+    for line in (out / "run.trec").read_text().splitlines():
         qid, _, doc, rank, score, _ = line.split()
         run.setdefault(qid, []).append((doc, float(score)))
     searcher = search_lib.Searcher.load(str(built))

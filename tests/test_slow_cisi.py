@@ -1,8 +1,8 @@
-"""Full-CISI check (``make test-slow``): metrics.json is what pytrec_eval makes of run.tsv.
+"""Full-CISI check (``make test-slow``): metrics.json is what pytrec_eval makes of run.trec.
 
 In CISI every query id is also a document id, and 7 of those documents are judged relevant to
 the query of the same id (queries 23, 27, 34, 46, 69, 71, 109): BEIR's identical-id rule would
-drop them from metrics (not from run.tsv). Indexing CISI's 1,460 documents takes about a minute.
+drop them from metrics (not from run.trec). Indexing CISI's 1,460 documents takes about a minute.
 """
 
 from __future__ import annotations
@@ -34,6 +34,6 @@ def test_cisi_metrics_json_equals_pytrec_eval_on_run_file(tmp_path):
     ids = saved["identical_ids"]
     assert ids["mode"] == "same_text" and ids["dropped"] == 0
     assert ids["query_ids_in_corpus"] == 76 and ids["kept_judged_relevant"] == 7
-    rows = {tuple(r.split()[:3]) for r in (out / "run.tsv").read_text().splitlines()}
+    rows = {tuple(r.split()[:3]) for r in (out / "run.trec").read_text().splitlines()}
     assert {(q, "Q0", q) for q in ("23", "27", "34", "46", "69", "71", "109")} <= rows
-    assert saved["metrics_all"] == trec_eval_run_file(out / "run.tsv", CISI / "qrels" / "test.tsv")
+    assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", CISI / "qrels" / "test.tsv")

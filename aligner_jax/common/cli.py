@@ -3,21 +3,44 @@
 Every binary accepts ``--gin_file`` (repeatable), ``--gin_bindings`` (repeatable),
 ``--gin_search_paths`` and the short form ``--gin.NAME=VALUE`` (rewritten into a binding, as
 t5x does). The repository's ``gin/`` folder is always on the search path, so
-``--gin_file=eval/zero_shot.gin`` and ``include 'models/minilm.gin'`` work from anywhere.
+``--gin_file=eval/zero_shot.gin`` and ``include 'models/minilm.gin'`` work from anywhere. A binary
+run without ``--gin_file`` uses its default (``run_job``'s ``default_gin_files``) or says in one
+line which file it needs.
+
+Logs are quiet by default, in this one place: the project's own lines (``aligner_jax`` and its
+``tasks``) at absl's ``--verbosity`` (default 0: INFO), other libraries' lines (orbax, clu, jax's
+backend probing, gin's resource probing) only from WARNING up; ``--verbosity=1`` shows everything.
+TensorFlow's C++ logs are off unless ``TF_CPP_MIN_LOG_LEVEL`` is exported (to another level than
+jax's default, 1).
+Progress (``--progress``, :mod:`aligner_jax.common.progress`) is a tqdm bar on a terminal and a log
+line every 30 s otherwise.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging as std_logging
 import os
 import sys
 import tokenize
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import gin
-from absl import app, flags
+# Before TensorFlow loads (gin imports the seqio tasks) and logs: its C++ lines (cuInit on a host
+# without a GPU, oneDNN notes, at ERROR) are noise for a user. ``import jax`` sets the variable to
+# "1" when unset, so "1" (or unset) means nobody chose a level; any other exported level wins.
+if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-from aligner_jax.common import errors
+import gin  # noqa: E402
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+
+from aligner_jax.common import errors, progress  # noqa: E402
+
+# Shown by --help beside the binary's own flags (absl lists the others under --helpfull).
+GIN_FLAGS = ("gin_file", "gin_bindings", "gin_search_paths")
+KEY_FLAGS = (*GIN_FLAGS, "verbosity", "progress")
 
 
 def _gin_dir() -> Path:
@@ -42,6 +65,86 @@ def define_gin_flags() -> None:
     flags.DEFINE_list(
         "gin_search_paths", [], "Extra folders to search for gin files (the repo's gin/ is added)."
     )
+    flags.DEFINE_enum(
+        "progress",
+        "auto",
+        list(progress.MODES),
+        "Progress of long steps on stderr: auto (a bar on a terminal, else a log line every "
+        "30 s), bar, log or none.",
+    )
+
+
+def _project_roots() -> tuple[str, ...]:
+    """Folders whose log records are the project's own: the package, its tasks (``tasks/`` in a
+    checkout) and the running script's folder (``benchmarks/``)."""
+    roots = [Path(__file__).resolve().parent.parent]
+    spec = importlib.util.find_spec("aligner_jax.tasks")
+    if spec is not None and spec.origin:
+        roots.append(Path(spec.origin).resolve().parent)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file and "site-packages" not in main_file:
+        roots.append(Path(main_file).resolve().parent)
+    return tuple(str(r) + os.sep for r in roots)
+
+
+def _absl_verbosity() -> int:
+    return flags.FLAGS.verbosity if flags.FLAGS.is_parsed() else 0
+
+
+class QuietLibraries(std_logging.Filter):
+    """Passes the project's records at any level and other libraries' from WARNING up; at
+    ``--verbosity`` >= 1 everything. gin's resource probe (an ERROR "Path not found" for every
+    include before gin tries the search paths) is dropped unless ``--verbosity`` >= 1."""
+
+    def __init__(self, roots: Sequence[str], verbosity: Callable[[], int] | None = None):
+        super().__init__()
+        self.roots = tuple(roots)
+        self.verbosity = verbosity or _absl_verbosity
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if self.verbosity() >= 1:
+            return True
+        path = os.path.realpath(record.pathname)
+        if path.startswith(self.roots):
+            return True
+        if path.endswith(os.path.join("gin", "resource_reader.py")):
+            return False
+        return record.levelno >= std_logging.WARNING
+
+
+def quiet_logs() -> None:
+    """Installs :class:`QuietLibraries` on absl's handler (once)."""
+    handler = absl_logging.get_absl_handler()
+    if not any(isinstance(f, QuietLibraries) for f in handler.filters):
+        handler.addFilter(QuietLibraries(_project_roots()))
+
+
+def _help_and_exit(argv: Sequence[str]) -> None:
+    """``--help`` (``-h``, ``--helpshort``) / ``--helpfull`` print absl's usage and exit 0 (absl's
+    own help flags exit 1, which breaks ``aligner-eval --help && ...`` and scripted checks)."""
+    for arg in argv[1:]:
+        if arg == "--":
+            return
+        if arg in ("--help", "-h", "-?", "--helpshort", "--helpfull"):
+            short = arg != "--helpfull"
+            app.usage(shorthelp=short, writeto_stdout=True)
+            if short:
+                print("\nTry --helpfull to get a list of all flags.")
+            sys.exit(0)
+
+
+def _declare_key_flags(main: Callable, uses_gin: bool = True) -> None:
+    """``--help`` lists the binary's flags and ``KEY_FLAGS``, also when it runs as a console
+    script (absl lists the flags of the module named ``sys.argv[0]``)."""
+    main_name = sys.argv[0]
+    module = sys.modules.get(main.__module__)
+    for flag in flags.FLAGS.flags_by_module_dict().get(main.__module__, []):
+        flags.FLAGS.register_key_flag_for_module(main_name, flag)
+    for name in KEY_FLAGS if uses_gin else set(KEY_FLAGS) - set(GIN_FLAGS):
+        flags.FLAGS.register_key_flag_for_module(main_name, flags.FLAGS[name])
+    entry = sys.modules.get("__main__")
+    if entry is not None and not entry.__doc__ and module is not None:
+        entry.__doc__ = module.__doc__  # a console script's wrapper has none
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
@@ -98,14 +201,25 @@ def parse_gin(
         raise errors.ConfigError(f"gin configuration error: {e}") from e
 
 
-def run(main: Callable[[Sequence[str]], None]) -> None:
-    """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first."""
+def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
+    """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first, quiet library logs and
+    ``--progress``. A binary without gin (``uses_gin=False``) refuses the gin flags."""
     define_gin_flags()
+    _declare_key_flags(main, uses_gin)
+    _help_and_exit(sys.argv)
+    quiet_logs()
     try:
         sys.argv = rewrite_gin_args(sys.argv)
     except app.UsageError as e:  # absl's own one-line form for flag errors
         sys.exit(f"FATAL Flags parsing error: {e}")
-    app.run(main)
+
+    def main_with_progress(argv):
+        if not uses_gin and any(flags.FLAGS[n].present for n in GIN_FLAGS):
+            raise app.UsageError("this binary takes no gin configuration (--gin_file/--gin.X)")
+        progress.set_mode(flags.FLAGS.progress)
+        return main(argv)
+
+    app.run(main_with_progress)
 
 
 def _is_missing_gin_binding(error: BaseException) -> bool:
@@ -127,9 +241,7 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
             return fn(**kwargs)
         except RuntimeError as e:
             if _is_missing_gin_binding(e):
-                raise errors.ConfigError(
-                    f"{e} (set them with --gin.NAME=VALUE or in a gin file)"
-                ) from e
+                raise errors.ConfigError(missing_binding_message(str(e))) from e
             raise
     except errors.USER_ERRORS as e:
         # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
@@ -142,17 +254,59 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
         sys.exit(130)
 
 
-def parse_gin_flags() -> None:
+# What usually binds a parameter gin reports missing: said in the one-line error.
+_BINDING_HINTS = {
+    "load_encoder.config": "a model file, e.g. --gin_file=models/minilm.gin",
+    "train.model": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+    "train.model_dir": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+    "train.num_train_steps": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+}
+
+
+def missing_binding_message(gin_message: str) -> str:
+    """gin's ``Required bindings for `f` not provided in config: ['a', 'b']`` as one line saying
+    what to add (``f.a, f.b are not set: ...``)."""
+    first = gin_message.splitlines()[0]
+    head, _, names = first.partition(": ")
+    fn = head.split("`")[1] if head.count("`") >= 2 else head
+    params = [p.strip(" '\"") for p in names.strip("[]").split(",") if p.strip()]
+    bound = [f"{fn}.{p}" for p in params] or [fn]
+    hints = sorted({_BINDING_HINTS[b] for b in bound if b in _BINDING_HINTS})
+    how = f"add {' or '.join(hints)}" if hints else "add a gin file that binds it"
+    verb = "is" if len(bound) == 1 else "are"
+    return f"gin: {', '.join(bound)} {verb} not set: {how}, or --gin.{bound[0]}=VALUE"
+
+
+def parse_gin_flags(default_gin_files: Sequence[str] = ()) -> list[str]:
+    """Parses ``--gin_file`` (or, when none is given, ``default_gin_files``) and the bindings;
+    returns the gin files used."""
     f = flags.FLAGS
-    parse_gin(f.gin_file, f.gin_bindings, f.gin_search_paths)
+    files = list(f.gin_file) or list(default_gin_files)
+    if files and not f.gin_file:
+        absl_logging.info("no --gin_file: using the default %s", " ".join(files))
+    parse_gin(files, f.gin_bindings, f.gin_search_paths)
+    return files
 
 
-def run_job(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
+def run_job(
+    program: str,
+    fn: Callable,
+    on_interrupt: str = "",
+    default_gin_files: Sequence[str] = (),
+    needs_gin_file: str = "",
+    **kwargs,
+):
     """What every binary's ``main`` does after checking its flags: parse ``--gin_file`` /
-    ``--gin_bindings``, then ``fn(**kwargs)``, both under :func:`call_or_exit`."""
+    ``--gin_bindings``, then ``fn(**kwargs)``, both under :func:`call_or_exit`.
+
+    Without ``--gin_file`` the binary runs ``default_gin_files``; a binary with no sensible
+    default passes ``needs_gin_file`` (what to give), reported as a one-line error.
+    """
 
     def job():
-        parse_gin_flags()
+        if needs_gin_file and not flags.FLAGS.gin_file:
+            raise errors.ConfigError(f"no --gin_file: {needs_gin_file}")
+        parse_gin_flags(default_gin_files)
         return fn(**kwargs)
 
     return call_or_exit(program, job, on_interrupt)

@@ -14,15 +14,14 @@ Conventions follow the BEIR toolkit: numeric `_id`s become strings, a missing ti
 text a model sees is `title + " " + text` (`document_text`), and `load_beir` keeps only the
 queries that have judgments in the requested split.
 
-Command line:
+Command line (``aligner_jax/beir.py``, the ``aligner-beir`` binary):
 
-    python -m aligner_jax.data.beir download scifact --to data/beir
-    python -m aligner_jax.data.beir stats ../shared/data/beir/scifact --split=test
+    python -m aligner_jax.beir --download=scifact --to=data/beir
+    python -m aligner_jax.beir --stats=../shared/data/beir/scifact --split=test
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -130,7 +129,7 @@ def _same_text(query: str, doc: Document) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class IdenticalIds:
-    """The one rule for ``results[qid][qid]``, applied to run.tsv, metrics and adaptation alike.
+    """The one rule for ``results[qid][qid]``, applied to the run files, metrics and adaptation alike.
 
     BEIR drops the document whose id is the query's id from every ranking, because in ArguAna
     and Quora a query *is* a document and retrieving it says nothing. Where ids merely collide
@@ -539,7 +538,7 @@ def load_beir(
     if not dataset_dir.is_dir():
         raise BeirFormatError(
             f"{dataset_dir}: dataset folder not found. {_LAYOUT_HELP} Download one with "
-            f"`python -m aligner_jax.data.beir download NAME --to DIR`."
+            f"`python -m aligner_jax.beir --download=NAME --to=DIR`."
         )
     corpus_path = dataset_dir / "corpus.jsonl"
     queries_path = dataset_dir / "queries.jsonl"
@@ -748,50 +747,8 @@ def format_stats(dataset: BeirDataset) -> str:
     return "\n".join(lines)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m aligner_jax.data.beir", description="BEIR dataset download and statistics."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    dl = sub.add_parser("download", help="download and unpack an official BEIR dataset zip")
-    dl.add_argument("name", help="BEIR dataset name, e.g. scifact")
-    dl.add_argument("--to", required=True, help="folder to unpack into (creates DIR/NAME)")
-    dl.add_argument(
-        "--url_template",
-        default=BEIR_URL_TEMPLATE,
-        help="download URL with a {name} placeholder (default: the official BEIR mirror)",
-    )
-    dl.add_argument("--timeout_s", type=float, default=60.0, help="network timeout in seconds")
-    st = sub.add_parser("stats", help="validate a BEIR folder and print its counts")
-    st.add_argument("dataset_dir", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
-    st.add_argument("--split", default="test", help="qrels split (default: test)")
-    st.add_argument("--unknown_qrels", choices=UNKNOWN_QRELS_MODES, default="error")
-    st.add_argument("--json", action="store_true", help="print the stats as JSON")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
-    try:
-        if args.command == "download":
-            path = download_dataset(args.name, args.to, args.url_template, args.timeout_s)
-            print(f"{args.name}: ready at {path}")
-        else:
-            dataset = load_beir(args.dataset_dir, args.split, args.unknown_qrels)
-            if args.json:
-                print(
-                    json.dumps(
-                        {"name": dataset.name, "split": dataset.split, **dataset.stats.as_dict()},
-                        indent=2,
-                    )
-                )
-            else:
-                print(format_stats(dataset))
-    except (BeirFormatError, BeirDownloadError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        "python -m aligner_jax.data.beir moved: use python -m aligner_jax.beir "
+        "--download=NAME --to=DIR or --stats=DIR"
+    )

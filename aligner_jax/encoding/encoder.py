@@ -1,4 +1,5 @@
-"""Batch encoding of texts with a jitted ALIGNER encoder, in length buckets, with progress.
+"""Batch encoding of texts with a jitted ALIGNER encoder, in length buckets, with progress (a
+caller's :class:`aligner_jax.common.progress.Progress`, counting texts and tokens).
 
 Texts are tokenised (no padding), grouped by length into a few bucket lengths, and encoded in
 fixed-shape batches (one XLA compilation per bucket). Only real tokens come back: each text yields
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -17,9 +17,8 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
-from aligner_jax.common import checks
+from aligner_jax.common import checks, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
@@ -38,13 +37,11 @@ class EncodingConfig:
         benchmarks/encoder_throughput.py); use several thousand on accelerators.
       concurrent_batches: batches in flight at once (None: one per CPU core on CPU, else 1;
         XLA:CPU runs each fused op on one thread, so two batches use two cores).
-      log_every_s: progress logging period.
     """
 
     bucket_multiple: int = tokenization.DEFAULT_BUCKET_STEP
     max_tokens_per_batch: int = 1024
     concurrent_batches: int | None = None
-    log_every_s: float = 20.0
 
     def __post_init__(self):
         name = type(self).__name__
@@ -53,7 +50,6 @@ class EncodingConfig:
         checks.integer(
             f"{name}.concurrent_batches", self.concurrent_batches, minimum=1, allow_none=True
         )
-        checks.number(f"{name}.log_every_s", self.log_every_s, 0.0, low_open=True)
 
     def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
         return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)
@@ -184,18 +180,22 @@ class Encoder:
     def tokenize(self, texts: Sequence[str], kind: str) -> list[np.ndarray]:
         return self.bundle.tokenizer.encode_batch(list(texts), self.maxlen(kind))
 
-    def encode(self, texts: Sequence[str], kind: str, desc: str | None = None) -> list[EncodedText]:
-        """Encodes ``texts`` (in order); logs docs/s and tokens/s every ``log_every_s``."""
+    def encode(
+        self, texts: Sequence[str], kind: str, bar: progress.Progress | None = None
+    ) -> list[EncodedText]:
+        """Encodes ``texts`` (in order), counting them and their tokens on ``bar``."""
         ids = self.tokenize(texts, kind)
         out: list[EncodedText | None] = [None] * len(ids)
-        for index, encoded in self.encode_token_ids(ids, kind, desc=desc):
+        for index, encoded in self.encode_token_ids(ids, kind, bar=bar):
             out[index] = encoded
         return out  # type: ignore[return-value]
 
     def encode_token_ids(
-        self, token_ids: Sequence[np.ndarray], kind: str, desc: str | None = None
+        self, token_ids: Sequence[np.ndarray], kind: str, bar: progress.Progress | None = None
     ) -> Iterator[tuple[int, EncodedText]]:
-        """Yields ``(position, EncodedText)`` batch by batch (length buckets, not input order).
+        """Yields ``(position, EncodedText)`` batch by batch (length buckets, not input order);
+        each batch's texts and tokens are counted on ``bar`` (its rate starts after the first,
+        compiling, batch).
 
         Batches come from ``tokenization.length_buckets`` and run through
         ``batching.iter_encoded_batches`` (several batches in flight on CPU, where XLA runs
@@ -209,8 +209,6 @@ class Encoder:
         def encode_fn(params, ids, mask):
             return self._run(params, ids, mask, kind)
 
-        total_tokens, done_docs, done_tokens = int(lengths.sum()), 0, 0
-        start = last_log = time.perf_counter()
         for indices, outputs in batching.iter_encoded_batches(
             encode_fn,
             self._params,
@@ -228,21 +226,8 @@ class Encoder:
                         salience=salience,
                     ),
                 )
-            done_docs += len(indices)
-            done_tokens += int(lengths[indices].sum())
-            now = time.perf_counter()
-            if desc and now - last_log >= cfg.log_every_s:
-                last_log = now
-                elapsed = now - start
-                logging.info(
-                    "%s: %d/%d texts, %.0f texts/s, %.0f tokens/s (%.0f%% of tokens)",
-                    desc,
-                    done_docs,
-                    len(token_ids),
-                    done_docs / elapsed,
-                    done_tokens / elapsed,
-                    100.0 * done_tokens / max(total_tokens, 1),
-                )
+            if bar is not None:
+                bar.update(len(indices), tokens=int(lengths[indices].sum()))
 
     def _run(self, params, ids: np.ndarray, mask: np.ndarray, kind: str):
         rows = ids.shape[0]

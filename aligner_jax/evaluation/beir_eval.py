@@ -4,8 +4,9 @@ The library behind the ``aligner-eval`` binary (:mod:`aligner_jax.evaluate`). :f
 gin-configurable; the token store is written to ``index_dir`` (default ``OUTPUT_DIR/index``) and
 reused by later runs with the same model and corpus; the token index (ScaNN or exact) is built per
 run and its build time reported. Writes ``OUTPUT_DIR/metrics.json`` (metrics, per-query nDCG@10,
-configuration, timings, index bytes), ``OUTPUT_DIR/run.tsv`` (TREC run) and
-``OUTPUT_DIR/config.gin`` (the operative gin config), and prints a one-screen summary.
+configuration, timings, index bytes), ``OUTPUT_DIR/run.trec`` (TREC run),
+``OUTPUT_DIR/results.json`` (BEIR's ``{qid: {doc_id: score}}``) and ``OUTPUT_DIR/config.gin`` (the
+operative gin config), and prints a one-screen summary naming the files it wrote.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import checks, errors, fileio
+from aligner_jax.common import checks, errors, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, scoring
 from aligner_jax.data import beir, runs
@@ -39,6 +40,7 @@ from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 K_VALUES = (10, 100)
+LEGACY_RUN_FILE = "run.tsv"  # the name of run.trec before issue 13
 
 
 def first_stages() -> tuple[str, ...]:
@@ -189,8 +191,9 @@ def prepare(
     t0 = time.perf_counter()
     token_ids = encoder.tokenize([dataset.queries[q] for q in qids], "query")
     encoded = [None] * len(qids)
-    for i, e in encoder.encode_token_ids(token_ids, "query"):
-        encoded[i] = e
+    with progress.Progress(len(qids), "encode queries", "query") as bar:
+        for i, e in encoder.encode_token_ids(token_ids, "query", bar=bar):
+            encoded[i] = e
     truncation = {
         "query_maxlen": query_maxlen,
         "queries_truncated": int(sum(len(t) >= query_maxlen for t in token_ids)),
@@ -248,7 +251,7 @@ def evaluate(
 
     ``ignore_identical_ids`` (``beir.IDENTICAL_ID_MODES``) says when the document whose id is a
     query's id is removed from that query's ranking; the rule is applied once, to the rankings
-    written to run.tsv, scored in metrics.json and used by the adaptation.
+    written to run.trec / results.json, scored in metrics.json and used by the adaptation.
 
     With ``adapt``, the candidates are also re-scored with every strategy of
     ``adaptation_config`` and the few-shot alignment adaptation of §4.1 is reported in
@@ -386,6 +389,11 @@ def evaluate(
             "search_ms_per_query_p90": percentile(out.search_ms, 90),
             "token_search_ms_per_query_p50": percentile(out.token_search_ms, 50),
             "refine_ms_per_query_p50": percentile(out.refine_ms, 50),
+            # Latencies are per query (a batched query waits for its batch); throughput apart.
+            "query_batch_size": 1
+            if searcher.centroid is not None
+            else search_config.query_batch_size,
+            "search_queries_per_s": len(qids) / out.wall_s if out.wall_s else 0.0,
         },
         "candidates_per_query_median": float(np.median(out.num_candidates)),
         "scoring_flops": flops.run_flops(out.costs, store.dim, search_config.k_prime),
@@ -422,11 +430,19 @@ def evaluate(
             "oracle": adapted.oracle,
             "oracle_strategy": adapted.oracle_strategy,
         }
-    files["run.tsv"] = runs.format_run(results, tag=f"aligner_jax-{name}")
-    files["config.gin"] = gin.operative_config_str()
-    report = fileio.write_outputs(output, files, report)
-    print(summary(report))
+    report = write_results(output, files, report, results, tag=f"aligner_jax-{name}")
+    print(summary(report, output))
     return report
+
+
+def write_results(output: Path, files: dict, report: dict, results: dict, tag: str) -> dict:
+    """Writes the run (``run.trec``, ``results.json``), ``config.gin`` and the other ``files``
+    atomically, ``metrics.json`` (``report``) last; returns the report as written."""
+    files[runs.RUN_FILE] = runs.format_run(results, tag=tag)
+    files[runs.RESULTS_FILE] = runs.format_results(results)
+    files["config.gin"] = gin.operative_config_str()
+    (output / LEGACY_RUN_FILE).unlink(missing_ok=True)  # an older run's file would go unlisted
+    return fileio.write_outputs(output, files, report)
 
 
 def check_first_stage(
@@ -607,12 +623,8 @@ def evaluate_lexical(
         },
         "dataset_stats": dataset.stats.as_dict(),
     }
-    files = {
-        "run.tsv": runs.format_run(results, tag=f"aligner_jax-{config.kind}"),
-        "config.gin": gin.operative_config_str(),
-    }
-    report = fileio.write_outputs(output, files, report)
-    print(lexical_summary(report))
+    report = write_results(output, {}, report, results, tag=f"aligner_jax-{config.kind}")
+    print(lexical_summary(report, output))
     return report
 
 
@@ -624,7 +636,7 @@ def lexical_settings(lexical: dict) -> str:
     return lexical["kind"]
 
 
-def lexical_summary(report: dict) -> str:
+def lexical_summary(report: dict, output: Path | str) -> str:
     c, m, t = report["config"], report["metrics"], report["timing"]
     lexical = c["lexical"]
     return "\n".join(
@@ -639,6 +651,7 @@ def lexical_summary(report: dict) -> str:
             f"ids        {report['identical_ids']['description']}",
             f"timing     index build {t['index_build_s']:.1f}s, search p50 "
             f"{t['search_ms_per_query_p50']:.2f} ms/query",
+            written_line(report, output),
             "=" * 72,
         ]
     )
@@ -652,9 +665,11 @@ def adaptation_files(
     """Per-strategy per-query metrics → the §4.1 protocol → adaptation.json and .md."""
     metric = config.metric
     per_query = {}
-    for name in config.strategy_names:
-        ev = metrics.evaluate_run(dataset.qrels, results_by_strategy[name], k_values=K_VALUES)
-        per_query[name] = {q: ev.per_query.get(q, {}).get(metric, 0.0) for q in dataset.queries}
+    with progress.Progress(len(config.strategy_names), "adaptation: score", "strategy") as bar:
+        for name in config.strategy_names:
+            ev = metrics.evaluate_run(dataset.qrels, results_by_strategy[name], k_values=K_VALUES)
+            per_query[name] = {q: ev.per_query.get(q, {}).get(metric, 0.0) for q in dataset.queries}
+            bar.update(1)
     result = adaptation_lib.few_shot_adaptation(per_query, config)
     payload = {
         "dataset": dataset.name,
@@ -669,7 +684,7 @@ def adaptation_files(
     }
 
 
-def summary(report: dict) -> str:
+def summary(report: dict, output: Path | str | None = None) -> str:
     c, m, t, tr = report["config"], report["metrics"], report["timing"], report["truncation"]
     lines = [
         "=" * 72,
@@ -693,8 +708,10 @@ def summary(report: dict) -> str:
         f"{tr['docs_truncated']} documents at {tr['doc_maxlen']} tokens",
         f"timing     corpus encode {t['encode_corpus_s']:.1f}s"
         + (" (reused)" if t["index_reused"] else "")
-        + f", token index build {t['index_build_s']:.1f}s, search p50 "
-        f"{t['search_ms_per_query_p50']:.1f} ms/query, median candidates "
+        + f", token index build {t['index_build_s']:.1f}s, search latency p50 "
+        f"{t['search_ms_per_query_p50']:.1f} / p90 {t['search_ms_per_query_p90']:.1f} ms"
+        + (f" (batches of {t['query_batch_size']})" if t.get("query_batch_size", 1) > 1 else "")
+        + f", {t.get('search_queries_per_s', 0.0):.0f} queries/s, median candidates "
         f"{report['candidates_per_query_median']:.0f}",
     ]
     first = report.get("first_stage", {})
@@ -717,5 +734,12 @@ def summary(report: dict) -> str:
             f"adaptation default {100 * a['default']:.1f}  adapted {100 * a['adapted_mean']:.1f}"
             f" ± {100 * a['adapted_std']:.1f}  oracle {100 * a['oracle']:.1f} ({a['oracle_strategy']})"
         )
+    if output is not None:
+        lines.append(written_line(report, output))
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def written_line(report: dict, output: Path | str) -> str:
+    """The summary line naming the files an evaluation wrote."""
+    return f"wrote      {', '.join(['metrics.json', *report.get('files', {})])} in {output}"

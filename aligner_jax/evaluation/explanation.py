@@ -37,6 +37,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import gin
 import jax.numpy as jnp
 import numpy as np
 
@@ -50,6 +51,13 @@ DEFAULT_ALIGNMENT = "top_k:1"
 DEFAULT_BETA_Q = 0.5  # Table 4: the top 50% of query tokens are highlighted
 DEFAULT_BETA_D = 0.2  # Table 4: the top 20% of document tokens are highlighted
 DEFAULT_NUM_ALIGNED = 3  # Table 4: the three most salient query tokens
+# aligner-explain takes the bindings aligner-eval uses for the alignment and the pruning fractions
+# (Table 4's values when they are not bound).
+GIN_SETTINGS = {
+    "alignment": "evaluate.alignment",
+    "beta_q": "SearchConfig.beta_q",
+    "beta_d": "SearchConfig.beta_d",
+}
 # Entries of a soft pairwise alignment (``differentiable``) at or below this count as zero when
 # listing alignments; hard strategies (top-k, top-p, ...) are exactly 0 or 1.
 MIN_LISTED_ALIGNMENT = 1e-6
@@ -208,9 +216,23 @@ class Explanation:
 # ---------------------------------------------------------------------------------------------
 
 
+def settings_from_gin() -> dict:
+    """``alignment``, ``beta_q`` and ``beta_d`` from the parsed gin config (``GIN_SETTINGS``: the
+    bindings of ``aligner-eval``), Table 4's defaults where unbound."""
+    out = {"alignment": DEFAULT_ALIGNMENT, "beta_q": DEFAULT_BETA_Q, "beta_d": DEFAULT_BETA_D}
+    for key, binding in GIN_SETTINGS.items():
+        try:
+            out[key] = gin.query_parameter(binding)
+        except ValueError:  # not bound (or its module not imported): the default
+            pass
+    return out
+
+
 def _check_ratio(name: str, value: float) -> float:
     if not isinstance(value, int | float) or not 0.0 < float(value) <= 1.0:
-        raise ConfigError(f"{name}={value!r} (flag --{name}): must be a fraction in (0, 1].")
+        raise ConfigError(
+            f"{name}={value!r} (--gin.{GIN_SETTINGS[name]}): must be a fraction in (0, 1]."
+        )
     return float(value)
 
 

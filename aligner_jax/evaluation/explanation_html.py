@@ -282,7 +282,7 @@ def write_html(ex: Explanation, output: str | Path) -> Path:
     """Writes ``render_html(ex)`` to ``output`` (creating its folder) and returns the path."""
     output = Path(output)
     if output.is_dir():
-        raise IsADirectoryError(f"--output={output} is a folder; give a file name such as x.html.")
+        raise IsADirectoryError(f"{output} is a folder; give a file name such as x.html.")
     output.parent.mkdir(parents=True, exist_ok=True)
     fileio.atomic_write_text(output, render_html(ex))
     return output

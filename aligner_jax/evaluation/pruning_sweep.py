@@ -22,7 +22,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import fileio
+from aligner_jax.common import fileio, progress
 from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.core import scoring
 from aligner_jax.data import beir
@@ -66,6 +66,7 @@ def sweep(
 
     points = []
     strategy_scores = {}
+    bar = progress.Progress(len(beta_d) * len(beta_q), "sweep (beta_d x beta_q)", "point")
     for bd in beta_d:
         index = ti.TokenIndex.build(
             store, search_config.backend, beta_d=bd, k_prime=search_config.k_prime
@@ -77,7 +78,8 @@ def sweep(
             if strategies and bd == 1.0 and bq == 1.0:
                 names += [s for s in strategies if s != alignment]
             t0 = time.perf_counter()
-            out = search_lib.Searcher(store, cfg, index).run(qids, encoded, strategies=names)
+            searcher = search_lib.Searcher(store, cfg, index)
+            out = searcher.run(qids, encoded, strategies=names, show_progress=False)
             wall = time.perf_counter() - t0
             results = {n: identical.apply(r) for n, r in out.results.items()}
             ev = metrics.evaluate_run(dataset.qrels, results[scoring.canonical_name(alignment)])
@@ -93,18 +95,19 @@ def sweep(
                 "wall_s": wall,
             }
             points.append(point)
-            logging.info("sweep point %s", point)
-            print(
+            logging.debug("sweep point %s", point)
+            bar.write(
                 f"beta_d={bd:<5} beta_q={bq:<5} nDCG@10={100 * point['ndcg@10']:.1f} "
                 f"R@100={100 * point['recall@100']:.1f} index={index_bytes / 2**20:.1f} MiB "
-                f"search={point['search_ms_per_query_p50']:.1f} ms/q",
-                flush=True,
+                f"search={point['search_ms_per_query_p50']:.1f} ms/q"
             )
+            bar.update(1)
             if len(names) > 1:
                 for name in names:
                     evs = metrics.evaluate_run(dataset.qrels, results[scoring.canonical_name(name)])
                     strategy_scores[scoring.canonical_name(name)] = evs.aggregate["ndcg@10"]
         del index
+    bar.close()
     report = {
         "dataset": dataset.name,
         "split": split,

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import checks, errors, fileio
+from aligner_jax.common import checks, errors, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import token_store as ts
@@ -268,12 +268,14 @@ class TokenIndex:
         searchers, bounds = [], [slice(0, len(rows))]
         if backend == "scann":
             bounds = _part_bounds(store, rows, config.max_tokens_per_part)
+            bar = progress.Progress(len(bounds), "ScaNN token index: build parts", "part")
             for i, part in enumerate(bounds):
                 data = _gather_rows(store, rows[part])
                 searcher, leaves = _build_scann(data, k_prime, config)
                 del data
                 searchers.append(searcher)
-                logging.info(
+                bar.update(1, tokens=part.stop - part.start)
+                logging.debug(
                     "ScaNN token index part %d/%d: %d tokens, %d leaves (search %d), "
                     "reorder %d (%s); %.1fs so far",
                     i + 1,
@@ -285,6 +287,7 @@ class TokenIndex:
                     config.reorder_dtype,
                     time.perf_counter() - start,
                 )
+            bar.close()
         return cls(store, backend, rows, searchers, bounds, config, time.perf_counter() - start)
 
     def save(self, directory: Path) -> None:

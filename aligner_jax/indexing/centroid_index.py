@@ -33,7 +33,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import checks, errors, fileio
+from aligner_jax.common import checks, errors, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import codec as codec_lib
@@ -168,8 +168,11 @@ class CentroidIndex:
         fileio.atomic_save_npy(out / "centroids.npy", centroids)
         fileio.atomic_save_npy(out / "codec.npy", np.stack([codec.lower, codec.step]))
         shards, scores = [], []
-        for shard in sorted(store.manifest["shards"], key=lambda s: s["index"]):
-            shards.append(_compress_shard(store, shard, centroids, codec, out, scores))
+        todo = sorted(store.manifest["shards"], key=lambda s: s["index"])
+        with progress.Progress(len(todo), "search index: compress shards", "shard") as bar:
+            for shard in todo:
+                shards.append(_compress_shard(store, shard, centroids, codec, out, scores))
+                bar.update(1, tokens=shard["num_tokens"])
         meta = {
             "format": FORMAT,
             "config": dataclasses.asdict(config),

@@ -20,7 +20,7 @@ import gin
 import jax
 from absl import logging
 
-from aligner_jax.common import checks, errors, fileio
+from aligner_jax.common import checks, errors, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
@@ -129,13 +129,18 @@ def write_encoder_spec(directory: Path, bundle) -> None:
 
 
 def encode_shard(
-    directory: Path, shard_index: int, docs: list[beir.Document], encoder: Encoder, config
+    directory: Path,
+    shard_index: int,
+    docs: list[beir.Document],
+    encoder: Encoder,
+    config,
+    bar: progress.Progress | None = None,
 ) -> dict:
     """Encodes ``docs`` and writes them as shard ``shard_index``; returns its manifest entry."""
     texts = [beir.document_text(d) for d in docs]
     token_ids = encoder.tokenize(texts, "doc")
     encoded = [None] * len(docs)
-    for i, e in encoder.encode_token_ids(token_ids, "doc"):
+    for i, e in encoder.encode_token_ids(token_ids, "doc", bar=bar):
         encoded[i] = _keep_top(e, config.store_beta_d)
     shard_docs = [
         ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
@@ -186,7 +191,10 @@ def _build_token_store(
     write_encoder_spec(directory, encoder.bundle)
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens = 0.0, 0, 0
-    start = time.perf_counter()
+    total = len(documents) if hasattr(documents, "__len__") else None
+    if total is not None and process_count > 1:
+        total = -(-total // process_count)
+    bar = progress.Progress(total, "index: encode documents", "doc")
     for shard_index, docs in enumerate(_shards(documents, config.shard_size)):
         total_docs += len(docs)
         if shard_index % process_count != process_index:
@@ -196,26 +204,17 @@ def _build_token_store(
             entries.append(marker)
             skipped += 1
             total_tokens += marker["num_tokens"]
+            bar.skip(len(docs))  # written by an earlier run: not part of this run's rate
             continue
         for stale in directory.glob(f".{ts.shard_name(shard_index)}.*.tmp"):
             stale.unlink()  # left by a write that was killed before its rename
         t0 = time.perf_counter()
-        entry = encode_shard(directory, shard_index, docs, encoder, config)
+        entry = encode_shard(directory, shard_index, docs, encoder, config, bar)
         entries.append(entry)
         written += 1
         total_tokens += entry["num_tokens"]
         encode_seconds += time.perf_counter() - t0
-        elapsed = time.perf_counter() - start
-        logging.info(
-            "indexing: shard %d written (%d docs, %d tokens); %d docs seen, %.0f docs/s, "
-            "%.0f tokens/s encoded",
-            shard_index,
-            len(docs),
-            entry["num_tokens"],
-            total_docs,
-            sum(e["num_docs"] for e in entries) / max(elapsed, 1e-9),
-            total_tokens / max(encode_seconds, 1e-9),
-        )
+    bar.close()
     if total_docs == 0:
         raise ConfigError("indexing: the corpus holds no documents")
     num_shards = -(-total_docs // config.shard_size)

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from aligner_jax.common import progress
+
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
 
 
@@ -70,6 +72,7 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
     k = min(num_centroids, len(sample))
     rng = np.random.default_rng(seed)
     centroids = _normalise(sample[rng.choice(len(sample), k, replace=False)])
+    bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter")
     for it in range(iterations):
         codes, best = assign(sample, centroids)
         sums, counts = _sums(jnp.asarray(sample), jnp.asarray(codes), k)
@@ -79,7 +82,8 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
             worst = np.argsort(best)[: len(empty)]
             sums[empty] = sample[worst]
         centroids = _normalise(sums)
-        logging.info(
+        bar.update(1)
+        logging.debug(
             "k-means: iteration %d/%d, %d centroids, mean score %.4f, %d re-seeded",
             it + 1,
             iterations,
@@ -87,4 +91,5 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
             float(best.mean()),
             len(empty),
         )
+    bar.close()
     return centroids.astype(np.float32)

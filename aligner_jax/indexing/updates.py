@@ -18,7 +18,7 @@ from pathlib import Path
 
 from absl import logging
 
-from aligner_jax.common import fileio
+from aligner_jax.common import fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading
@@ -61,13 +61,13 @@ def add_documents(index_dir: str, corpus: str, encoder: Encoder | None = None) -
     start = time.perf_counter()
     first = max(s["index"] for s in manifest["shards"]) + 1
     entries = []
-    for i in range(0, len(docs), config.shard_size):
-        shard_index = first + i // config.shard_size
-        entries.append(
-            indexer.encode_shard(
-                directory, shard_index, docs[i : i + config.shard_size], encoder, config
+    with progress.Progress(len(docs), "index --add: encode documents", "doc") as bar:
+        for i in range(0, len(docs), config.shard_size):
+            shard_index = first + i // config.shard_size
+            shard = docs[i : i + config.shard_size]
+            entries.append(
+                indexer.encode_shard(directory, shard_index, shard, encoder, config, bar)
             )
-        )
     manifest["shards"] = manifest["shards"] + [
         {k: v for k, v in e.items() if k != "stats"} for e in entries
     ]

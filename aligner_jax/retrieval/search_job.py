@@ -14,8 +14,8 @@ from pathlib import Path
 import gin
 import numpy as np
 import threadpoolctl
-from absl import logging
 
+from aligner_jax.common import progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
@@ -85,20 +85,12 @@ def search_job(
         return format_ranking(query, ranked, titles)
     items = list(beir.iter_queries(queries))
     results, latency = {}, []
-    start = time.perf_counter()
-    for i, (qid, text) in enumerate(items, start=1):
-        t = time.perf_counter()
-        results[qid] = dict(searcher.search(text, k=k))
-        latency.append(1000.0 * (time.perf_counter() - t))
-        if i % 50 == 0 or i == len(items):
-            rate = i / (time.perf_counter() - start)
-            logging.info(
-                "aligner-search: %d/%d queries, %.1f queries/s, ETA %.0fs",
-                i,
-                len(items),
-                rate,
-                (len(items) - i) / rate,
-            )
+    with progress.Progress(len(items), "aligner-search", "query") as bar:
+        for qid, text in items:
+            t = time.perf_counter()
+            results[qid] = dict(searcher.search(text, k=k))
+            latency.append(1000.0 * (time.perf_counter() - t))
+            bar.update(1)
     runs.write_run(output, results, tag=f"aligner_jax-{mode}")
     return (
         f"aligner-search: {len(items)} queries ({mode}, k={k}, {threads} threads), index loaded "

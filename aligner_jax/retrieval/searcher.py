@@ -27,9 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import gin
 import numpy as np
-from absl import logging
 
-from aligner_jax.common import checks, errors
+from aligner_jax.common import checks, errors, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding import loading
@@ -60,7 +59,8 @@ class SearchConfig:
       beta_d: fraction of each document's tokens (top by salience) in the token index (§3.2).
       refine: ``full`` (gather stored token vectors, Eq. 1–2) or ``xtr`` (f_XTR′).
       top_k: documents returned per query (paper: 1000).
-      query_batch_size: queries refined together (amortises gathering on dense candidate sets).
+      query_batch_size: queries searched and refined together by the token-MIPS backends
+        (amortises gathering on dense candidate sets); a query's latency is its batch's time.
     """
 
     backend: str = "scann"
@@ -93,13 +93,20 @@ class SearchConfig:
 
 @dataclasses.dataclass
 class SearchOutput:
-    """Rankings per strategy plus timings (milliseconds per query) and candidate counts."""
+    """Rankings per strategy plus per-query latencies (milliseconds) and candidate counts.
+
+    A query's latency is the time until its ranking exists: searched alone (``centroid``, or
+    ``query_batch_size=1``) its own time; searched in a batch, the batch's whole time (what each
+    of its queries waits), never the batch's time divided among them. ``wall_s`` is the time of
+    the whole run (throughput: ``len(search_ms) / wall_s`` queries/s).
+    """
 
     results: dict[str, dict[str, dict[str, float]]]
     token_search_ms: list[float]
     refine_ms: list[float]
     num_candidates: list[int]
     costs: list[flops.QueryCost] = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
 
     @property
     def search_ms(self) -> list[float]:
@@ -145,8 +152,8 @@ class Searcher:
         if centroid_index is not None and not config.exhaustive:
             self.centroid = cs.CentroidSearcher(store, centroid_index, centroid_config)
         self._refine_config = refine_config
-        self._refiner = None
         self._doc_positions: dict[str, int] | None = None
+        self._refiner = None
 
     @property
     def refiner(self) -> refine_lib.Refiner | None:
@@ -221,7 +228,7 @@ class Searcher:
             raise ConfigError(f"k={k}: must be >= 1")
         encoded = self.encoder.encode(list(texts), "query")
         ids = [str(i) for i in range(len(encoded))]
-        out = self.run(ids, encoded, (self.alignment,), progress_every=0, k=k)
+        out = self.run(ids, encoded, (self.alignment,), show_progress=False, k=k)
         ranked = out.results[next(iter(out.results))]
         return [list(ranked[i].items()) for i in ids]
 
@@ -248,7 +255,7 @@ class Searcher:
         query_ids: Sequence[str],
         queries: Sequence[EncodedText],
         strategies: Sequence[scoring.AlignmentStrategy | str] = ("top_k:1",),
-        progress_every: int = 50,
+        show_progress: bool = True,
         k: int | None = None,
     ) -> SearchOutput:
         """Ranks the store's documents for each encoded query with each strategy (the top ``k``,
@@ -257,9 +264,9 @@ class Searcher:
         k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
         if self.centroid is not None:
-            return self._run_centroid(query_ids, queries, strategies, progress_every, k)
+            return self._run_centroid(query_ids, queries, strategies, show_progress, k)
         find = lambda ids, batch: self.token_search(batch)  # noqa: E731
-        return self._refine_all(query_ids, queries, find, strategies, progress_every, k)
+        return self._refine_all(query_ids, queries, find, strategies, show_progress, k)
 
     def rerank(
         self,
@@ -267,7 +274,7 @@ class Searcher:
         queries: Sequence[EncodedText],
         candidates: Mapping[str, Sequence[str]],
         strategies: Sequence[scoring.AlignmentStrategy | str] = ("top_k:1",),
-        progress_every: int = 50,
+        show_progress: bool = True,
         k: int | None = None,
     ) -> SearchOutput:
         """Refines given candidates instead of searching for them (step 2 after another first
@@ -294,7 +301,7 @@ class Searcher:
             lists[qid] = np.asarray([position[d] for d in ids], np.int64)
         given = lambda ids, batch: [(lists[qid], None, None) for qid in ids]  # noqa: E731
         # One query at a time: a batch would score every query against the batch's union.
-        return self._refine_all(query_ids, queries, given, strategies, progress_every, k, 1)
+        return self._refine_all(query_ids, queries, given, strategies, show_progress, k, 1)
 
     @property
     def doc_positions(self) -> dict[str, int]:
@@ -304,7 +311,7 @@ class Searcher:
         return self._doc_positions
 
     def _refine_all(
-        self, query_ids, queries, find, strategies, progress_every, k, batch_size=None
+        self, query_ids, queries, find, strategies, show_progress, k, batch_size=None
     ) -> SearchOutput:
         """Steps 2 and 3 over query batches (``batch_size``, default
         ``SearchConfig.query_batch_size``); ``find(batch_ids, batch)`` gives each query's
@@ -317,6 +324,7 @@ class Searcher:
         token_ms, refine_ms, num_candidates, costs = [], [], [], []
         doc_lengths = self.store.doc_lengths
         qb = max(1, batch_size or cfg.query_batch_size)
+        bar = progress.Progress(len(queries), "search", "query", enabled=show_progress)
         start_all = time.perf_counter()
         for lo in range(0, len(queries), qb):
             batch = list(queries[lo : lo + qb])
@@ -353,12 +361,15 @@ class Searcher:
                 )
                 for s, name in enumerate(names):
                     results[name][qid] = self._rank(cands, scores[s], k)
-            token_ms += [1000.0 * (t1 - t0) / len(batch)] * len(batch)
-            refine_ms += [1000.0 * (t2 - t1) / len(batch)] * len(batch)
-            _progress(lo + len(batch), lo, len(queries), progress_every, start_all, num_candidates)
-        return SearchOutput(results, token_ms, refine_ms, num_candidates, costs)
+            # Each query of the batch waits for the whole batch: its latency is the batch's time.
+            token_ms += [1000.0 * (t1 - t0)] * len(batch)
+            refine_ms += [1000.0 * (t2 - t1)] * len(batch)
+            bar.update(len(batch))
+        bar.close()
+        wall = time.perf_counter() - start_all
+        return SearchOutput(results, token_ms, refine_ms, num_candidates, costs, wall)
 
-    def _run_centroid(self, query_ids, queries, strategies, progress_every, k) -> SearchOutput:
+    def _run_centroid(self, query_ids, queries, strategies, show_progress, k) -> SearchOutput:
         """One query at a time through the four stages of :mod:`centroid_search` (or its
         WARP-style XTR scorer with ``refine='xtr'``)."""
         xtr_mode = self.config.refine == "xtr"
@@ -367,8 +378,9 @@ class Searcher:
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         search_ms, num_candidates, costs = [], [], []
         ids = self.store.doc_ids
+        bar = progress.Progress(len(queries), "search", "query", enabled=show_progress)
         start_all = time.perf_counter()
-        for i, (qid, q) in enumerate(zip(query_ids, queries, strict=True)):
+        for qid, q in zip(query_ids, queries, strict=True):
             t0 = time.perf_counter()
             kept = prune_query_tokens(q, self.config.beta_q)
             if xtr_mode:
@@ -398,8 +410,12 @@ class Searcher:
                     retrieved_hits=0,
                 )
             )
-            _progress(i + 1, i, len(queries), progress_every, start_all, num_candidates)
-        return SearchOutput(results, [0.0] * len(search_ms), search_ms, num_candidates, costs)
+            bar.update(1)
+        bar.close()
+        wall = time.perf_counter() - start_all
+        return SearchOutput(
+            results, [0.0] * len(search_ms), search_ms, num_candidates, costs, wall
+        )  # fmt: skip
 
     def _xtr_scores(self, token_scores, token_docs, n_query_tokens):
         cands, scores = xtr.xtr_inference_scores_numpy(token_scores, token_docs)
@@ -417,15 +433,3 @@ class Searcher:
         top = top[np.argsort(-scores[top], kind="stable")]
         ids = self.store.doc_ids
         return {ids[int(cands[j])]: float(scores[j]) for j in top if np.isfinite(scores[j])}
-
-
-def _progress(done, before, total, every, start, num_candidates) -> None:
-    if every and (done // every) != (before // every):
-        elapsed = time.perf_counter() - start
-        logging.info(
-            "search: %d/%d queries, %.1f queries/s, median %d candidates",
-            done,
-            total,
-            done / elapsed,
-            int(np.median(num_candidates)),
-        )

@@ -31,7 +31,7 @@ from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from aligner_jax.common import fileio
+from aligner_jax.common import fileio, progress
 from aligner_jax.common.errors import ConfigError, NonFiniteLossError
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
@@ -169,10 +169,13 @@ def train(
             else min(num_train_steps, start_step + stop_after_steps)
         )
         logging.info("training steps %d..%d of %d on %s", start_step, end, num_train_steps, mesh)
+        run_start = time.perf_counter()
+        bar = progress.Progress(end - start_step, "train", "step")
         try:
             for step in range(start_step, end):
                 local = next(batches)
-                window_tokens += int(sum(np.count_nonzero(v) for v in local.values()))
+                batch_tokens = int(sum(np.count_nonzero(v) for v in local.values()))
+                window_tokens += batch_tokens
                 batch = {
                     k: jax.make_array_from_process_local_data(batch_sharding, v)
                     for k, v in local.items()
@@ -180,6 +183,9 @@ def train(
                 state, metrics = step_fn(state, batch)
                 metrics_host = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 window_steps += 1
+                if step == start_step and (step + 1) % summary_period and step + 1 != end:
+                    # Rates exclude compiling: the first window starts after this run's first step.
+                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
                 if not np.isfinite(metrics_host["total_loss"]):
                     raise NonFiniteLossError(
                         f"training loss is {metrics_host['total_loss']} at step {step}: stopping "
@@ -192,7 +198,7 @@ def train(
                 done = step + 1
                 if done % summary_period == 0 or done == end:
                     elapsed = time.perf_counter() - window_start
-                    # The rates of the window ending here (the first window includes compiling).
+                    # The rates of the window ending here (after the first step: no compiling).
                     record.update(
                         steps_per_sec=window_steps / elapsed,
                         tokens_per_sec=window_tokens / elapsed,
@@ -218,17 +224,54 @@ def train(
                     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
                 log_file.write(json.dumps(record) + "\n")
                 log_file.flush()
+                bar.update(1, tokens=batch_tokens)
                 if done % checkpoint.period == 0 or done == num_train_steps:
                     checkpointing.save(mngr, done, state, _data_state(data, done))
                     last_saved = done
         finally:
+            bar.close()
             log_file.close()
             mngr.wait_until_finished()
             writer.flush()
         if end == num_train_steps and last_saved != num_train_steps and end > start_step:
             checkpointing.save(mngr, num_train_steps, state, _data_state(data, num_train_steps))
             mngr.wait_until_finished()
+            last_saved = num_train_steps
+    print(
+        summary(
+            model_dir, start_step, end, num_train_steps, time.perf_counter() - run_start,
+            bar.rate(), metrics_host, mngr.latest_step(),
+        )
+    )  # fmt: skip
     return metrics_host
+
+
+def summary(
+    model_dir: Path,
+    start_step: int,
+    end: int,
+    num_train_steps: int,
+    seconds: float,
+    steps_per_s: float,
+    metrics: dict[str, float],
+    checkpoint_step: int | None,
+) -> str:
+    """The end-of-run summary: steps, time, final loss and the newest checkpoint."""
+    ckpt = checkpointing.checkpoint_dir(model_dir)
+    lines = [
+        "=" * 72,
+        f"ALIGNER training: steps {start_step}..{end} of {num_train_steps} in {seconds:.1f}s "
+        f"({steps_per_s:.2f} steps/s after compiling)"
+        + ("" if end == num_train_steps else "; stopped early, re-run to resume"),
+        "final loss "
+        + (f"{metrics['loss']:.4f} at step {end}" if "loss" in metrics else "-")
+        + (f", accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""),
+        "checkpoint "
+        + (f"{ckpt / str(checkpoint_step)}" if checkpoint_step is not None else f"none in {ckpt}"),
+        f"model_dir  {model_dir} (config.gin, {TRAIN_LOG}, TensorBoard events)",
+        "=" * 72,
+    ]
+    return "\n".join(lines)
 
 
 class _LoggingOnlyWriter:
