@@ -191,6 +191,16 @@ def test_fit_reports_validation_accuracy():
     assert report["words"] == 2 and report["steps"] == 3 and report["words_per_s"] > 0
 
 
+def test_shared_reduction_is_the_top_principal_directions():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 6)) * np.array([5.0, 3.0, 1.0, 0.1, 0.1, 0.1]) + 2.0
+    center, basis = meaning.fit_reduction(x.astype(np.float32), 2)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(2), atol=1e-5)
+    np.testing.assert_allclose(np.abs(basis[:2]), np.eye(2), atol=0.1)
+    np.testing.assert_allclose(center, x.mean(axis=0), rtol=1e-5)
+    assert meaning.reduce_inputs(x, center, basis).shape == (200, 2)
+
+
 # ---------------------------------------------------------------------- triplets
 
 
@@ -265,8 +275,9 @@ def fitted_index(encoder):
         steps=5,
         teacher="encoder",
         triplets_per_word=16,
+        input_rank=8,  # the tiny encoder's vectors are 16-d: the shared reduction is used
     )
-    return MiniCoilIndex.build(IDS * 1, TEXTS, encoder, config)
+    return MiniCoilIndex.build(IDS, TEXTS, encoder, config)
 
 
 def test_fitting_on_the_corpus_reports_its_cost(fitted_index):
@@ -274,6 +285,9 @@ def test_fitting_on_the_corpus_reports_its_cost(fitted_index):
     assert fit["words"] == fitted_index.report["num_words_with_model"] > 0
     assert fit["sentences"] > 0 and fit["snippets"] > 0 and fit["steps"] == 5
     assert "validation_triplet_accuracy" in fit
+    models = fitted_index.models
+    assert models.basis.shape == (16, 8) and models.weight.shape[1:] == (8, 4)
+    assert models.input_dim == 16
     # every word with a model owns `dim` consecutive cells, the others one
     widths = np.diff(fitted_index.cell_offset)
     assert set(widths[fitted_index.model_of_stem >= 0]) == {4}
@@ -312,8 +326,12 @@ def test_save_load_round_trip_and_integrity(fitted_index, encoder, tmp_path):
 def test_saved_models_are_reused_and_checked(fitted_index, encoder, tmp_path):
     path = tmp_path / "models.safetensors"
     fitted_index.models.save(path)
+    loaded = meaning.MeaningModels.load(path)
+    np.testing.assert_array_equal(loaded.basis, fitted_index.models.basis)
     again = MiniCoilIndex.build(IDS, TEXTS, encoder, MiniCoilConfig(), models_path=str(path))
-    assert (again.doc_matrix != fitted_index.doc_matrix).nnz == 0
+    np.testing.assert_allclose(
+        again.doc_matrix.toarray(), fitted_index.doc_matrix.toarray(), rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(ConfigError, match="MiniCoilConfig.dim=8"):
         MiniCoilIndex.build(IDS, TEXTS, encoder, MiniCoilConfig(dim=8), models_path=str(path))
 
@@ -329,3 +347,14 @@ def test_a_pluggable_teacher_is_used(encoder):
     index = MiniCoilIndex.build(IDS, TEXTS, encoder, config, teacher=teacher)
     assert calls and index.report["fit"]["teacher"] == "teacher"
     assert index.report["fit"]["snippets"] == 0
+
+
+def test_default_teacher_is_minilm_mean_pooled():
+    from aligner_jax.lexical.teacher import MeanPooledTeacher
+
+    e = MeanPooledTeacher()(
+        ["The fruit bat sleeps in a cave.", "Bats sleep in caves.", "Stock markets fell today."]
+    )
+    assert e.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, rtol=1e-5)
+    assert e[0] @ e[1] > e[0] @ e[2] + 0.2

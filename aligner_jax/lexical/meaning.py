@@ -131,8 +131,10 @@ def fit(
     seed: int,
     validation: dict | None = None,
     log_every_s: float = 20.0,
+    weight_decay: float = 0.0,
 ) -> tuple[dict, dict]:
-    """Trains every word's model on its triplets with Adam, full batch, ``steps`` steps.
+    """Trains every word's model on its triplets with Adam (decoupled ``weight_decay``), full
+    batch, ``steps`` steps.
 
     Returns ``(params as numpy, report)``; the report has the final train loss/accuracy, the
     validation triplet accuracy (and loss) when ``validation`` is given, seconds, steps/s and
@@ -140,7 +142,7 @@ def fit(
     """
     num_words, _, input_dim = batch["examples"].shape
     params = init_params(jax.random.PRNGKey(seed), num_words, input_dim, dim)
-    optimizer = optax.adam(learning_rate)
+    optimizer = optax.adamw(learning_rate, weight_decay=weight_decay)
     opt_state = optimizer.init(params)
     step = make_train_step(optimizer)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -187,11 +189,35 @@ def fit(
     return jax.tree_util.tree_map(np.asarray, params), report
 
 
+def fit_reduction(x: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A shared linear input reduction ``(center [D], basis [D, r])``: the top ``rank`` principal
+    directions of the occurrence vectors ``x [n, D]``.
+
+    With few sentences per word a full ``D × dim`` layer per word memorises its triplets; on the
+    reduced inputs each word's layer is ``W_w · basisᵀ (x − center)``, still one linear layer +
+    tanh over ``x`` (of rank ≤ r), with r × dim parameters to fit instead of D × dim.
+    """
+    center = x.mean(axis=0)
+    _, _, vt = np.linalg.svd(x - center, full_matrices=False)
+    return center.astype(np.float32), np.ascontiguousarray(vt[:rank].T, np.float32)
+
+
+def reduce_inputs(x: np.ndarray, center: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    return ((np.asarray(x, np.float32) - center) @ basis).astype(np.float32)
+
+
 def apply(
-    weight: np.ndarray, bias: np.ndarray, word_index: np.ndarray, x: np.ndarray, chunk: int = 4096
+    weight: np.ndarray,
+    bias: np.ndarray,
+    word_index: np.ndarray,
+    x: np.ndarray,
+    chunk: int = 4096,
+    reduction: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Unit meaning vectors ``[n, dim]`` of occurrences ``x [n, D]`` of words ``word_index [n]``
     (rows of the stacked models), in chunks (the gathered weights are ``chunk × D × dim``)."""
+    if reduction is not None:
+        x = reduce_inputs(x, *reduction)
     out = np.zeros((len(word_index), weight.shape[-1]), np.float32)
     chunk = min(chunk, 1 << max(len(word_index) - 1, 0).bit_length())  # few shapes, small queries
     w, b = jnp.asarray(weight), jnp.asarray(bias)
@@ -220,6 +246,8 @@ class MeaningModels:
     bias: np.ndarray  # [V, dim] float32
     encoder_fingerprint: str
     report: dict = dataclasses.field(default_factory=dict)
+    center: np.ndarray | None = None  # [D] shared input reduction (fit_reduction), or None
+    basis: np.ndarray | None = None  # [D, r]
 
     @property
     def dim(self) -> int:
@@ -227,7 +255,16 @@ class MeaningModels:
 
     @property
     def input_dim(self) -> int:
-        return int(self.weight.shape[1])
+        """Size of the encoder vectors the models take (before any reduction)."""
+        return int(self.basis.shape[0] if self.basis is not None else self.weight.shape[1])
+
+    @property
+    def reduction(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return None if self.basis is None else (self.center, self.basis)
+
+    def apply(self, word_index: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Unit meaning vectors of occurrences ``x [n, D]`` of model rows ``word_index [n]``."""
+        return apply(self.weight, self.bias, word_index, x, reduction=self.reduction)
 
     def index(self) -> dict[str, int]:
         return {w: i for i, w in enumerate(self.words)}
@@ -241,6 +278,9 @@ class MeaningModels:
         }
         tensors = {"weight": np.ascontiguousarray(self.weight, np.float32)}
         tensors["bias"] = np.ascontiguousarray(self.bias, np.float32)
+        if self.basis is not None:
+            tensors["center"] = np.ascontiguousarray(self.center, np.float32)
+            tensors["basis"] = np.ascontiguousarray(self.basis, np.float32)
         return st_save(tensors, metadata=metadata)
 
     def save(self, path: str | Path) -> Path:
@@ -254,7 +294,11 @@ class MeaningModels:
             metadata = _safetensors_metadata(data)
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{where}: not a miniCOIL meaning model file ({e})") from e
-        if metadata.get("format") != FORMAT or set(tensors) != {"weight", "bias"}:
+        names = set(tensors)
+        if metadata.get("format") != FORMAT or names not in (
+            {"weight", "bias"},
+            {"weight", "bias", "center", "basis"},
+        ):
             raise CheckpointError(
                 f"{where}: not a miniCOIL meaning model file (format "
                 f"{metadata.get('format')!r}, expected {FORMAT!r})"
@@ -268,6 +312,8 @@ class MeaningModels:
             bias=tensors["bias"],
             encoder_fingerprint=metadata.get("encoder_fingerprint", ""),
             report=json.loads(metadata.get("report", "{}")),
+            center=tensors.get("center"),
+            basis=tensors.get("basis"),
         )
 
     @classmethod

@@ -73,11 +73,17 @@ class MiniCoilConfig:
       augment: add the article's snippet augmentation (word with 1–3 neighbours each side).
       augment_fraction: share of the training sentences that also get a snippet (1.0: all, as
         in the article; less saves encoder time, each snippet is one more short encoder input).
+      input_rank: the encoder vectors are first reduced to their top ``input_rank`` principal
+        directions (one shared linear map fitted on the training occurrences), so each word's
+        layer has ``input_rank × dim`` parameters to fit from its few sentences; None: the full
+        vectors (the article's layer, fitted there on 8000 sentences per word).
       steps: full-batch Adam steps (all words at once).
       learning_rate: Adam learning rate.
+      weight_decay: decoupled weight decay of the per-word layers (AdamW).
       seed: sampling and initialisation seed.
       teacher: ``minilm`` (bundled all-MiniLM-L6-v2, mean-pooled; the default) or ``encoder``
-        (the mean of the encoder's own token vectors of the sentence, from the same pass).
+        (no extra encoder pass: the mean of the sentence's word vectors from the corpus pass,
+        i.e. the encoder's token vectors of its non-stop-words).
         ``MiniCoilIndex.build(teacher=...)`` takes any callable ``texts -> [n, d]`` instead.
     """
 
@@ -93,8 +99,10 @@ class MiniCoilConfig:
     triplets_per_word: int = 256
     augment: bool = True
     augment_fraction: float = 1.0
-    steps: int = 300
+    input_rank: int | None = None
+    steps: int = 150
     learning_rate: float = 1e-2
+    weight_decay: float = 0.0
     seed: int = 0
     teacher: str = "minilm"
 
@@ -114,6 +122,8 @@ class MiniCoilConfig:
         checks.number(f"{name}.augment_fraction", self.augment_fraction, 0.0, 1.0)
         checks.integer(f"{name}.steps", self.steps, minimum=0)
         checks.number(f"{name}.learning_rate", self.learning_rate, 0.0, low_open=True)
+        checks.integer(f"{name}.input_rank", self.input_rank, minimum=1, allow_none=True)
+        checks.number(f"{name}.weight_decay", self.weight_decay, 0.0)
         checks.integer(f"{name}.seed", self.seed, minimum=0)
         checks.choice(f"{name}.teacher", self.teacher, TEACHERS)
 
@@ -355,7 +365,7 @@ class MiniCoilIndex:
                 models, fit_report = _fit(encoder, vocab, data, cfg)
                 report["fit"] = fit_report
             t0 = time.perf_counter()
-            m = meaning.apply(models.weight, models.bias, model_of[pair_stem], x)
+            m = models.apply(model_of[pair_stem], x)
             out[dim] = cls._assemble(
                 doc_ids,
                 corpus,
@@ -489,7 +499,7 @@ class MiniCoilIndex:
                 ]
             )
             word = np.array([self.model_of_stem[s] for _, s, _ in keys], np.int64)
-            m = meaning.apply(self.models.weight, self.models.bias, word, x)
+            m = self.models.apply(word, x)
             for (q, s, count), vec in zip(keys, m, strict=True):
                 rows.append([q] * dim)
                 cols.append(list(range(self.cell_offset[s], self.cell_offset[s] + dim)))
@@ -801,16 +811,25 @@ def _training_data(
         width,
     )
     examples = np.concatenate([slot_vectors, snippet_vectors], axis=1)
+    validation = {**val_batch, "examples": examples}
+    input_space = meaning.input_space_accuracy(validation)  # before any reduction
+    reduction = None
+    if config.input_rank is not None and config.input_rank < examples.shape[-1]:
+        filled = np.concatenate([slots >= 0, has_snippet], axis=1)
+        reduction = meaning.fit_reduction(examples[filled], config.input_rank)
+        examples = meaning.reduce_inputs(examples, *reduction) * filled[..., None]
     timings["triplets_s"] = time.perf_counter() - t0
     return {
         "train": {**train_batch, "examples": examples},
         "validation": {**val_batch, "examples": examples},
+        "reduction": reduction,
         "info": {
             **timings,
             "teacher": teacher_name,
             "sentences": int(len(used)),
             "snippets": int(has_snippet.sum()),
             "corpus_sentences": len(corpus.sentences),
+            "validation_input_space_accuracy": input_space,
         },
     }
 
@@ -824,6 +843,7 @@ def _fit(encoder, vocab, data, config) -> tuple[meaning.MeaningModels, dict]:
         learning_rate=config.learning_rate,
         seed=config.seed,
         validation=data["validation"],
+        weight_decay=config.weight_decay,
     )
     report.update(data["info"])
     logging.info(
@@ -844,5 +864,7 @@ def _fit(encoder, vocab, data, config) -> tuple[meaning.MeaningModels, dict]:
         bias=params["bias"],
         encoder_fingerprint=encoder.bundle.fingerprint(),
         report=report,
+        center=None if data["reduction"] is None else data["reduction"][0],
+        basis=None if data["reduction"] is None else data["reduction"][1],
     )
     return models, report
