@@ -120,12 +120,14 @@ def _markdown(report: dict) -> str:
         f"Machine: {report['machine']} (shared and busy: timings are indicative; BM25 and miniCOIL "
         "were timed in the same run). Encoder: zero-shot bundled all-MiniLM-L6-v2 token vectors; "
         "teacher: " + report["teacher"] + ". Meaning models fitted on each corpus (no labels).",
-        "",
-        "| collection | system | nDCG@10 | R@100 | val. triplet acc. (input space) | words w/ model "
-        "| sentences + snippets | fit s (words/s) | index bytes | p50 ms/query |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ds in report["datasets"]:
+        lines += [
+            "",
+            "| collection | system | nDCG@10 | R@100 | val. triplet acc. (input space) | words "
+            "w/ model | sentences + snippets | fit s (words/s) | index bytes | p50 ms/query |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         b = ds["bm25"]
         lines.append(
             f"| {ds['dataset']} | BM25 | {100 * b['metrics']['ndcg@10']:.1f} | "
@@ -153,7 +155,6 @@ def _markdown(report: dict) -> str:
             f"{f.get('teacher_s', 0):.0f} s, snippets {f.get('snippets_s', 0):.0f} s; all sizes "
             f"{ds['minicoil_build_seconds_all_dims']:.0f} s."
         )
-        lines.append("")
     return "\n".join(lines) + "\n"
 
 
