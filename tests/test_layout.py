@@ -29,6 +29,7 @@ STAGES = {
     "tasks": 5,
     "training": 6,
     "indexing": 6,
+    "lexical": 6,
     "retrieval": 7,
     "evaluation": 8,
     "serving": 8,

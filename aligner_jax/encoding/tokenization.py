@@ -116,6 +116,25 @@ class Tokenizer:
         offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
         return ids, offsets
 
+    def encode_pieces_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Word-piece ids ``[n]`` int32 and character offsets ``[n, 2]`` int32 of each whole text,
+        without special tokens and without truncation (the caller cuts and wraps windows).
+
+        Used to map word-pieces back to words (miniCOIL's word analysis, ``lexical.words``).
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_pieces_with_offsets expects a sequence of strings.")
+        encodings = self._untruncated.encode_batch(list(texts), add_special_tokens=False)
+        return [
+            (
+                np.asarray(e.ids, dtype=np.int32),
+                np.asarray(e.offsets, dtype=np.int32).reshape(-1, 2),
+            )
+            for e in encodings
+        ]
+
     def id_to_token(self, token_id: int) -> str:
         token = self._untruncated.id_to_token(int(token_id))
         if token is None:
