@@ -1,12 +1,16 @@
 r"""Publish binary (``aligner-publish``): serve a token store on Qdrant, and query it there.
 
+The embedded engine (qdrant_edge), then a query:
+
   python -m aligner_jax.publish --index_dir=outputs/zero_shot_scifact/index \
-    --qdrant_path=outputs/qdrant/scifact                      # embedded engine (qdrant_edge)
+    --qdrant_path=outputs/qdrant/scifact
   python -m aligner_jax.publish --qdrant_path=outputs/qdrant/scifact \
     --query="statins reduce cardiovascular risk" --mode=fusion
 
+A Qdrant server or cluster:
+
   python -m aligner_jax.publish --index_dir=DIR --qdrant_url=http://qdrant:6333 \
-    --collection=scifact --record=outputs/qdrant/scifact.json  # a server or cluster
+    --collection=scifact --record=outputs/qdrant/scifact.json
 
 Every live document becomes a point: its token vectors as a multivector (MaxSim), BM25 (or
 miniCOIL) as a sparse vector with the IDF modifier, payload {doc_id, title}. Queries run through

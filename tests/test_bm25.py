@@ -46,13 +46,13 @@ def test_analysis_lowercases_stems_and_drops_stopwords(ladder):
 
 def test_top_k_indices_is_deterministic_on_ties():
     scores = np.array([1.0, 3.0, 3.0, 2.0, 3.0])
-    assert bm25._top_k_indices(scores, 2).tolist() == [1, 2]
-    assert bm25._top_k_indices(scores, 4).tolist() == [1, 2, 4, 3]
-    assert bm25._top_k_indices(scores, 10).tolist() == [1, 2, 4, 3, 0]
+    assert bm25.top_k_indices(scores, 2).tolist() == [1, 2]
+    assert bm25.top_k_indices(scores, 4).tolist() == [1, 2, 4, 3]
+    assert bm25.top_k_indices(scores, 10).tolist() == [1, 2, 4, 3, 0]
     rng = np.random.default_rng(0)
     many = rng.integers(0, 5, size=200).astype(np.float32)
     expected = sorted(range(200), key=lambda i: (-many[i], i))[:37]
-    assert bm25._top_k_indices(many, 37).tolist() == expected
+    assert bm25.top_k_indices(many, 37).tolist() == expected
 
 
 def test_search_ranks_and_drops_non_matching_documents(ladder):

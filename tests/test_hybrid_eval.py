@@ -170,13 +170,6 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
         del lexical.STAGES["reversed"]
 
 
-@pytest.mark.skipif(lexical.minicoil_lib is not None, reason="miniCOIL is installed")
-def test_minicoil_without_the_lexical_stage_is_a_clear_error():
-    with pytest.raises(ConfigError, match="LexicalConfig.kind='minicoil'.*use 'bm25'"):
-        lexical.build(lexical.LexicalConfig(kind="minicoil"), ["d0"], ["text"], encoder=object())
-
-
-@pytest.mark.skipif(lexical.minicoil_lib is None, reason="miniCOIL is not in this checkout")
 def test_minicoil_alone_and_in_the_hybrid(toy, tmp_path):
     data, index, _ = toy
     _parse("eval/minicoil.gin")

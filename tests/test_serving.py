@@ -247,7 +247,7 @@ class FakeMiniCoil:
         rng = np.random.default_rng(seed)
         dense = rng.normal(size=(num_docs, cells)) * (rng.random((num_docs, cells)) < 0.3)
         self.doc_matrix = sp.csr_matrix(dense.astype(np.float32))
-        self.idf = sparse_lib.qdrant_idf(np.bincount(self.doc_matrix.indices, minlength=cells),
+        self.idf = bm25.lucene_idf(np.bincount(self.doc_matrix.indices, minlength=cells),
                                          num_docs)  # fmt: skip
         self._cells = cells
 

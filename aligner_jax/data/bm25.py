@@ -29,7 +29,7 @@ from absl import logging
 from aligner_jax.common.errors import ConfigError
 
 
-def _top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the `k` largest scores, best first; equal scores keep index order.
 
     O(n) selection (argpartition) plus a sort of the k winners, so the result does not depend on
@@ -63,6 +63,13 @@ def analyze(
         show_progress=False,
         return_ids=False,
     )
+
+
+def lucene_idf(doc_freq: np.ndarray, num_docs: int) -> np.ndarray:
+    """idf(t) = ln(1 + (N − df(t) + 0.5) / (df(t) + 0.5)) (the module docstring's; bm25s
+    ``lucene``; also what Qdrant's IDF modifier applies)."""
+    n = np.asarray(doc_freq, dtype=np.float64)
+    return np.log1p((num_docs - n + 0.5) / (n + 0.5))
 
 
 def term_frequency_importance(
@@ -174,7 +181,7 @@ class BM25Index:
         results: dict[str, dict[str, float]] = {}
         for qid, tokens in zip(query_ids, tokenized, strict=True):
             scores = self.score(tokens)
-            top = _top_k_indices(scores, k)
+            top = top_k_indices(scores, k)
             top = top[scores[top] > 0]
             results[qid] = {self._doc_ids[i]: float(scores[i]) for i in top}
         return results

@@ -41,9 +41,9 @@ import numpy as np
 import scipy.sparse as sp
 from absl import logging
 
-from aligner_jax.common import checks, fileio
+from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError, MissingPathError
-from aligner_jax.data.bm25 import _top_k_indices
+from aligner_jax.data import bm25
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder
 from aligner_jax.lexical import meaning, triplets, words
@@ -126,16 +126,6 @@ class MiniCoilConfig:
         checks.number(f"{name}.weight_decay", self.weight_decay, 0.0)
         checks.integer(f"{name}.seed", self.seed, minimum=0)
         checks.choice(f"{name}.teacher", self.teacher, TEACHERS)
-
-
-def bm25_importance(tf: np.ndarray, doc_len: np.ndarray, avgdl: float, k1: float, b: float):
-    """BM25's term-frequency importance (Lucene / bm25s ``lucene``), no idf."""
-    return tf / (tf + k1 * (1.0 - b + b * doc_len / avgdl))
-
-
-def lucene_idf(df: np.ndarray, num_docs: int) -> np.ndarray:
-    """``ln(1 + (N − df + 0.5) / (df + 0.5))`` (bm25s ``lucene``)."""
-    return np.log1p((num_docs - df + 0.5) / (df + 0.5))
 
 
 @dataclasses.dataclass
@@ -225,7 +215,8 @@ def _encode_spans(
                 windows.append(window)
                 members.append((t, inside, lo, hi))
             start = end
-    for w, encoded in encoder.encode_token_ids(windows, kind, desc=desc):
+    bar = progress.Progress(len(windows), desc or "encoding", "window", enabled=desc is not None)
+    for w, encoded in _with_closing(bar, encoder.encode_token_ids(windows, kind, bar=bar)):
         t, inside, lo, hi = members[w]
         cs = np.concatenate(
             [
@@ -234,6 +225,12 @@ def _encode_spans(
             ]
         )
         yield t, inside, (cs[hi] - cs[lo]) / (hi - lo)[:, None]
+
+
+def _with_closing(bar: progress.Progress, items: Iterator) -> Iterator:
+    """``items``, then the bar closed (its summary line), also when the caller stops early."""
+    with bar:
+        yield from items
 
 
 def _input_dim(encoder: Encoder) -> int:
@@ -401,11 +398,11 @@ class MiniCoilIndex:
         width = np.where(model_of >= 0, models.dim, 1)
         cell_offset = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
         df = np.bincount(corpus.doc_tf.indices, minlength=num_stems)
-        idf_stem = lucene_idf(df.astype(np.float64), num_docs)
+        idf_stem = bm25.lucene_idf(df, num_docs)
         idf = np.repeat(idf_stem, width).astype(np.float32)
         avgdl = float(corpus.doc_len.mean())
         coo = corpus.doc_tf.tocoo()
-        importance = bm25_importance(
+        importance = bm25.term_frequency_importance(
             coo.data.astype(np.float64), corpus.doc_len[coo.row], avgdl, config.k1, config.b
         )
         plain = model_of[coo.col] < 0
@@ -536,7 +533,7 @@ class MiniCoilIndex:
         for row, qid in enumerate(query_ids):
             candidates = matches.indices[matches.indptr[row] : matches.indptr[row + 1]]
             candidates = np.sort(candidates)
-            top = candidates[_top_k_indices(scores[row, candidates], k)]
+            top = candidates[bm25.top_k_indices(scores[row, candidates], k)]
             results[qid] = {self.doc_ids[i]: float(scores[row, i]) for i in top}
         return results
 

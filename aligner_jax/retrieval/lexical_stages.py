@@ -16,13 +16,8 @@ from typing import Protocol
 import gin
 
 from aligner_jax.common import checks
-from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25
-
-try:  # the miniCOIL stage (aligner_jax/lexical/) is optional in this checkout
-    from aligner_jax.lexical import minicoil as minicoil_lib
-except ImportError:
-    minicoil_lib = None
+from aligner_jax.lexical import minicoil as minicoil_lib
 
 
 class LexicalIndex(Protocol):
@@ -83,11 +78,6 @@ def _build_bm25(doc_ids: Sequence[str], texts: Sequence[str], encoder, config: L
 
 @register("minicoil", needs_encoder=True)
 def _build_minicoil(doc_ids: Sequence[str], texts: Sequence[str], encoder, config: LexicalConfig):
-    if minicoil_lib is None:
-        raise ConfigError(
-            "--gin.LexicalConfig.kind='minicoil': miniCOIL (aligner_jax.lexical.minicoil) is not "
-            "part of this installation; use 'bm25'"
-        )
     return minicoil_lib.MiniCoilIndex.build(
         list(doc_ids),
         list(texts),

@@ -5,7 +5,7 @@ query holds each term's count. The engine multiplies every matching dimension by
 
     idf(t) = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))
 
-(``qdrant_idf``: N the points of the collection that hold this sparse vector, n(t) those with a
+(``bm25.lucene_idf``: N the points of the collection that hold this sparse vector, n(t) those with a
 non-zero value at t), computed from the collection at query time, so added or deleted points
 keep it right. That is the idf of our BM25 (``data.bm25``, Lucene variant), hence:
 
@@ -36,12 +36,6 @@ from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25
 
 KINDS = ("bm25", "minicoil", "none")
-
-
-def qdrant_idf(doc_freq: np.ndarray, num_docs: int) -> np.ndarray:
-    """The idf Qdrant's IDF modifier applies: ln(1 + (N − n + 0.5) / (n + 0.5))."""
-    n = np.asarray(doc_freq, dtype=np.float64)
-    return np.log1p((num_docs - n + 0.5) / (n + 0.5))
 
 
 def row_vector(matrix: sp.csr_matrix, row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +155,7 @@ class MiniCoilVectors:
         matrix.eliminate_zeros()  # a stored 0 is no posting for the engine
         doc_freq = np.bincount(matrix.indices, minlength=matrix.shape[1])
         used = doc_freq > 0
-        engine = qdrant_idf(doc_freq[used], matrix.shape[0])
+        engine = bm25.lucene_idf(doc_freq[used], matrix.shape[0])
         diff = float(np.abs(engine - np.asarray(self.index.idf, np.float64)[used]).max(initial=0))
         if diff > atol:
             logging.warning(
