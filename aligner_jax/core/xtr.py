@@ -180,15 +180,12 @@ def xtr_inference_scores_numpy(
     token_doc_ids: np.ndarray,
     q_mask: np.ndarray | None = None,
     token_valid: np.ndarray | None = None,
-    missing: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host (NumPy) f_XTR′ for one query, sparse in the candidates: returns (doc_ids, scores).
 
     ``token_scores`` / ``token_doc_ids``: ``[n, k′]``. Every doc retrieved by some token is a
     candidate (Eq. 3). Uses ``score = mean_i m_i + (1/n) Σ_{i retrieved D} (max_i(D) − m_i)``, so only
     the retrieved (token, doc) pairs are touched: O(n·k′·log(n·k′)), no ``[n, C]`` table.
-    ``missing [n]`` replaces m_i (the lowest retrieved score) by another estimate, e.g. WARP's
-    centroid-score bound (``retrieval.centroid_search``).
     """
     token_scores = np.asarray(token_scores)
     token_doc_ids = np.asarray(token_doc_ids)
@@ -197,8 +194,7 @@ def xtr_inference_scores_numpy(
     valid = token_doc_ids >= 0 if token_valid is None else np.asarray(token_valid, bool)
     valid = valid & q_mask[:, None]
     lowest = np.where(valid, token_scores, np.inf).min(axis=1)
-    if missing is None:
-        missing = np.where(np.isfinite(lowest), lowest, 0.0)
+    missing = np.where(np.isfinite(lowest), lowest, 0.0)
     missing = np.where(q_mask, missing, 0.0)
     num_tokens = max(int(q_mask.sum()), 1)
     rows = np.broadcast_to(np.arange(n)[:, None], token_scores.shape)[valid]

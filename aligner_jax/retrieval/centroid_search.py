@@ -46,7 +46,7 @@ import gin
 import numpy as np
 
 from aligner_jax.common import checks
-from aligner_jax.core import pruning, xtr
+from aligner_jax.core import pruning
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
@@ -225,12 +225,12 @@ class CentroidSearcher:
             )
             hit_scores.append(np.repeat(top_scores[i, :p], lengths) + residual[0])
             hit_docs.append(docs[sel])
-        width = max(1, max(len(h) for h in hit_docs))
-        scores = np.zeros((len(q), width), np.float32)
-        doc_ids = np.full((len(q), width), -1, np.int64)
-        for i, (h, d) in enumerate(zip(hit_scores, hit_docs, strict=True)):
-            scores[i, : len(h)], doc_ids[i, : len(d)] = h, d
-        cands, total = xtr.xtr_inference_scores_numpy(scores, doc_ids, missing=missing)
+        token = np.repeat(np.arange(len(q)), [len(d) for d in hit_docs])
+        cands, where = np.unique(np.concatenate(hit_docs), return_inverse=True)
+        # f_XTR′ (Eq. 4): each token's best hit in a document, else its imputed score; the mean.
+        best = np.full((len(q), len(cands)), -np.inf, np.float32)
+        np.maximum.at(best, (token, where), np.concatenate(hit_scores))
+        total = np.where(np.isfinite(best), best, missing[:, None]).mean(axis=0)
         keep = self.alive[cands]
         cands, total = cands[keep], total[keep]
         top_k = _top(total, min(k, len(cands)))
