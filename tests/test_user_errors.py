@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 
 import pytest
 from fixtures import write_toy_beir
@@ -125,3 +126,16 @@ def test_train_without_model_dir(run_binary):
         "--gin.TRAIN_STEPS=200",
     )
     assert "MODEL_DIR" in _one_line_error(proc, "aligner-train")
+
+
+@pytest.mark.parametrize("file_name", ["corpus.jsonl", "queries.jsonl"])
+def test_lone_surrogate_in_an_id_is_refused_naming_file_and_line(tmp_path, file_name):
+    data = write_toy_beir(tmp_path)
+    path = data / file_name
+    lines = path.read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "_id": "bad\ud800id"})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        errors.BeirFormatError, match=re.escape(f'{file_name}:2: "_id" contains the lone')
+    ):
+        beir.load_beir(data)

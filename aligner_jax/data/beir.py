@@ -294,6 +294,7 @@ def _record_id(path: Path, line_number: int, record: dict[str, Any]) -> str:
         raise BeirFormatError(
             f'{path}:{line_number}: "_id" is empty. Every line needs a unique non-empty "_id".'
         )
+    _check_no_lone_surrogate(path, line_number, "_id", doc_id)
     return doc_id
 
 
@@ -313,6 +314,11 @@ def _record_text(
             f'{path}:{line_number}: "{key}" must be a string, found {type(value).__name__} '
             f"{_preview(value)}. Write it as a JSON string."
         )
+    _check_no_lone_surrogate(path, line_number, key, value)
+    return value
+
+
+def _check_no_lone_surrogate(path: Path, line_number: int, key: str, value: str) -> None:
     surrogate = _LONE_SURROGATE.search(value)
     if surrogate:
         raise BeirFormatError(
@@ -320,7 +326,6 @@ def _record_text(
             f"\\u{ord(surrogate.group()):04x} at character {surrogate.start()}, which is not a "
             "Unicode character (valid JSON, invalid text); remove it or write the full pair."
         )
-    return value
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
