@@ -12,6 +12,7 @@ from fixtures import write_toy_beir
 
 from aligner_jax.common import cli, errors, fileio
 from aligner_jax.data import beir
+from aligner_jax.indexing import token_store as ts
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,57 @@ def test_lone_surrogate_in_an_id_is_refused_naming_file_and_line(tmp_path, file_
         errors.BeirFormatError, match=re.escape(f'{file_name}:2: "_id" contains the lone')
     ):
         beir.load_beir(data)
+
+
+def _broken_json_readers(directory):
+    """Each reader of a JSON file of an index and the file it reads (made invalid below)."""
+    from aligner_jax.indexing import ann, updates
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.lexical import minicoil
+    from aligner_jax.retrieval import searcher
+
+    store = directory / "store"
+    return {
+        "searcher encoder.json": (
+            store / "encoder.json",
+            lambda: searcher.Searcher.load(str(store)),
+        ),
+        "add encoder.json": (
+            store / "encoder.json",
+            lambda: updates.add_documents(str(store), str(directory / "corpus.jsonl")),
+        ),
+        "compact meta": (
+            store / ci.SUBDIR / ci.META,
+            lambda: updates.compact(str(store), force=True),
+        ),
+        "minicoil.json": (
+            directory / "minicoil" / "minicoil.json",
+            lambda: minicoil.MiniCoilIndex.load(directory / "minicoil"),
+        ),
+        "token_index.json": (
+            directory / "ann" / "token_index.json",
+            lambda: ann.TokenIndex.load(ts.TokenStore(store), directory / "ann"),
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "searcher encoder.json",
+        "add encoder.json",
+        "compact meta",
+        "minicoil.json",
+        "token_index.json",
+    ],
+)
+def test_invalid_json_of_an_index_names_the_file(tmp_path, case):
+    from index_utils import random_documents, write_store
+
+    write_store(tmp_path / "store", random_documents(5, 8), dim=8)
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "new", "text": "a new document"}\n')
+    path, read = _broken_json_readers(tmp_path)[case]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": 1,,}')
+    with pytest.raises(errors.IndexIntegrityError, match=re.escape(f"{path}: not valid JSON")):
+        read()

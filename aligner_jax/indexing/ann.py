@@ -14,7 +14,6 @@ Two backends:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import tempfile
@@ -310,7 +309,7 @@ class TokenIndex:
     @classmethod
     def load(cls, store: ts.TokenStore, directory: Path) -> TokenIndex:
         directory = Path(directory)
-        meta = json.loads((directory / "token_index.json").read_text())
+        meta = ts.read_json(directory / "token_index.json", "rebuild the token index")
         if meta["store_fingerprint"] != store.manifest["model"].get("fingerprint"):
             raise errors.IndexIntegrityError(
                 f"{directory}: token index was built from another token store; rebuild it"

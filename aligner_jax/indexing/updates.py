@@ -12,7 +12,6 @@ centroids) when its drift (``CentroidIndex.drift``) exceeds ``DRIFT_LIMIT``, or 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def add_documents(index_dir: str, corpus: str, encoder: Encoder | None = None) -
     directory = Path(index_dir)
     manifest = ts.read_manifest(directory)
     if encoder is None:
-        spec = json.loads((directory / indexer.ENCODER_FILE).read_text())
+        spec = ts.read_json(directory / indexer.ENCODER_FILE)
         encoder = Encoder(loading.encoder_from_spec(spec), EncodingConfig())
     ts.check_model_matches(manifest, encoder.bundle.info(), directory)
     existing = set(ts.TokenStore(directory).doc_ids)
@@ -131,7 +130,10 @@ def compact(index_dir: str, force: bool = False) -> dict:
             logging.info("--compact: drift %.4f <= %.4f, nothing to do", drift, ci.DRIFT_LIMIT)
             return {"drift": drift, "rebuilt": False}
     meta_path = directory / ci.SUBDIR / ci.META
-    recorded = json.loads(meta_path.read_text()).get("config", {}) if meta_path.exists() else {}
+    recorded = {}
+    if meta_path.exists():
+        fix = "delete it (--force_compact then uses the default settings)"
+        recorded = ts.read_json(meta_path, fix).get("config", {})
     ci.CentroidIndex.build(store, ci.CentroidIndexConfig(**recorded))
     return {"drift": drift, "rebuilt": True}
 

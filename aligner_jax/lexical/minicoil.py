@@ -31,7 +31,6 @@ labels are used.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ from aligner_jax.common.errors import ConfigError, IndexIntegrityError, MissingP
 from aligner_jax.data import bm25
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder
+from aligner_jax.indexing import token_store as ts
 from aligner_jax.lexical import meaning, triplets, words
 from aligner_jax.lexical.teacher import MeanPooledTeacher
 
@@ -588,7 +588,7 @@ class MiniCoilIndex:
         manifest_path = path / "minicoil.json"
         if not manifest_path.is_file():
             raise MissingPathError(f"{path}: no miniCOIL index there (minicoil.json missing)")
-        manifest = json.loads(manifest_path.read_text())
+        manifest = ts.read_json(manifest_path)
         if manifest.get("format") != FORMAT:
             raise IndexIntegrityError(
                 f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}"

@@ -21,7 +21,6 @@ For the token-MIPS backends the three steps are named and timed (XTR notebook ha
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Mapping, Sequence
 
@@ -198,7 +197,10 @@ class Searcher:
                     f"{spec_path} does not exist: this index does not record its model; pass "
                     "the model (--gin_file of the model, or --checkpoint)"
                 )
-            spec = json.loads(spec_path.read_text())
+            spec = ts.read_json(
+                spec_path,
+                "rebuild this index, or pass the model (--gin_file of the model, or --checkpoint)",
+            )
             encoder = whole_query_encoder(loading.encoder_from_spec(spec, checkpoint))
         ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
         if mode == "exhaustive":
