@@ -69,3 +69,17 @@ def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         fileio.write_outputs(tmp_path, {"run.trec": "x"}, {})
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_permission_error_names_the_output_not_the_temporary(tmp_path, monkeypatch):
+    def denied(path):
+        tmp = str(path.parent / f".{path.name}.0000.tmp")
+        raise PermissionError(errno.EACCES, "Permission denied", tmp)
+
+    monkeypatch.setattr(fileio, "_create_temporary", denied)
+    with pytest.raises(OSError) as info:
+        fileio.atomic_write_text(tmp_path / "metrics.json", "{}")
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'metrics.json'}: Permission denied"), message
+    assert ".tmp" not in message
+    assert isinstance(info.value, errors.USER_ERRORS)

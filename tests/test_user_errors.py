@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import re
 
 import pytest
@@ -194,3 +195,32 @@ def test_invalid_json_of_an_index_names_the_file(tmp_path, case):
     path.write_text('{"format": 1,,}')
     with pytest.raises(errors.IndexIntegrityError, match=re.escape(f"{path}: not valid JSON")):
         read()
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (errno.ENOSPC, "/out/ckpt/d/0.bin: not written (No space left on device); the files "),
+        (errno.EDQUOT, "/out/ckpt/d/0.bin: not written (Disk quota exceeded); "),
+        (errno.EFBIG, "/out/ckpt/d/0.bin: not written (File too large); "),
+        (errno.EROFS, "/out/ckpt/d/0.bin: not written (Read-only file system); "),
+        (errno.EACCES, "/out/ckpt/d/0.bin: Permission denied; "),
+    ],
+)
+def test_storage_errors_outside_fileio_are_one_line_naming_the_file(capsys, code, expected):
+    def job():  # as orbax, np.save or a log append would fail
+        raise OSError(code, os.strerror(code), "/out/ckpt/d/0.bin")
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit("aligner-train", job)
+    message = str(exit_info.value.code)
+    assert message.startswith(f"aligner-train: error: {expected}"), message
+    assert "\n" not in message and "Errno" not in message
+
+
+def test_other_os_errors_keep_their_traceback():
+    def job():
+        raise OSError(errno.EIO, "Input/output error", "/out/x")
+
+    with pytest.raises(OSError, match="Input/output error"):
+        cli.call_or_exit("aligner-train", job)

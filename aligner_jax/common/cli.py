@@ -36,7 +36,7 @@ import gin  # noqa: E402
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from aligner_jax.common import errors, progress  # noqa: E402
+from aligner_jax.common import errors, fileio, progress  # noqa: E402
 
 # Shown by --help beside the binary's own flags (absl lists the others under --helpfull).
 GIN_FLAGS = ("gin_file", "gin_bindings", "gin_search_paths")
@@ -243,6 +243,12 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
             if _is_missing_gin_binding(e):
                 raise errors.ConfigError(missing_binding_message(str(e))) from e
             raise
+        except OSError as e:
+            # A storage that refused a write outside fileio (orbax checkpoints, log appends,
+            # np.save): the user's to fix, named in one line like fileio's own writes.
+            if e.errno not in fileio.STORAGE_ERRNOS or isinstance(e, errors.UserError):
+                raise
+            raise fileio.storage_error(e.filename or "an output file", e.errno) from e
     except errors.USER_ERRORS as e:
         # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
         lines = [ln for ln in str(e).splitlines() if not ln.startswith("  In call to configurable")]

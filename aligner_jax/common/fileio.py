@@ -60,18 +60,33 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
             raise
         fsync_dir(path.parent)
     except OSError as e:
-        if e.errno not in _STORAGE_ERRNOS:
+        if e.errno not in STORAGE_ERRNOS or isinstance(e, errors.UserError):
             raise
-        raise errors.OutputWriteError(
-            f"{path}: not written ({os.strerror(e.errno)}); nothing partial is left and the files "
-            "completed before it are kept (an indexing job resumes after its last complete "
-            "shard): free space and re-run"
-        ) from e
+        raise storage_error(path, e.errno, "nothing partial is left and ") from e
     return path
 
 
 #: errno values of a storage that cannot take the write (the user's to fix), not of a bug.
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES})
+
+
+def storage_error(path: Any, code: int, partial: str = "") -> errors.OutputWriteError:
+    """The one-line error of a write that the storage refused (``code`` in ``STORAGE_ERRNOS``):
+    it names ``path``, says that completed files are kept and how to fix it. ``partial`` is
+    what the caller knows of the file itself (``"nothing partial is left and "``)."""
+    kept = (
+        f"{partial}the files completed before it are kept (an indexing job resumes after its "
+        "last complete shard)"
+    )
+    if code == errno.EACCES:  # also a read: the message must not say "not written"
+        return errors.OutputWriteError(
+            f"{path}: {os.strerror(code)}; {kept}: give this user access to it (or choose "
+            "another folder) and re-run"
+        )
+    fix = "free space and re-run"
+    if code == errno.EROFS:
+        fix = "choose a folder on a writable filesystem and re-run"
+    return errors.OutputWriteError(f"{path}: not written ({os.strerror(code)}); {kept}: {fix}")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
