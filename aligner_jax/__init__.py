@@ -20,8 +20,44 @@ Python use (the names below are imported lazily: ``import aligner_jax`` stays li
 from __future__ import annotations
 
 import importlib
+import os
+import signal
+import sys
 
 __version__ = "0.1.0"
+
+#: What a binary says when Ctrl-C comes before its job starts (imports, flag parsing).
+INTERRUPTED_BEFORE_START = "before the job started; nothing was written"
+
+
+def program_name() -> str:
+    """The running binary's name: ``aligner-index`` for ``aligner-index`` and for
+    ``python -m aligner_jax.index``."""
+    base = os.path.basename(sys.argv[0] if sys.argv else "").removesuffix(".py")
+    return base if base.startswith("aligner-") else f"aligner-{base}"
+
+
+def _exit_before_start(signum, frame) -> None:
+    """SIGINT while a binary imports its modules: one line and exit 130, no traceback (nothing
+    has been written yet; ``cli.run`` puts Python's handler back before parsing the flags)."""
+    os.write(2, f"{program_name()}: interrupted: {INTERRUPTED_BEFORE_START}\n".encode())
+    os._exit(130)
+
+
+def _starting_a_binary() -> bool:
+    """Whether this import starts one of the binaries: ``python -m aligner_jax.VERB`` (runpy
+    imports the package while ``sys.argv[0]`` is still ``-m``) or an ``aligner-VERB`` script.
+    ``import aligner_jax`` anywhere else changes nothing."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 != "-m":
+        return os.path.basename(argv0).startswith("aligner-")
+    argv = getattr(sys, "orig_argv", [])
+    module = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-m"), "")
+    return module.startswith("aligner_jax.") and module.count(".") == 1
+
+
+if _starting_a_binary() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _exit_before_start)
 
 # ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library
 # functions are exported as ``evaluate_beir`` and ``train_model`` so that no name means two things.

@@ -7,9 +7,14 @@ import json
 import logging
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from fixtures import write_toy_beir
+from fixtures import REPO, write_toy_beir
 
 from aligner_jax.common import cli, errors, fileio
 from aligner_jax.data import beir
@@ -224,3 +229,44 @@ def test_other_os_errors_keep_their_traceback():
 
     with pytest.raises(OSError, match="Input/output error"):
         cli.call_or_exit("aligner-train", job)
+
+
+def test_ctrl_c_during_the_imports_of_a_binary_is_one_line(tmp_path):
+    """A real SIGINT while ``python -m aligner_jax.index`` imports jax: one line, exit 130."""
+    data = write_toy_beir(tmp_path)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
+    args = [f"--corpus={data / 'corpus.jsonl'}", f"--index_dir={tmp_path / 'index'}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aligner_jax.index", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while "numpy" not in maps.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)  # numpy's libraries are mapped once the binary's imports have begun
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "aligner-index: interrupted: before the job started; nothing was written"
+    )
+    assert not (tmp_path / "index").exists()
+
+
+def test_ctrl_c_during_flag_parsing_is_one_line(monkeypatch, capsys):
+    def interrupted(main, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.app, "run", interrupted)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/aligner-search"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(lambda argv: None)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == (
+        "aligner-search: interrupted: before the job started; nothing was written\n"
+    )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import logging as std_logging
 import os
+import signal
 import sys
 import tokenize
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ import gin  # noqa: E402
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
+import aligner_jax  # noqa: E402
 from aligner_jax.common import errors, fileio, progress  # noqa: E402
 
 # Shown by --help beside the binary's own flags (absl lists the others under --helpfull).
@@ -203,7 +205,22 @@ def parse_gin(
 
 def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
     """``app.run`` with the ``--gin.NAME=VALUE`` rewrite applied first, quiet library logs and
-    ``--progress``. A binary without gin (``uses_gin=False``) refuses the gin flags."""
+    ``--progress``. A binary without gin (``uses_gin=False``) refuses the gin flags.
+
+    Ctrl-C before the job starts (flag parsing; during the imports ``aligner_jax``'s own
+    handler) prints one line and exits 130; within the job :func:`call_or_exit` says what was
+    kept."""
+    if signal.getsignal(signal.SIGINT) is aligner_jax._exit_before_start:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _run(main, uses_gin)
+    except KeyboardInterrupt:
+        program = aligner_jax.program_name()
+        print(f"{program}: interrupted: {aligner_jax.INTERRUPTED_BEFORE_START}", file=sys.stderr)
+        sys.exit(130)
+
+
+def _run(main: Callable[[Sequence[str]], None], uses_gin: bool) -> None:
     define_gin_flags()
     _declare_key_flags(main, uses_gin)
     _help_and_exit(sys.argv)
