@@ -8,6 +8,7 @@ should rank the relevant documents first (nDCG@10 at or near 1).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,38 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from aligner_jax.models.bert import BertConfig
+from aligner_jax.models.t5 import T5Config
+
 REPO = Path(__file__).resolve().parent.parent
+# Tiny encoders: a forward pass takes milliseconds, every code path (layers, heads, padding) runs.
+TINY_BERT = BertConfig(
+    vocab_size=64,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=24,
+    max_position_embeddings=12,
+    type_vocab_size=2,
+)
+TINY_T5 = T5Config(
+    vocab_size=64,
+    emb_dim=32,
+    num_heads=4,
+    num_layers=2,
+    head_dim=8,
+    mlp_dim=64,
+    dropout_rate=0.1,
+)
+# Without dropout: losses and gradients are deterministic.
+TINY_BERT_NO_DROPOUT = dataclasses.replace(
+    TINY_BERT, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+)
+# For checkpoint import: vocabulary, width, MLP and heads all differ, so a transposed or misnamed
+# array cannot pass a shape check.
+TINY_T5_IMPORT = dataclasses.replace(
+    TINY_T5, vocab_size=40, emb_dim=16, num_heads=2, mlp_dim=24, dropout_rate=0.0
+)
 # Logical axis names of every parameter and activation (t5x style; models.partitioning maps them).
 LOGICAL_AXES = frozenset(
     {

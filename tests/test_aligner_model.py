@@ -9,21 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from fixtures import TINY_BERT_NO_DROPOUT
 from flax import linen as nn
 
 from aligner_jax.core import scoring
 from aligner_jax.models import aligner as aligner_lib
-from aligner_jax.models import aligner_model, bert
+from aligner_jax.models import aligner_model
 
-TINY = bert.BertConfig(
-    vocab_size=64,
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+TINY = TINY_BERT_NO_DROPOUT
 
 
 def _batch(b=3, g=2, lq=6, ld=10, seed=0):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixtures import LOGICAL_AXES, scatter_add_dtypes
+from fixtures import LOGICAL_AXES, TINY_BERT, scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
@@ -20,15 +20,7 @@ from aligner_jax.models.bert import BertConfig, BertEncoder
 from aligner_jax.weights import bert_safetensors
 from aligner_jax.weights import minilm as minilm_weights
 
-TINY = BertConfig(
-    vocab_size=64,
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=24,
-    max_position_embeddings=12,
-    type_vocab_size=2,
-)
+TINY = TINY_BERT
 SENTENCES = [
     "Hello world.",
     "Microstructural development of human newborn cerebral white matter assessed in vivo by "

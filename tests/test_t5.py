@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pathlib
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fixtures import LOGICAL_AXES, scatter_add_dtypes
+from fixtures import LOGICAL_AXES, REPO, TINY_T5, scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
 
 from aligner_jax.models import partitioning, t5
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-TINY = t5.T5Config(
-    vocab_size=64,
-    emb_dim=32,
-    num_heads=4,
-    num_layers=2,
-    head_dim=8,
-    mlp_dim=64,
-    dropout_rate=0.1,
-)
+TINY = TINY_T5
 
 
 @pytest.fixture(scope="module")
@@ -371,15 +361,8 @@ PUBLISHED = {
 }
 
 
-@pytest.fixture
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
 @pytest.mark.parametrize("size", sorted(PUBLISHED))
-def test_gin_model_file_parses_alone_and_binds_backbone(size, clean_gin):
+def test_gin_model_file_parses_alone_and_binds_backbone(size):
     gin.parse_config_file(str(REPO / "gin" / "models" / f"t5_{size}.gin"))
     gin.parse_config("_t5_gin_probe.backbone = %BACKBONE")
     cfg = _t5_gin_probe()
@@ -401,7 +384,7 @@ def test_gin_model_file_parses_alone_and_binds_backbone(size, clean_gin):
     assert (cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance) == (32, 128)
 
 
-def test_gin_command_line_override(clean_gin):
+def test_gin_command_line_override():
     gin.parse_config_files_and_bindings(
         [str(REPO / "gin" / "models" / "t5_base.gin")],
         ["T5Config.dropout_rate = 0.0", "T5Config.dtype = 'float32'"],
@@ -412,7 +395,7 @@ def test_gin_command_line_override(clean_gin):
     assert (cfg.dropout_rate, cfg.dtype, cfg.num_layers) == (0.0, "float32", 12)
 
 
-def test_tiny_gin_param_count(clean_gin):
+def test_tiny_gin_param_count():
     gin.parse_config_file(str(REPO / "gin" / "models" / "t5_tiny.gin"))
     gin.parse_config("_t5_gin_probe.backbone = %BACKBONE")
     shapes = t5.abstract_params(_t5_gin_probe())

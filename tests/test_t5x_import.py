@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 import pytest
 import tensorstore as ts
+from fixtures import TINY_T5_IMPORT
 from flax import linen as nn
 from flax import traverse_util
 
@@ -26,15 +27,7 @@ from aligner_jax.common import errors
 from aligner_jax.models import t5
 from aligner_jax.weights import t5x_import
 
-CFG = t5.T5Config(
-    vocab_size=40,
-    emb_dim=16,
-    num_heads=2,
-    num_layers=2,
-    head_dim=8,
-    mlp_dim=24,
-    dropout_rate=0.0,
-)
+CFG = TINY_T5_IMPORT
 # Parameters written into the msgpack file itself (t5x does this for unpartitioned arrays).
 INLINE = ("encoder/encoder_norm/scale", "encoder/layers_1/pre_mlp_layer_norm/scale")
 # Written as bfloat16 in tensorstore, to check the cast to the float32 param dtype.
