@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gin
 import pytest
 from fixtures import (
     TOY_DOCS,
     TOY_QRELS,
     TOY_QUERIES,
+    parse_gin,
     run_module,
     trec_eval_run_file,
     write_beir_fixture,
     write_toy_beir,
 )
 
-from aligner_jax.common import cli, errors, fileio
+from aligner_jax.common import errors, fileio
 from aligner_jax.evaluation import beir_eval
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
@@ -30,13 +30,8 @@ def toy(tmp_path):
     return write_toy_beir(tmp_path / "data")
 
 
-def _parse(*files, bindings=()):
-    gin.clear_config()
-    cli.parse_gin(list(files), list(bindings))
-
-
 def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "exh"
     (out).mkdir()
     (out / "run.tsv").write_text("stale\n")  # an older version's run file does not linger
@@ -77,7 +72,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     assert "search latency p50" in printed
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
-    _parse("eval/zero_shot.gin", "eval/scann.gin", bindings=["SearchConfig.k_prime = 50"])
+    parse_gin("eval/zero_shot.gin", "eval/scann.gin", bindings=["SearchConfig.k_prime = 50"])
     report2 = beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(tmp_path / "scann"), index_dir=str(tmp_path / "index")
     )
@@ -87,7 +82,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
 
 
 def test_store_of_another_model_is_refused(toy, tmp_path):
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     beir_eval.evaluate(
         dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(tmp_path / "index")
     )
@@ -95,7 +90,7 @@ def test_store_of_another_model_is_refused(toy, tmp_path):
     assert manifest["model"]["projection"] == "identity"
     assert manifest["counts"]["num_docs"] == 12
     # Another model (here: the same backbone with a random 128-d projection) must not reuse it.
-    _parse(
+    parse_gin(
         "eval/zero_shot.gin",
         "eval/exhaustive.gin",
         bindings=["AlignerConfig.projection = 'dense'"],
@@ -108,7 +103,9 @@ def test_store_of_another_model_is_refused(toy, tmp_path):
 
 def test_interrupted_store_is_completed_not_rebuilt(toy, tmp_path):
     """A store whose manifest is missing (killed job) is resumed shard by shard."""
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    parse_gin(
+        "eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"]
+    )
     index = tmp_path / "index"
     beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
     checksums = {p.name: fileio.sha256_file(p) for p in sorted(index.glob("shard-*"))}
@@ -168,7 +165,7 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
     docs["q2"] = {"title": "Pancreas", "text": "Beta cells of the pancreas secrete insulin."}
     qrels = {**TOY_QRELS, "q2": {"d7": 1, "q2": 1}}
     data = write_beir_fixture(tmp_path / "data", docs, TOY_QUERIES, qrels)
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "out"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
     rows = [line.split() for line in (out / "run.trec").read_text().splitlines()]
@@ -181,7 +178,7 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
     assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
 
     # BEIR's rule, asked for explicitly: the judged-relevant "q2" leaves run.trec and metrics alike.
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     beir_eval.evaluate(
         dataset_dir=str(data),
         output_dir=str(tmp_path / "always"),
@@ -200,7 +197,9 @@ def test_run_file_and_metrics_apply_one_identical_id_rule(tmp_path):
 def test_store_missing_documents_of_the_corpus_is_refused(toy, tmp_path):
     """A shard removed from the manifest with its counts adjusted: the store is self-consistent
     but holds 10 of the corpus's 12 documents; evaluating it is refused."""
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    parse_gin(
+        "eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"]
+    )
     index = tmp_path / "index"
     beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
     manifest = json.loads((index / ts.MANIFEST).read_text())
@@ -223,11 +222,13 @@ def test_store_missing_documents_of_the_corpus_is_refused(toy, tmp_path):
 
 def test_deleted_manifest_is_named_not_reported_as_other_settings(toy, tmp_path):
     """A store built with other indexing settings whose manifest was deleted."""
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"])
+    parse_gin(
+        "eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"]
+    )
     index = tmp_path / "index"
     beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
     (index / ts.MANIFEST).unlink()
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     with pytest.raises(errors.IndexIntegrityError, match=r"manifest\.json is missing"):
         beir_eval.evaluate(
             dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index)
@@ -239,7 +240,7 @@ def test_queries_are_encoded_whole_and_truncation_is_counted(tmp_path):
     queries = dict(TOY_QUERIES)
     queries["q0"] = " ".join(["why does a volcano erupt lava and magma"] * 13)
     data = write_beir_fixture(tmp_path / "data", TOY_DOCS, queries, TOY_QRELS)
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     whole = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "whole"))
     assert whole["truncation"] == {
         "query_maxlen": 512,  # the BERT backbone's maximum, not AlignerConfig.query_maxlen (64)
@@ -247,7 +248,7 @@ def test_queries_are_encoded_whole_and_truncation_is_counted(tmp_path):
         "doc_maxlen": 256,
         "docs_truncated": 0,
     }
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     cut = beir_eval.evaluate(
         dataset_dir=str(data),
         output_dir=str(tmp_path / "cut"),
@@ -257,3 +258,43 @@ def test_queries_are_encoded_whole_and_truncation_is_counted(tmp_path):
     assert cut["truncation"]["queries_truncated"] == 1
     saved = json.loads((tmp_path / "cut" / "metrics.json").read_text())
     assert saved["truncation"]["query_maxlen"] == 64
+
+
+def test_a_text_of_exactly_the_maximum_length_is_not_counted_as_cut(toy, tmp_path):
+    """Truncation counts are exact: a query (document) of exactly ``query_maxlen``
+    (``doc_maxlen``) tokens is whole; one token less as the budget and it is cut."""
+    from aligner_jax.data import beir
+    from aligner_jax.encoding import loading
+
+    parse_gin("eval/zero_shot.gin")
+    tokenizer = loading.load_encoder().tokenizer
+    query_lengths = [len(tokenizer.encode(q, 512)) for q in TOY_QUERIES.values()]
+    doc_lengths = [
+        len(tokenizer.encode(beir.document_text(beir.Document(i, d["title"], d["text"])), 512))
+        for i, d in TOY_DOCS.items()
+    ]
+    query_max, doc_max = max(query_lengths), max(doc_lengths)
+    parse_gin(
+        "eval/zero_shot.gin",
+        "eval/exhaustive.gin",
+        bindings=[f"AlignerConfig.doc_maxlen = {doc_max}"],
+    )
+    exact = beir_eval.evaluate(
+        dataset_dir=str(toy), output_dir=str(tmp_path / "exact"), query_maxlen=query_max
+    )
+    assert exact["truncation"] == {
+        "query_maxlen": query_max,
+        "queries_truncated": 0,
+        "doc_maxlen": doc_max,
+        "docs_truncated": 0,
+    }
+    parse_gin(
+        "eval/zero_shot.gin",
+        "eval/exhaustive.gin",
+        bindings=[f"AlignerConfig.doc_maxlen = {doc_max - 1}"],
+    )
+    cut = beir_eval.evaluate(
+        dataset_dir=str(toy), output_dir=str(tmp_path / "cut"), query_maxlen=query_max - 1
+    )
+    assert cut["truncation"]["queries_truncated"] == query_lengths.count(query_max)
+    assert cut["truncation"]["docs_truncated"] == doc_lengths.count(doc_max)

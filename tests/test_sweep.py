@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import gin
-from fixtures import write_toy_beir
+from fixtures import run_module, write_toy_beir
 
 from aligner_jax.common import cli
 from aligner_jax.evaluation import pruning_sweep
@@ -44,30 +40,28 @@ def test_sweep_writes_table_json_and_small_plots(tmp_path):
     for p in saved["points"]:
         assert 0.0 <= p["ndcg@10"] <= 1.0 and p["search_ms_per_query_p50"] > 0
     assert set(saved["strategies"]) == {"top_k:1", "top_k:2", "top_p:0.1"}
+    assert saved["truncation"] == {  # as in aligner-eval's metrics.json
+        "query_maxlen": 512,
+        "queries_truncated": 0,
+        "doc_maxlen": 256,
+        "docs_truncated": 0,
+    }
     assert saved["strategies"]["top_k:1"] == full["ndcg@10"]
     md = (out / "sweep.md").read_text()
     assert "| 25% |" in md and "of unpruned" in md
+    assert "Truncated: 0 queries at 512 tokens, 0 documents at 256 tokens." in md
     for png in ("toy_ndcg_vs_beta_d.png", "toy_ndcg_vs_cost.png"):
         data_png = (out / png).read_bytes()
         assert data_png[:8] == b"\x89PNG\r\n\x1a\n" and len(data_png) < 200_000
 
 
 def test_sweep_binary_reports_a_missing_dataset_in_one_line(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aligner_jax.sweep",
-            "--gin_file=models/bert_tiny.gin",
-            "--gin_file=sweeps/pruning.gin",
-            f"--dataset_dir={tmp_path / 'nowhere'}",
-            f"--output_dir={tmp_path / 'o'}",
-        ],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_module(
+        "aligner_jax.sweep",
+        "--gin_file=models/bert_tiny.gin",
+        "--gin_file=sweeps/pruning.gin",
+        f"--dataset_dir={tmp_path / 'nowhere'}",
+        f"--output_dir={tmp_path / 'o'}",
     )
     assert proc.returncode != 0
     assert "aligner-sweep: error:" in proc.stderr and "nowhere" in proc.stderr

@@ -180,6 +180,19 @@ class Encoder:
     def tokenize(self, texts: Sequence[str], kind: str) -> list[np.ndarray]:
         return self.bundle.tokenizer.encode_batch(list(texts), self.maxlen(kind))
 
+    def count_truncated(
+        self, texts: Sequence[str], token_ids: Sequence[np.ndarray], kind: str
+    ) -> int:
+        """How many of ``texts`` (``token_ids``: their :meth:`tokenize`) were cut, exactly: a
+        text of exactly the budget is whole. Only the texts that reach the budget are
+        tokenized again, with one token more."""
+        maxlen = self.maxlen(kind)
+        at_budget = [t for t, ids in zip(texts, token_ids, strict=True) if len(ids) >= maxlen]
+        if not at_budget:
+            return 0
+        longer = self.bundle.tokenizer.encode_batch(at_budget, maxlen + 1)
+        return int(sum(len(ids) > maxlen for ids in longer))
+
     def encode(
         self, texts: Sequence[str], kind: str, bar: progress.Progress | None = None
     ) -> list[EncodedText]:

@@ -189,20 +189,21 @@ def prepare(
     store, encode_s, reused = ensure_token_store(dataset, encoder, index_path, verify_checksums)
     qids = list(dataset.queries)
     t0 = time.perf_counter()
-    token_ids = encoder.tokenize([dataset.queries[q] for q in qids], "query")
+    texts = [dataset.queries[q] for q in qids]
+    token_ids = encoder.tokenize(texts, "query")
     encoded = [None] * len(qids)
     with progress.Progress(len(qids), "encode queries", "query") as bar:
         for i, e in encoder.encode_token_ids(token_ids, "query", bar=bar):
             encoded[i] = e
     truncation = {
         "query_maxlen": query_maxlen,
-        "queries_truncated": int(sum(len(t) >= query_maxlen for t in token_ids)),
+        "queries_truncated": encoder.count_truncated(texts, token_ids, "query"),
         "doc_maxlen": bundle.config.doc_maxlen,
         "docs_truncated": int(store.manifest.get("stats", {}).get("truncated_docs", 0)),
     }
     if truncation["queries_truncated"]:
         logging.warning(
-            "%d of %d queries reach --query_maxlen=%d tokens and were cut",
+            "%d of %d queries are longer than --query_maxlen=%d tokens and were cut",
             truncation["queries_truncated"],
             len(qids),
             query_maxlen,

@@ -117,6 +117,7 @@ def sweep(
         "alignment": alignment,
         "identical_ids": identical.as_dict(),
         "refinement_store_bytes": store.nbytes(),
+        "truncation": run.truncation,
         "points": points,
         "strategies": strategy_scores,
     }
@@ -126,6 +127,16 @@ def sweep(
     if plot:
         plot_sweep(report, output)
     return report
+
+
+def _truncation_line(truncation: dict | None) -> list[str]:
+    """What was cut, as in aligner-eval's summary (absent from sweep.json of older versions)."""
+    if not truncation:
+        return []
+    return [
+        f"Truncated: {truncation['queries_truncated']} queries at {truncation['query_maxlen']} "
+        f"tokens, {truncation['docs_truncated']} documents at {truncation['doc_maxlen']} tokens."
+    ]
 
 
 def markdown(report: dict) -> str:
@@ -139,6 +150,7 @@ def markdown(report: dict) -> str:
         "",
         f"Token search: {report['search']['backend']}, k'={report['search']['k_prime']}; "
         f"refinement store {report['refinement_store_bytes'] / 2**20:.1f} MiB (all tokens).",
+        *_truncation_line(report.get("truncation")),
         "",
         "nDCG@10 ×100 (rows β^d, columns β^q):",
         "",

@@ -146,9 +146,8 @@ def encode_shard(
         ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
         for d, e in zip(docs, encoded, strict=True)
     ]
-    maxlen = encoder.bundle.config.doc_maxlen
     stats = {
-        "truncated_docs": int(sum(len(t) >= maxlen for t in token_ids)),
+        "truncated_docs": encoder.count_truncated(texts, token_ids, "doc"),
         "empty_docs": int(sum(not t.strip() for t in texts)),
     }
     return ts.write_shard(directory, shard_index, shard_docs, encoder.dim, stats)
