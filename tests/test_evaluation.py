@@ -298,3 +298,19 @@ def test_a_text_of_exactly_the_maximum_length_is_not_counted_as_cut(toy, tmp_pat
     )
     assert cut["truncation"]["queries_truncated"] == query_lengths.count(query_max)
     assert cut["truncation"]["docs_truncated"] == doc_lengths.count(doc_max)
+
+
+def test_search_index_is_built_under_the_index_directory_lock(tmp_path):
+    """aligner-eval building a missing search index takes the directory's writer lock: refused
+    while another process (here: another open of the lock) writes the directory."""
+    from index_utils import random_documents, write_store
+
+    from aligner_jax.indexing import centroid_index as ci
+
+    store = write_store(tmp_path / "index", random_documents(30, 8), dim=8)
+    with fileio.exclusive_lock(tmp_path / "index" / ".lock-0", "holder"):
+        with pytest.raises(errors.LockedError, match=r"index directory .* \(process 0\)"):
+            beir_eval.open_centroid_index(store, beta_d=1.0)
+    assert not ci.CentroidIndex.exists(store.directory)
+    index, _ = beir_eval.open_centroid_index(store, beta_d=1.0)
+    assert ci.CentroidIndex.exists(store.directory) and index.meta["config"]["beta_d"] == 1.0

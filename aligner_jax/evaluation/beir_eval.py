@@ -95,8 +95,8 @@ def ensure_token_store(
 
 
 def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.CentroidIndex, float]:
-    """The store's persisted compressed index, built (once) when missing or stale; returns it
-    and the seconds spent building (0 when loaded)."""
+    """The store's persisted compressed index, built (once) when missing or stale, holding the
+    index directory's writer lock; returns it and the seconds spent building (0 when loaded)."""
     if ci.CentroidIndex.exists(store.directory):
         try:
             index = ci.CentroidIndex.load(store)
@@ -107,9 +107,10 @@ def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.Centroi
                 logging.info("Loaded the search index of %s", store.directory)
                 return index, 0.0
             logging.info("rebuilding the search index for beta_d=%s", beta_d)
-    start = time.perf_counter()
     config = dataclasses.replace(ci.CentroidIndexConfig(), beta_d=beta_d)
-    return ci.CentroidIndex.build(store, config), time.perf_counter() - start
+    with indexer.writer_lock(store.directory):  # one writer per index directory
+        start = time.perf_counter()
+        return ci.CentroidIndex.build(store, config), time.perf_counter() - start
 
 
 def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) -> None:

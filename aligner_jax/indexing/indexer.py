@@ -153,6 +153,18 @@ def encode_shard(
     return ts.write_shard(directory, shard_index, shard_docs, encoder.dim, stats)
 
 
+def writer_lock(directory: str | Path, process_index: int = 0):
+    """The advisory lock of one writer per index directory and process index
+    (``.lock-<process_index>``), held while a job writes there: indexing, updates and building
+    the search index (process 0's lock: there is one search index per directory). A second
+    writer is refused with a ``LockedError`` naming the holder's pid."""
+    directory = Path(directory)
+    return fileio.exclusive_lock(
+        directory / f".lock-{process_index}",
+        f"index directory {directory} (process {process_index})",
+    )
+
+
 def build_token_store(
     documents: Iterable[beir.Document],
     encoder: Encoder,
@@ -170,8 +182,7 @@ def build_token_store(
     config = config or IndexingConfig()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / f".lock-{process_index}"
-    with fileio.exclusive_lock(lock, f"index directory {directory} (process {process_index})"):
+    with writer_lock(directory, process_index):
         return _build_token_store(
             documents, encoder, directory, config, process_index, process_count, corpus_info
         )
@@ -353,5 +364,9 @@ def index_corpus(
             centroid_index.CentroidIndex.load(store)
             logging.info("the search index of %s is up to date", index_dir)
         except errors.IndexIntegrityError:
-            centroid_index.CentroidIndex.build(store)
+            try:
+                with writer_lock(index_dir):
+                    centroid_index.CentroidIndex.build(store)
+            except errors.LockedError as e:  # another process of this job builds it, or an update
+                logging.warning("search index not built here: %s", e)
     return summary

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from absl import logging
 
-from aligner_jax.common import fileio, progress
+from aligner_jax.common import progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 from aligner_jax.encoding import loading
@@ -148,8 +148,7 @@ def update_index(
     """``aligner-index``'s update flags, in the order delete → add → compact, holding the index
     directory's writer lock (the indexing job's, process 0)."""
     summary = {}
-    lock = Path(index_dir) / ".lock-0"
-    with fileio.exclusive_lock(lock, f"index directory {index_dir} (process 0)"):
+    with indexer.writer_lock(index_dir):
         if delete:
             summary.update(delete_documents(index_dir, parse_ids(delete)))
         if add:
