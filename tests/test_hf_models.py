@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import gin
 import jax
 import numpy as np
 import pytest
+import tokenizers
 from fixtures import TOY_DOCS, TOY_QUERIES
 from safetensors.numpy import load_file, save_file
 
@@ -45,7 +47,9 @@ def bert_folder(tmp_path_factory):
     """A random 2-layer BertModel and its WordPiece tokenizer, as save_pretrained writes them."""
     folder = tmp_path_factory.mktemp("hf_bert")
     _bert_vocab(folder)
-    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    # ``vocab=`` (transformers 5 ignores ``vocab_file=``, leaving only the special tokens).
+    tokenizer = transformers.BertTokenizerFast(vocab=str(folder / "vocab.txt"))
+    assert tokenizer("honey", add_special_tokens=False)["input_ids"] != [tokenizer.unk_token_id]
     tokenizer.save_pretrained(folder)
     config = transformers.BertConfig(
         vocab_size=len(WORDS) + 5,
@@ -402,11 +406,32 @@ def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):
     assert loading.resolve_tokenizer(explicit, spec, config) == explicit
 
 
+def _train_bindings(folder, tmp_path) -> list[str]:
+    """A tiny training run (toy BEIR, learning rate 0) from the backbone ``hf:folder``."""
+    from fixtures import write_toy_beir
+
+    data = write_toy_beir(tmp_path / "data")
+    bindings = {
+        "MODEL_DIR": repr(str(tmp_path / "m")),
+        "TRAIN_STEPS": 2,
+        "QUERY_LENGTH": 8,
+        "DOC_LENGTH": 16,
+        "BATCH_SIZE": 2,
+        "LEARNING_RATE": 0.0,
+        "WARMUP_STEPS": 1,
+        "DataConfig.task": "'beir_train_bm25'",
+        "beir_train_source.dataset_dir": repr(str(data)),
+        "beir_train_source.qrels_split": "'test'",
+        "train.backbone_weights": repr(f"hf:{folder}"),
+        "CheckpointConfig.period": 2,
+    }
+    return [f"{k} = {v}" for k, v in bindings.items()]
+
+
 def test_trainer_takes_backbone_config_and_weights_from_hf(tmp_path):
     """``train.backbone_weights='hf:DIR'`` alone: the folder's architecture replaces the model
     gin's (bert_tiny: 32-d, 2 layers) and its weights initialise the backbone (learning rate 0:
     they come out of training unchanged); evaluation loads the checkpoint the same way."""
-    from fixtures import write_toy_beir
 
     from aligner_jax.common import cli
     from aligner_jax.training import trainer
@@ -423,29 +448,60 @@ def test_trainer_takes_backbone_config_and_weights_from_hf(tmp_path):
     torch.manual_seed(2)
     transformers.BertModel(config).save_pretrained(folder)
     shutil.copy(minilm.minilm_model_dir() / "tokenizer.json", folder / "tokenizer.json")
-    data = write_toy_beir(tmp_path / "data")
-    bindings = {
-        "MODEL_DIR": repr(str(tmp_path / "m")),
-        "TRAIN_STEPS": 2,
-        "QUERY_LENGTH": 8,
-        "DOC_LENGTH": 16,
-        "BATCH_SIZE": 2,
-        "LEARNING_RATE": 0.0,
-        "WARMUP_STEPS": 1,
-        "DataConfig.task": "'beir_train_bm25'",
-        "beir_train_source.dataset_dir": repr(str(data)),
-        "beir_train_source.qrels_split": "'test'",
-        "train.backbone_weights": repr(f"hf:{folder}"),
-        "CheckpointConfig.period": 2,
-    }
-    cli.parse_gin(
-        ["models/bert_tiny.gin", "runs/train.gin"], [f"{k} = {v}" for k, v in bindings.items()]
-    )
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _train_bindings(folder, tmp_path))
     trainer.train()
     bundle = loading.load_encoder(checkpoint=str(tmp_path / "m"), backbone_weights=f"hf:{folder}")
     assert bundle.config.backbone.hidden_size == 16 and bundle.config.projection_dim == 16
     _, expected = hf_models.load_backbone(folder)
     jax.tree_util.tree_map(np.testing.assert_array_equal, bundle.params["backbone"], expected)
+
+
+def test_trainer_tokenizes_with_the_hf_folder_tokenizer(bert_folder, tmp_path):
+    """The training data of an ``hf:`` backbone is tokenized with the folder's tokenizer (here
+    a vocabulary of the toy words, not the bundled WordPiece, whose ids would overrun the
+    embedding); config.gin records it. A task_vocabulary binding naming another vocabulary is
+    refused in one line; one naming the same vocabulary is accepted."""
+    from aligner_jax.common import cli
+    from aligner_jax.training import input_pipeline, trainer
+
+    vocab_size = len(WORDS) + 5
+    bundled = minilm.minilm_model_dir() / "tokenizer.json"
+    bindings = _train_bindings(bert_folder, tmp_path)
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"],
+        [*bindings, f"task_vocabulary.tokenizer_file = {str(bundled)!r}"],
+    )
+    with pytest.raises(ConfigError, match=r"is not the tokenizer of train.backbone_weights") as e:
+        trainer.train()
+    assert "remove the task_vocabulary.tokenizer_file" in str(e.value).splitlines()[0]
+
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    trainer.train()
+    recorded = (tmp_path / "m" / "config.gin").read_text().replace("\\\n    ", "")
+    assert f"task_vocabulary.tokenizer_file = {str(bert_folder / 'tokenizer.json')!r}" in recorded
+    batch = next(input_pipeline.train_batches(input_pipeline.DataConfig()))
+    assert 0 < batch["doc_tokens"].max() < vocab_size and batch["query_tokens"].max() < vocab_size
+
+    # The check alone (training itself ran above): the folder's own tokenizer named explicitly is
+    # accepted; a folder with only vocab.txt gets a tokenizer.json built from it in MODEL_DIR.
+    gin.clear_config()
+    own = bert_folder / "tokenizer.json"
+    cli.parse_gin(["models/bert_tiny.gin"], [f"task_vocabulary.tokenizer_file = {str(own)!r}"])
+    backbone = hf_models.backbone_config(bert_folder)
+    trainer._use_folder_vocabulary(f"hf:{bert_folder}", backbone, tmp_path / "m")
+    gin.clear_config()
+    only_vocab = tmp_path / "vocab_only"
+    shutil.copytree(bert_folder, only_vocab, ignore=shutil.ignore_patterns("tokenizer.json"))
+    (tmp_path / "m2").mkdir()
+    trainer._use_folder_vocabulary(f"hf:{only_vocab}", backbone, tmp_path / "m2")
+    from aligner_jax import tasks
+
+    vocabulary = tasks.task_vocabulary()
+    assert vocabulary.tokenizer_file == str(tmp_path / "m2" / "tokenizer.json")
+    expected = tokenizers.Tokenizer.from_file(str(own))  # the folder's tokenizer.json
+    for text in TEXTS:
+        assert vocabulary.encode(text) == expected.encode(text, add_special_tokens=False).ids
 
 
 def test_export_binary(run_binary, tmp_path):

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tokenizers
 from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
@@ -37,7 +38,7 @@ from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
 from aligner_jax.models.aligner_model import AlignerModel
 from aligner_jax.training import checkpointing, input_pipeline, optimizers
-from aligner_jax.weights import param_checks
+from aligner_jax.weights import hf_models, param_checks
 
 TRAIN_LOG = "train_log.jsonl"
 
@@ -92,8 +93,9 @@ def train(
       checkpoint: period, how many to keep, what to restore.
       backbone_weights: initial backbone weights when starting fresh: ``'minilm'`` (the bundled
         model), ``'hf:/path/folder'`` (a Hugging Face BERT-family / T5 folder, whose config.json
-        also sets the backbone architecture), ``'t5x:/path/checkpoint_N'`` (a T5X T5 v1.1
-        checkpoint) or ``'random'``.
+        also sets the backbone architecture and whose tokenizer tokenizes the training data
+        unless ``task_vocabulary`` is bound, to the same vocabulary),
+        ``'t5x:/path/checkpoint_N'`` (a T5X T5 v1.1 checkpoint) or ``'random'``.
       seed: parameter init, dropout and data order seed.
       num_partitions: size of the mesh's ``model`` axis (tensor parallelism).
       summary_period: steps between summaries / log lines.
@@ -115,6 +117,12 @@ def train(
         model = AlignerModel(config, model.loss)
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     model_dir.mkdir(parents=True, exist_ok=True)
+    if (
+        backbone_weights
+        and backbone_weights.startswith(hf_models.PREFIX)
+        and not (data.cached_batches)
+    ):
+        _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
     mesh = partitioning.create_mesh(num_partitions)
     rules = partitioning.standard_logical_axis_rules()
     tx = optimizer_fn(learning_rate=learning_rate)
@@ -351,6 +359,65 @@ class _FreshState:
     from_params: Callable[[Any], TrainState]
     shardings: Any
     seed: int
+
+
+_VOCABULARY_BINDINGS = ("kind", "tokenizer_file", "sentencepiece_model_file")
+
+
+def _use_folder_vocabulary(backbone_weights: str, backbone_config, model_dir: Path) -> None:
+    """Training data from ``hf:`` weights is tokenized with the folder's own tokenizer (as
+    ``load_encoder`` encodes with it): ``task_vocabulary`` is bound to it when no
+    ``task_vocabulary`` binding is given, and a configured vocabulary that differs is refused."""
+    from aligner_jax import tasks  # noqa: PLC0415  (TensorFlow: only when the task runs)
+
+    spec = loading_lib.resolve_tokenizer(loading_lib.AUTO, backbone_weights, backbone_config)
+    kind = "sentencepiece" if spec.startswith("sentencepiece:") else "wordpiece"
+    file = Path(spec.removeprefix("sentencepiece:").removeprefix("wordpiece:"))
+    explicit = [name for name in _VOCABULARY_BINDINGS if _bound(f"task_vocabulary.{name}")]
+    if explicit:
+        configured = tasks.task_vocabulary()
+        if not _same_vocabulary(configured, kind, file):
+            raise ConfigError(
+                f"task_vocabulary ({configured!r}) is not the tokenizer of "
+                f"train.backbone_weights={backbone_weights!r} ({file}): remove the "
+                f"task_vocabulary.{explicit[0]} binding to train with the folder's tokenizer"
+            )
+        return
+    if kind == "wordpiece" and file.suffix == ".txt":  # WordPieceVocabulary reads tokenizer.json
+        built = tokenizers.BertWordPieceTokenizer(
+            str(file), lowercase=hf_models.lowercase(file.parent)
+        )
+        file = model_dir / "tokenizer.json"
+        built.save(str(file))
+    gin.bind_parameter("task_vocabulary.kind", kind)
+    name = "tokenizer_file" if kind == "wordpiece" else "sentencepiece_model_file"
+    gin.bind_parameter(f"task_vocabulary.{name}", str(file))
+    tasks.task_vocabulary()  # checks the file now, and config.gin records the bindings
+    logging.info("training data tokenized with %s (the tokenizer of %s)", file, backbone_weights)
+
+
+def _bound(binding: str) -> bool:
+    try:
+        gin.query_parameter(binding)
+    except ValueError:
+        return False
+    return True
+
+
+def _same_vocabulary(vocabulary, kind: str, file: Path) -> bool:
+    """Whether a seqio ``vocabulary`` maps tokens to the ids of the tokenizer ``file``."""
+    from aligner_jax import tasks  # noqa: PLC0415
+
+    if kind == "sentencepiece":
+        return getattr(vocabulary, "sp_model", None) == file.read_bytes()
+    if not isinstance(vocabulary, tasks.WordPieceVocabulary):
+        return False
+    if file.suffix == ".txt":
+        lines = file.read_text(encoding="utf-8").splitlines()
+        ids = {token: i for i, token in enumerate(lines)}
+    else:
+        ids = tokenizers.Tokenizer.from_file(str(file)).get_vocab()
+    return tokenizers.Tokenizer.from_file(vocabulary.tokenizer_file).get_vocab() == ids
 
 
 def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone_weights):
