@@ -117,11 +117,8 @@ def train(
         model = AlignerModel(config, model.loss)
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     model_dir.mkdir(parents=True, exist_ok=True)
-    if (
-        backbone_weights
-        and backbone_weights.startswith(hf_models.PREFIX)
-        and not (data.cached_batches)
-    ):
+    from_hf = bool(backbone_weights) and backbone_weights.startswith(hf_models.PREFIX)
+    if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
         _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
     mesh = partitioning.create_mesh(num_partitions)
     rules = partitioning.standard_logical_axis_rules()
