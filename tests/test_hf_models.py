@@ -504,6 +504,28 @@ def test_trainer_tokenizes_with_the_hf_folder_tokenizer(bert_folder, tmp_path):
         assert vocabulary.encode(text) == expected.encode(text, add_special_tokens=False).ids
 
 
+def test_evaluate_binary_with_only_an_hf_backbone_flag(bert_folder, run_binary, tmp_path):
+    """``aligner-eval`` with no --gin_file and only the hf: flag: the default zero-shot run on
+    the folder's architecture, weights and tokenizer."""
+    from fixtures import write_toy_beir
+
+    data = write_toy_beir(tmp_path / "data")
+    out = tmp_path / "out"
+    proc = run_binary(
+        "evaluate",
+        f"--dataset_dir={data}",
+        f"--output_dir={out}",
+        f"--gin.load_encoder.backbone_weights='hf:{bert_folder}'",  # a shell's "'hf:DIR'"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["model"] == f"hf:{bert_folder}/identity/none"
+    assert metrics["num_queries"] == len(TOY_QUERIES)
+    spec = json.loads((out / "index" / "encoder.json").read_text())
+    assert spec["config"]["backbone"]["hidden_size"] == 32
+    assert spec["source"]["tokenizer"] == str(bert_folder / "tokenizer.json")
+
+
 def test_export_binary(run_binary, tmp_path):
     out = tmp_path / "exported"
     proc = run_binary(
