@@ -21,6 +21,7 @@ import pytest
 from fixtures import REPO, run_module, write_toy_beir
 
 from aligner_jax.common import cli
+from aligner_jax.common.errors import ConfigError
 
 GIN_FLAGS = ("--gin_file", "--gin_bindings", "--gin_search_paths")
 GINLESS = {"beir"}  # aligner-beir downloads and counts BEIR folders: no model, no gin
@@ -160,6 +161,64 @@ def test_binaries_without_a_default_say_what_they_need():
     (last,) = proc.stderr.strip().splitlines()[-1:]
     assert last.startswith("aligner-train: error: no --gin_file: name a run, e.g. ")
     assert "--gin_file=runs/scifact_minilm.gin" in last and "Required bindings" not in last
+
+
+_RUN_FILE = "add a run file, e.g. --gin_file=runs/scifact_minilm.gin"
+
+
+def _unbound_calls(tmp_path):
+    from aligner_jax.encoding import loading
+    from aligner_jax.models.aligner_model import AlignerModel
+    from aligner_jax.training import trainer
+
+    out = str(tmp_path / "model")
+    return {
+        "load_encoder.config": (
+            loading.load_encoder,
+            "gin: load_encoder.config is not set: add a model file, e.g. "
+            "--gin_file=models/minilm.gin, or --gin.load_encoder.config=VALUE",
+        ),
+        "AlignerModel.config": (
+            AlignerModel,
+            "gin: AlignerModel.config is not set: add a gin file that binds it, or "
+            "--gin.AlignerModel.config=VALUE",
+        ),
+        "train.model_dir": (
+            trainer.train,
+            f"gin: train.model_dir is not set: {_RUN_FILE}, or --gin.train.model_dir=VALUE",
+        ),
+        "train.num_train_steps": (
+            lambda: trainer.train(model_dir=out),
+            f"gin: train.num_train_steps is not set: {_RUN_FILE}, or "
+            "--gin.train.num_train_steps=VALUE",
+        ),
+        "train.model": (
+            lambda: trainer.train(model_dir=out, num_train_steps=1),
+            f"gin: train.model is not set: {_RUN_FILE}, or --gin.train.model=VALUE",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "load_encoder.config",
+        "AlignerModel.config",
+        "train.model_dir",
+        "train.num_train_steps",
+        "train.model",
+    ],
+)
+def test_unbound_required_parameter_is_a_config_error_naming_what_to_add(tmp_path, name):
+    """A parameter a gin file must bind, left unbound: a typed ``ConfigError`` (not gin's
+    ``RuntimeError``), printed by a binary as one line; nothing written."""
+    call, expected = _unbound_calls(tmp_path)[name]
+    with pytest.raises(ConfigError):
+        call()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit("aligner-train", call)
+    assert exit_info.value.code == f"aligner-train: error: {expected}"
+    assert not (tmp_path / "model").exists()
 
 
 def test_missing_binding_is_one_line_naming_what_to_add():

@@ -13,6 +13,23 @@ from collections.abc import Sequence
 
 from aligner_jax.common.errors import ConfigError
 
+#: What usually binds a parameter a gin file must bind: said in the one-line error.
+BINDING_HINTS = {
+    "load_encoder.config": "a model file, e.g. --gin_file=models/minilm.gin",
+    "train.model": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+    "train.model_dir": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+    "train.num_train_steps": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
+}
+
+
+def required(name: str, value) -> None:
+    """A parameter a gin file must bind (its default ``None``: unbound), e.g. ``train.model``:
+    unbound, a ``ConfigError`` ``gin: train.model is not set: add a run file, e.g. ...,
+    or --gin.train.model=VALUE``."""
+    if value is None:
+        hint = BINDING_HINTS.get(name, "a gin file that binds it")
+        raise ConfigError(f"gin: {name} is not set: add {hint}, or --gin.{name}=VALUE")
+
 
 def flag(name: str, value) -> str:
     """The command-line spelling of a binding: ``--gin.SearchConfig.top_k=0``."""

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import tokenizers
 from absl import logging
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import tokenization
 from aligner_jax.encoding.encoder import EncoderBundle
@@ -165,14 +166,16 @@ def load_backbone_params(spec: str, backbone_config, seed: int = 0):
 
 @gin.configurable
 def load_encoder(
-    config: aligner_lib.AlignerConfig = gin.REQUIRED,
+    config: aligner_lib.AlignerConfig | None = None,
     backbone_weights: str = "minilm",
     checkpoint: str | None = None,
     tokenizer: str = AUTO,
     seed: int = 0,
     name: str | None = None,
 ) -> EncoderBundle:
-    """An :class:`EncoderBundle` ready for encoding (see the module docstring)."""
+    """An :class:`EncoderBundle` ready for encoding (see the module docstring); ``config``
+    must be bound (a model file)."""
+    checks.required("load_encoder.config", config)
     config = config_for_weights(config, backbone_weights)
     if config.backbone is None:
         raise ConfigError(

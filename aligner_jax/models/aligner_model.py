@@ -73,8 +73,9 @@ class AlignerModel:
     """Shared encoder + projection + salience heads, with the training loss and inference modes."""
 
     def __init__(
-        self, config: aligner_lib.AlignerConfig = gin.REQUIRED, loss: LossConfig | None = None
+        self, config: aligner_lib.AlignerConfig | None = None, loss: LossConfig | None = None
     ):
+        checks.required("AlignerModel.config", config)
         self.config = config
         self.loss = loss or LossConfig()
         self.module = aligner_lib.AlignerEncoder(config)

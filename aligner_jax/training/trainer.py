@@ -32,7 +32,7 @@ from absl import logging
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from aligner_jax.common import fileio, progress
+from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, NonFiniteLossError
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
@@ -68,9 +68,9 @@ def _with_shardings(abstract, shardings):
 
 @gin.configurable
 def train(
-    model_dir: str = gin.REQUIRED,
-    model: AlignerModel = gin.REQUIRED,
-    num_train_steps: int = gin.REQUIRED,
+    model_dir: str | None = None,
+    model: AlignerModel | None = None,
+    num_train_steps: int | None = None,
     data: input_pipeline.DataConfig | None = None,
     learning_rate: Any = 1e-4,
     optimizer_fn=optimizers.create_optimizer,
@@ -102,6 +102,10 @@ def train(
       stop_after_steps: stop this run after that many steps (tests, time-boxed jobs); a later
         run resumes from the checkpoints.
     """
+    checks.required("train.model_dir", model_dir)  # unbound: no run file
+    checks.required("train.num_train_steps", num_train_steps)
+    checks.required("train.model", model)
+    # bound to an unset macro (``MODEL_DIR = %gin.REQUIRED``): gin passes its sentinel
     if not isinstance(model_dir, str | os.PathLike) or not str(model_dir):
         raise ConfigError(
             "MODEL_DIR (train.model_dir) is not set: add --gin.MODEL_DIR=\"'/path/to/model_dir'\""
