@@ -212,12 +212,18 @@ def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
     kept."""
     if signal.getsignal(signal.SIGINT) is aligner_jax._exit_before_start:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _job["started"] = False
     try:
         _run(main, uses_gin)
     except KeyboardInterrupt:
-        program = aligner_jax.program_name()
-        print(f"{program}: interrupted: {aligner_jax.INTERRUPTED_BEFORE_START}", file=sys.stderr)
+        # The job's own interruption is call_or_exit's; this one came before it or after it.
+        what = _AFTER_THE_JOB if _job["started"] else aligner_jax.INTERRUPTED_BEFORE_START
+        print(f"{aligner_jax.program_name()}: interrupted: {what}", file=sys.stderr)
         sys.exit(130)
+
+
+_job = {"started": False}  # whether call_or_exit ran this process's job (for Ctrl-C's line)
+_AFTER_THE_JOB = "after the job finished; its outputs are complete"
 
 
 def _run(main: Callable[[Sequence[str]], None], uses_gin: bool) -> None:
@@ -253,6 +259,7 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
     else is a bug and keeps its traceback. Ctrl-C exits 130 with one line
     ``PROGRAM: interrupted: ON_INTERRUPT`` (what was kept).
     """
+    _job["started"] = True
     try:
         try:
             return fn(**kwargs)
