@@ -86,6 +86,8 @@ def storage_error(path: Any, code: int, partial: str = "") -> errors.OutputWrite
     fix = "free space and re-run"
     if code == errno.EROFS:
         fix = "choose a folder on a writable filesystem and re-run"
+    elif code == errno.EFBIG:
+        fix = "raise the file size limit (ulimit -f) or use a filesystem that allows larger files"
     return errors.OutputWriteError(f"{path}: not written ({os.strerror(code)}); {kept}: {fix}")
 
 
