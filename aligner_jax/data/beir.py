@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -750,10 +749,3 @@ def format_stats(dataset: BeirDataset) -> str:
         f"unknown documents: {s.unknown_document_qrels:,})",
     ]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(
-        "python -m aligner_jax.data.beir moved: use python -m aligner_jax.beir "
-        "--download=NAME --to=DIR or --stats=DIR"
-    )
