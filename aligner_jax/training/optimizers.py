@@ -10,6 +10,8 @@ warmup_linear_decay.total_steps = %TRAIN_STEPS
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gin
 import optax
 
@@ -23,14 +25,7 @@ def constant_schedule(value: float = 1e-4) -> optax.Schedule:
     return optax.constant_schedule(value)
 
 
-@gin.configurable
-def warmup_linear_decay(
-    peak_value: float = 1e-4,
-    warmup_steps: int = 100,
-    total_steps: int = gin.REQUIRED,
-    end_value: float = 0.0,
-) -> optax.Schedule:
-    """Linear warm-up to ``peak_value`` then linear decay to ``end_value`` at ``total_steps``."""
+def _linear_decay(peak_value, warmup_steps, total_steps, end_value) -> optax.Schedule:
     if total_steps <= warmup_steps:
         raise ConfigError(
             f"warmup_linear_decay: total_steps={total_steps} must exceed warmup_steps={warmup_steps}"
@@ -44,14 +39,30 @@ def warmup_linear_decay(
     )
 
 
-@gin.configurable
-def warmup_cosine_decay(
-    peak_value: float = 1e-4,
-    warmup_steps: int = 100,
-    total_steps: int = gin.REQUIRED,
-    end_value: float = 0.0,
-) -> optax.Schedule:
+def _cosine_decay(peak_value, warmup_steps, total_steps, end_value) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, peak_value, warmup_steps, total_steps, end_value)
+
+
+def _warmup_schedule(name: str, decay: Callable[..., optax.Schedule], shape: str):
+    """The gin configurable ``name``: linear warm-up, then ``decay`` (one signature for all)."""
+
+    def schedule(
+        peak_value: float = 1e-4,
+        warmup_steps: int = 100,
+        total_steps: int = gin.REQUIRED,
+        end_value: float = 0.0,
+    ) -> optax.Schedule:
+        return decay(peak_value, warmup_steps, total_steps, end_value)
+
+    schedule.__name__ = schedule.__qualname__ = name
+    schedule.__doc__ = (
+        f"Linear warm-up to ``peak_value`` then {shape} decay to ``end_value`` at ``total_steps``."
+    )
+    return gin.configurable(name)(schedule)
+
+
+warmup_linear_decay = _warmup_schedule("warmup_linear_decay", _linear_decay, "linear")
+warmup_cosine_decay = _warmup_schedule("warmup_cosine_decay", _cosine_decay, "cosine")
 
 
 @gin.configurable
