@@ -65,8 +65,23 @@ def _source_files() -> dict[str, Path]:
 FILES = _source_files()
 
 
-def _imports(path: Path):
-    """(imported module, is_local, line text) for every aligner_jax/heavy import in the file."""
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute name ``from node.module`` refers to in ``module`` (``from ..x import y``
+    counted like ``from aligner_jax.x import y``), so that no import escapes the checks."""
+    if node.level == 0:
+        return node.module
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level - 1 >= len(parts):
+        raise AssertionError(f"{module}: relative import beyond the top-level package")
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path, module: str | None = None):
+    """(imported module, is_local, line text) for every import in the file; relative ones are
+    resolved against ``module`` (the file's dotted name, by default from FILES)."""
+    if module is None:
+        module = next(name for name, p in FILES.items() if p == path)
     tree = ast.parse(path.read_text())
     lines = path.read_text().splitlines()
     local_nodes = set()
@@ -78,11 +93,12 @@ def _imports(path: Path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(node, module, path.name == "__init__.py")
             names = []
             for alias in node.names:
-                candidate = f"{node.module}.{alias.name}"
-                names.append(candidate if candidate in FILES else node.module)
+                candidate = f"{source}.{alias.name}"
+                names.append(candidate if candidate in FILES else source)
         else:
             continue
         for name in names:
@@ -214,6 +230,32 @@ def test_the_checks_catch_a_cycle_and_a_backward_import():
         "aligner_jax.evaluate -> aligner_jax.train (a binary importing another binary)",
         "aligner_jax.training.trainer (stage 6) -> aligner_jax.indexing.indexer (6)",
     ]
+
+
+def test_relative_imports_are_checked_like_absolute_ones(tmp_path):
+    source = tmp_path / "searcher.py"
+    source.write_text(
+        "from . import scoring_glue\n"
+        "from ..training import trainer\n"
+        "from ..core.scoring import alignment_scores\n"
+        "def f():\n"
+        "    from .. import train\n"
+    )
+    found = [(name, local) for name, local, _ in _imports(source, "aligner_jax.retrieval.searcher")]
+    assert found == [
+        ("aligner_jax.retrieval", False),
+        ("aligner_jax.training.trainer", False),
+        ("aligner_jax.core.scoring", False),
+        ("aligner_jax.train", True),
+    ]
+    package = tmp_path / "__init__.py"
+    package.write_text("from .searcher import Searcher\n")
+    assert [n for n, _, _ in _imports(package, "aligner_jax.retrieval")] == [
+        "aligner_jax.retrieval.searcher"
+    ]
+    package.write_text("from ... import x\n")
+    with pytest.raises(AssertionError, match="beyond the top-level package"):
+        list(_imports(package, "aligner_jax.retrieval"))
 
 
 def test_public_api_is_lazy_and_complete():
