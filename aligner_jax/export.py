@@ -3,7 +3,7 @@ r"""Export binary (``aligner-export``): a thin absl + gin wrapper of
 load (``transformers`` backbone + tokenizer, ``aligner_heads.safetensors``,
 ``aligner_config.json``, ``README.md``) and that ``hf:FOLDER`` loads back.
 
-  python -m aligner_jax.export --gin_file=models/minilm.gin \
+  python -m aligner_jax.export \
     --checkpoint=outputs/scifact_minilm --output_dir=outputs/scifact_minilm_hf
 
   python -m aligner_jax.export --gin_file=models/t5_base.gin --gin_file=models/aligner_t5.gin \
@@ -12,12 +12,19 @@ load (``transformers`` backbone + tokenizer, ``aligner_heads.safetensors``,
 Flags: ``--gin_file`` (repeatable; the model file the checkpoint was trained with),
 ``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--checkpoint`` (an ``aligner-train`` MODEL_DIR or
 step folder; default: ``load_encoder``'s binding), ``--output_dir``.
+
+Without ``--gin_file`` the model is the one the checkpoint was trained with: the ``config.gin``
+that ``aligner-train`` wrote in its MODEL_DIR (the backbone weights and tokenizer of the
+training run, unless bound otherwise); with no ``--checkpoint``, the bundled zero-shot model
+(``models/minilm_identity.gin``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+import gin
 from absl import app, flags
 
 from aligner_jax.common import cli
@@ -25,11 +32,53 @@ from aligner_jax.encoding import loading
 from aligner_jax.weights import hf_export
 
 FLAGS = flags.FLAGS
+DEFAULT_GIN_FILES = ("models/minilm_identity.gin",)  # without --checkpoint: the bundled model
+TRAINED_CONFIG = "config.gin"  # written by aligner-train into MODEL_DIR
 flags.DEFINE_string("checkpoint", None, "aligner-train MODEL_DIR (newest step) or a step folder.")
 flags.DEFINE_string("output_dir", None, "The export folder (new, empty or an earlier export).")
 
 
+def trained_config(checkpoint: str | None) -> Path | None:
+    """The ``config.gin`` of the MODEL_DIR that ``checkpoint`` names (MODEL_DIR, its
+    ``checkpoints`` folder or a step folder), or None."""
+    if not checkpoint:
+        return None
+    path = Path(checkpoint).resolve()
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / TRAINED_CONFIG).is_file():
+            return folder / TRAINED_CONFIG
+    return None
+
+
+def _binding(name: str):
+    """The value gin binds to ``name`` (None when unbound or unknown)."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return None
+
+
+def _encoder_as_trained() -> None:
+    """Binds what a training ``config.gin`` gives ``train``/``task_vocabulary`` but
+    ``load_encoder`` needs: the model, the backbone weights and the training tokenizer (each
+    only when not bound already)."""
+    if _binding("load_encoder.config") is None:
+        gin.parse_config("load_encoder.config = @AlignerConfig()")
+    if _binding("load_encoder.backbone_weights") is None:
+        gin.bind_parameter(
+            "load_encoder.backbone_weights", _binding("train.backbone_weights") or "random"
+        )
+    kind = _binding("task_vocabulary.kind")
+    sentencepiece = _binding("task_vocabulary.sentencepiece_model_file")
+    wordpiece = _binding("task_vocabulary.tokenizer_file")
+    if _binding("load_encoder.tokenizer") is None and (sentencepiece or wordpiece):
+        spec = f"sentencepiece:{sentencepiece}" if kind == "sentencepiece" else wordpiece
+        gin.bind_parameter("load_encoder.tokenizer", spec)
+
+
 def _export(checkpoint: str | None, output_dir: str) -> None:
+    if checkpoint and not flags.FLAGS.gin_file:
+        _encoder_as_trained()
     bundle = loading.load_encoder(**({"checkpoint": checkpoint} if checkpoint else {}))
     files = hf_export.export_model(
         bundle.config, bundle.params, bundle.source["tokenizer"], output_dir
@@ -43,9 +92,19 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
+    trained = trained_config(FLAGS.checkpoint)
+    needs = ""
+    if FLAGS.checkpoint and not trained:
+        needs = (
+            f"--checkpoint={FLAGS.checkpoint} has no {TRAINED_CONFIG} (written by aligner-train "
+            "in MODEL_DIR): name the model file it was trained with, e.g. "
+            "--gin_file=models/minilm.gin"
+        )
     cli.run_job(
         "aligner-export",
         _export,
+        default_gin_files=(str(trained),) if trained else DEFAULT_GIN_FILES,
+        needs_gin_file=needs,
         on_interrupt=f"{FLAGS.output_dir} may hold part of the export; re-run to replace it",
         checkpoint=FLAGS.checkpoint,
         output_dir=FLAGS.output_dir,

@@ -169,10 +169,18 @@ _RUN_FILE = "add a run file, e.g. --gin_file=runs/scifact_minilm.gin"
 def _unbound_calls(tmp_path):
     from aligner_jax.encoding import loading
     from aligner_jax.models.aligner_model import AlignerModel
-    from aligner_jax.training import trainer
+    from aligner_jax.training import optimizers, trainer
 
     out = str(tmp_path / "model")
     return {
+        **{
+            f"{schedule}.total_steps": (
+                getattr(optimizers, schedule),
+                f"gin: {schedule}.total_steps is not set: add a gin file that binds it, or "
+                f"--gin.{schedule}.total_steps=VALUE",
+            )
+            for schedule in ("warmup_linear_decay", "warmup_cosine_decay")
+        },
         "load_encoder.config": (
             loading.load_encoder,
             "gin: load_encoder.config is not set: add a model file, e.g. "
@@ -207,6 +215,8 @@ def _unbound_calls(tmp_path):
         "train.model_dir",
         "train.num_train_steps",
         "train.model",
+        "warmup_linear_decay.total_steps",
+        "warmup_cosine_decay.total_steps",
     ],
 )
 def test_unbound_required_parameter_is_a_config_error_naming_what_to_add(tmp_path, name):
@@ -289,6 +299,50 @@ def test_twenty_step_training_prints_at_most_25_lines(tmp_path):
     assert f"checkpoint {model_dir / 'checkpoints' / '20'}" in proc.stdout
     assert re.search(r"ALIGNER training: steps 0\.\.20 of 20 in [0-9.]+s", proc.stdout)
     assert "final loss " in proc.stdout
+
+
+def test_export_without_gin_file_takes_the_training_config(tmp_path):
+    """``aligner-export --checkpoint=STEP_FOLDER`` with no --gin_file: the model is the one the
+    MODEL_DIR's config.gin (written by aligner-train) describes; a --checkpoint folder without
+    one is refused in one line naming --gin_file. (Without --checkpoint the default is the
+    bundled zero-shot model: test_default_gin_files_configure_a_model.)"""
+    from aligner_jax.training import trainer
+
+    data = write_toy_beir(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    bindings = {
+        **TRAIN_BINDINGS,
+        "TRAIN_STEPS": 2,
+        "WARMUP_STEPS": 1,
+        "QUERY_LENGTH": 8,
+        "CheckpointConfig.period": 2,
+        "MODEL_DIR": repr(str(model_dir)),
+        "beir_train_source.dataset_dir": repr(str(data)),
+    }
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], [f"{k} = {v}" for k, v in bindings.items()]
+    )
+    trainer.train()
+    out = tmp_path / "exported"
+    step = model_dir / "checkpoints" / "2"
+    proc = run_module("aligner_jax.export", f"--checkpoint={step}", f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"no --gin_file: using the default {model_dir / 'config.gin'}" in proc.stderr
+    recorded = json.loads((out / "aligner_config.json").read_text())
+    assert (recorded["projection"], recorded["salience"], recorded["hidden_size"]) == (
+        "dense",
+        "lp",
+        32,  # bert_tiny, as trained
+    )
+    assert recorded["query_maxlen"] == 8
+
+    proc = run_module("aligner_jax.export", f"--checkpoint={data}", f"--output_dir={out}_2")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"aligner-export: error: no --gin_file: --checkpoint={data} has no config.gin (written "
+        "by aligner-train in MODEL_DIR): name the model file it was trained with, e.g. "
+        "--gin_file=models/minilm.gin"
+    )
 
 
 def _record(path: str, level: int) -> logging.LogRecord:
