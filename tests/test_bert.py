@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import importorskip
 from fixtures import LOGICAL_AXES, TINY_BERT, scatter_add_dtypes
 from flax import linen as nn
 from flax import traverse_util
@@ -63,8 +64,8 @@ def _tiny_inputs():
 
 
 def test_minilm_matches_pytorch_reference(minilm, minilm_batch, minilm_hidden):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = importorskip("torch")
+    transformers = importorskip("transformers")
     _, ids, mask = minilm_batch
     model = transformers.AutoModel.from_pretrained(str(minilm_weights.minilm_model_dir())).eval()
     with torch.no_grad():
@@ -80,8 +81,8 @@ def test_minilm_matches_pytorch_reference(minilm, minilm_batch, minilm_hidden):
 
 
 def test_minilm_matches_sentence_transformers_token_embeddings(minilm_batch, minilm_hidden):
-    pytest.importorskip("torch")
-    st = pytest.importorskip("sentence_transformers")
+    importorskip("torch")
+    st = importorskip("sentence_transformers")
     seqs, _, _ = minilm_batch
     model = st.SentenceTransformer(str(minilm_weights.minilm_model_dir()), device="cpu")
     assert model.max_seq_length == tokenization.DEFAULT_DOC_MAXLEN

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 import tokenizers
+from conftest import importorskip
 from fixtures import TOY_DOCS, TOY_QUERIES
 from safetensors.numpy import load_file, save_file
 
@@ -25,8 +26,8 @@ from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import bert, t5
 from aligner_jax.weights import hf_export, hf_models, minilm
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = importorskip("torch")
+transformers = importorskip("transformers")
 
 WORDS = sorted({w for doc in TOY_DOCS.values() for w in doc["text"].lower().split()})
 TEXTS = [
@@ -68,7 +69,7 @@ def bert_folder(tmp_path_factory):
 
 def _spiece(folder) -> None:
     """A tiny SentencePiece model (T5's tokenizer kind) trained on the toy documents."""
-    spm = pytest.importorskip("sentencepiece")
+    spm = importorskip("sentencepiece")
     corpus = folder / "corpus.txt"
     corpus.write_text("\n".join(d["text"] for d in TOY_DOCS.values()) * 3)
     spm.SentencePieceTrainer.train(
