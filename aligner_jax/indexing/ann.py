@@ -267,7 +267,10 @@ class TokenIndex:
         searchers, bounds = [], [slice(0, len(rows))]
         if backend == "scann":
             bounds = _part_bounds(store, rows, config.max_tokens_per_part)
-            bar = progress.Progress(len(bounds), "ScaNN token index: build parts", "part")
+            desc = "ScaNN token index: build parts"
+            if len(bounds) == 1:  # no rate (it starts after the first part): time logged at the end
+                desc = f"ScaNN token index: build 1 part ({len(rows):,} tokens)"
+            bar = progress.Progress(len(bounds), desc, "part")
             for i, part in enumerate(bounds):
                 data = _gather_rows(store, rows[part])
                 searcher, leaves = _build_scann(data, k_prime, config)
@@ -287,6 +290,12 @@ class TokenIndex:
                     time.perf_counter() - start,
                 )
             bar.close()
+            if len(bounds) == 1:
+                logging.info(
+                    "ScaNN token index: 1 part, %s tokens in %.1fs",
+                    f"{len(rows):,}",
+                    time.perf_counter() - start,
+                )
         return cls(store, backend, rows, searchers, bounds, config, time.perf_counter() - start)
 
     def save(self, directory: Path) -> None:
