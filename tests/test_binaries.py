@@ -231,19 +231,6 @@ def test_unbound_required_parameter_is_a_config_error_naming_what_to_add(tmp_pat
     assert not (tmp_path / "model").exists()
 
 
-def test_missing_binding_is_one_line_naming_what_to_add():
-    message = cli.missing_binding_message(
-        "Required bindings for `load_encoder` not provided in config: ['config']\n  In call to"
-    )
-    assert message == (
-        "gin: load_encoder.config is not set: add a model file, e.g. "
-        "--gin_file=models/minilm.gin, or --gin.load_encoder.config=VALUE"
-    )
-    assert cli.missing_binding_message(
-        "Required bindings for `f` not provided in config: ['a', 'b']"
-    ) == ("gin: f.a, f.b are not set: add a gin file that binds it, or --gin.f.a=VALUE")
-
-
 def test_evaluate_without_gin_file_runs_the_zero_shot_default(tmp_path):
     """The issue's command: ``python -m aligner_jax.evaluate --dataset_dir=D --output_dir=O``."""
     data = write_toy_beir(tmp_path / "data")
@@ -383,3 +370,20 @@ def test_ctrl_c_after_the_job_does_not_say_nothing_was_written(monkeypatch, caps
     assert capsys.readouterr().err == (
         "aligner-index: interrupted: after the job finished; its outputs are complete\n"
     )
+
+
+def test_unset_required_macro_is_one_line_naming_the_macro(tmp_path):
+    """runs/trainer.gin declares ``TRAIN_STEPS = %gin.REQUIRED``: left unset, aligner-train says
+    which macro to set (it was a ``TypeError`` traceback inside the schedule)."""
+    from aligner_jax.training import trainer
+
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/trainer.gin"], [f"MODEL_DIR = {str(tmp_path / 'm')!r}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit("aligner-train", trainer.train)
+    assert exit_info.value.code == (
+        "aligner-train: error: gin: TRAIN_STEPS (warmup_linear_decay.total_steps) is not set: "
+        "add --gin.TRAIN_STEPS=VALUE"
+    )
+    assert not (tmp_path / "m").exists()

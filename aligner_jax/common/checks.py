@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import gin
+
 from aligner_jax.common.errors import ConfigError
 
 #: What usually binds a parameter a gin file must bind: said in the one-line error.
@@ -25,10 +27,28 @@ BINDING_HINTS = {
 def required(name: str, value) -> None:
     """A parameter a gin file must bind (its default ``None``: unbound), e.g. ``train.model``:
     unbound, a ``ConfigError`` ``gin: train.model is not set: add a run file, e.g. ...,
-    or --gin.train.model=VALUE``."""
+    or --gin.train.model=VALUE``. Bound to a macro that a run file declares
+    ``%gin.REQUIRED`` and nobody set (gin then passes its ``REQUIRED`` marker), the error
+    names the macro: ``gin: TRAIN_STEPS (warmup_linear_decay.total_steps) is not set: add
+    --gin.TRAIN_STEPS=VALUE``."""
     if value is None:
         hint = BINDING_HINTS.get(name, "a gin file that binds it")
         raise ConfigError(f"gin: {name} is not set: add {hint}, or --gin.{name}=VALUE")
+    if value is gin.REQUIRED:
+        macro = _macro_bound_to(name)
+        if macro is None:
+            raise ConfigError(f"gin: {name} is not set: add --gin.{name}=VALUE")
+        raise ConfigError(f"gin: {macro} ({name}) is not set: add --gin.{macro}=VALUE")
+
+
+def _macro_bound_to(name: str) -> str | None:
+    """``TRAIN_STEPS`` when gin binds ``name`` to ``%TRAIN_STEPS``, else None."""
+    try:
+        bound = str(gin.query_parameter(name))
+    except ValueError:
+        return None
+    macro = bound.removeprefix("%")
+    return macro if bound.startswith("%") and macro != "gin.REQUIRED" else None
 
 
 def flag(name: str, value) -> str:

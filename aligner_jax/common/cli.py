@@ -245,12 +245,6 @@ def _run(main: Callable[[Sequence[str]], None], uses_gin: bool) -> None:
     app.run(main_with_progress)
 
 
-def _is_missing_gin_binding(error: BaseException) -> bool:
-    """gin reports an unbound ``gin.REQUIRED`` parameter or macro as a plain RuntimeError with
-    this message; it is the user's to fix (a binding), so it is turned into a ``ConfigError``."""
-    return type(error).__name__ == "RuntimeError" and str(error).startswith("Required bindings")
-
-
 def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
     """``fn(**kwargs)`` under the one error policy of every binary.
 
@@ -263,10 +257,6 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
     try:
         try:
             return fn(**kwargs)
-        except RuntimeError as e:
-            if _is_missing_gin_binding(e):
-                raise errors.ConfigError(missing_binding_message(str(e))) from e
-            raise
         except OSError as e:
             # A storage that refused a write outside fileio (orbax checkpoints, log appends,
             # np.save): the user's to fix, named in one line like fileio's own writes.
@@ -282,29 +272,6 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
             f"{program}: interrupted: {on_interrupt or 'nothing more was written'}", file=sys.stderr
         )
         sys.exit(130)
-
-
-# What usually binds a parameter gin reports missing: said in the one-line error.
-_BINDING_HINTS = {
-    "load_encoder.config": "a model file, e.g. --gin_file=models/minilm.gin",
-    "train.model": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
-    "train.model_dir": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
-    "train.num_train_steps": "a run file, e.g. --gin_file=runs/scifact_minilm.gin",
-}
-
-
-def missing_binding_message(gin_message: str) -> str:
-    """gin's ``Required bindings for `f` not provided in config: ['a', 'b']`` as one line saying
-    what to add (``f.a, f.b are not set: ...``)."""
-    first = gin_message.splitlines()[0]
-    head, _, names = first.partition(": ")
-    fn = head.split("`")[1] if head.count("`") >= 2 else head
-    params = [p.strip(" '\"") for p in names.strip("[]").split(",") if p.strip()]
-    bound = [f"{fn}.{p}" for p in params] or [fn]
-    hints = sorted({_BINDING_HINTS[b] for b in bound if b in _BINDING_HINTS})
-    how = f"add {' or '.join(hints)}" if hints else "add a gin file that binds it"
-    verb = "is" if len(bound) == 1 else "are"
-    return f"gin: {', '.join(bound)} {verb} not set: {how}, or --gin.{bound[0]}=VALUE"
 
 
 def parse_gin_flags(default_gin_files: Sequence[str] = ()) -> list[str]:

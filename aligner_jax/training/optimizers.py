@@ -15,6 +15,7 @@ from collections.abc import Callable
 import gin
 import optax
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
@@ -49,9 +50,10 @@ def _warmup_schedule(name: str, decay: Callable[..., optax.Schedule], shape: str
     def schedule(
         peak_value: float = 1e-4,
         warmup_steps: int = 100,
-        total_steps: int = gin.REQUIRED,
+        total_steps: int | None = None,
         end_value: float = 0.0,
     ) -> optax.Schedule:
+        checks.required(f"{name}.total_steps", total_steps)
         return decay(peak_value, warmup_steps, total_steps, end_value)
 
     schedule.__name__ = schedule.__qualname__ = name
