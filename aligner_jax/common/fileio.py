@@ -107,6 +107,15 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     return atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False))
 
 
+def read_json(path: str | os.PathLike, fix: str = "rebuild this index"):
+    """A JSON file the project wrote (an index's manifest, ``encoder.json``...); invalid JSON is
+    an ``IndexIntegrityError`` naming the file and ``fix``."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e}); {fix}") from e
+
+
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

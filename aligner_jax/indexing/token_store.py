@@ -111,12 +111,7 @@ def write_shard(
     return entry
 
 
-def read_json(path: Path, fix: str = "rebuild this index"):
-    """A JSON file of an index; invalid JSON is an ``IndexIntegrityError`` naming the file."""
-    try:
-        return json.loads(Path(path).read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise errors.IndexIntegrityError(f"{path}: not valid JSON ({e}); {fix}") from e
+read_json = fileio.read_json  # a JSON file of an index, invalid JSON named in one line
 
 
 def read_shard_marker(directory: Path, shard_index: int) -> dict | None:

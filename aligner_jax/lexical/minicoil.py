@@ -45,7 +45,6 @@ from aligner_jax.common.errors import ConfigError, IndexIntegrityError, MissingP
 from aligner_jax.data import bm25
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder
-from aligner_jax.indexing import token_store as ts
 from aligner_jax.lexical import meaning, triplets, words
 from aligner_jax.lexical.teacher import MeanPooledTeacher
 
@@ -588,7 +587,7 @@ class MiniCoilIndex:
         manifest_path = path / "minicoil.json"
         if not manifest_path.is_file():
             raise MissingPathError(f"{path}: no miniCOIL index there (minicoil.json missing)")
-        manifest = ts.read_json(manifest_path)
+        manifest = fileio.read_json(manifest_path)
         if manifest.get("format") != FORMAT:
             raise IndexIntegrityError(
                 f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}"
