@@ -22,9 +22,7 @@ training run, unless bound otherwise); with no ``--checkpoint``, the bundled zer
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-import gin
 from absl import app, flags
 
 from aligner_jax.common import cli
@@ -33,52 +31,13 @@ from aligner_jax.weights import hf_export
 
 FLAGS = flags.FLAGS
 DEFAULT_GIN_FILES = ("models/minilm_identity.gin",)  # without --checkpoint: the bundled model
-TRAINED_CONFIG = "config.gin"  # written by aligner-train into MODEL_DIR
 flags.DEFINE_string("checkpoint", None, "aligner-train MODEL_DIR (newest step) or a step folder.")
 flags.DEFINE_string("output_dir", None, "The export folder (new, empty or an earlier export).")
 
 
-def trained_config(checkpoint: str | None) -> Path | None:
-    """The ``config.gin`` of the MODEL_DIR that ``checkpoint`` names (MODEL_DIR, its
-    ``checkpoints`` folder or a step folder), or None."""
-    if not checkpoint:
-        return None
-    path = Path(checkpoint).resolve()
-    for folder in (path, path.parent, path.parent.parent):
-        if (folder / TRAINED_CONFIG).is_file():
-            return folder / TRAINED_CONFIG
-    return None
-
-
-def _binding(name: str):
-    """The value gin binds to ``name`` (None when unbound or unknown)."""
-    try:
-        return gin.query_parameter(name)
-    except ValueError:
-        return None
-
-
-def _encoder_as_trained() -> None:
-    """Binds what a training ``config.gin`` gives ``train``/``task_vocabulary`` but
-    ``load_encoder`` needs: the model, the backbone weights and the training tokenizer (each
-    only when not bound already)."""
-    if _binding("load_encoder.config") is None:
-        gin.parse_config("load_encoder.config = @AlignerConfig()")
-    if _binding("load_encoder.backbone_weights") is None:
-        gin.bind_parameter(
-            "load_encoder.backbone_weights", _binding("train.backbone_weights") or "random"
-        )
-    kind = _binding("task_vocabulary.kind")
-    sentencepiece = _binding("task_vocabulary.sentencepiece_model_file")
-    wordpiece = _binding("task_vocabulary.tokenizer_file")
-    if _binding("load_encoder.tokenizer") is None and (sentencepiece or wordpiece):
-        spec = f"sentencepiece:{sentencepiece}" if kind == "sentencepiece" else wordpiece
-        gin.bind_parameter("load_encoder.tokenizer", spec)
-
-
 def _export(checkpoint: str | None, output_dir: str) -> None:
     if checkpoint and not flags.FLAGS.gin_file:
-        _encoder_as_trained()
+        loading.bind_encoder_as_trained()
     bundle = loading.load_encoder(**({"checkpoint": checkpoint} if checkpoint else {}))
     files = hf_export.export_model(
         bundle.config, bundle.params, bundle.source["tokenizer"], output_dir
@@ -92,11 +51,11 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
-    trained = trained_config(FLAGS.checkpoint)
+    trained = loading.trained_config(FLAGS.checkpoint)
     needs = ""
     if FLAGS.checkpoint and not trained:
         needs = (
-            f"--checkpoint={FLAGS.checkpoint} has no {TRAINED_CONFIG} (written by aligner-train "
+            f"--checkpoint={FLAGS.checkpoint} has no {loading.TRAINED_CONFIG} (written by aligner-train "
             "in MODEL_DIR): name the model file it was trained with, e.g. "
             "--gin_file=models/minilm.gin"
         )

@@ -53,6 +53,7 @@ from aligner_jax.weights import (
 gin.external_configurable(bert.BertConfig, name="BertConfig", module="aligner_jax.models.bert")
 
 AUTO = "auto"
+TRAINED_CONFIG = "config.gin"  # written by aligner-train into MODEL_DIR
 # SentencePiece models looked for beside a T5X checkpoint (its folder and the model folder).
 _T5X_VOCABULARIES = ("spiece.model", "sentencepiece.model")
 _PATH_PREFIXES = ("t5x:", "hf:", "sentencepiece:", "wordpiece:")
@@ -255,3 +256,41 @@ def bundle_with(bundle: EncoderBundle, **config_changes) -> EncoderBundle:
     return dataclasses.replace(
         bundle, config=dataclasses.replace(bundle.config, **config_changes), _fingerprint=None
     )
+
+
+def trained_config(checkpoint: str | None) -> Path | None:
+    """The ``config.gin`` of the MODEL_DIR that ``checkpoint`` names (MODEL_DIR, its
+    ``checkpoints`` folder or a step folder), or None."""
+    if not checkpoint:
+        return None
+    path = Path(checkpoint).resolve()
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / TRAINED_CONFIG).is_file():
+            return folder / TRAINED_CONFIG
+    return None
+
+
+def _bound_value(name: str):
+    """The value gin binds to ``name`` (None when unbound or unknown)."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return None
+
+
+def bind_encoder_as_trained() -> None:
+    """Binds what a training ``config.gin`` gives ``train``/``task_vocabulary`` but
+    ``load_encoder`` needs: the model, the backbone weights and the training tokenizer (each
+    only when not bound already)."""
+    if _bound_value("load_encoder.config") is None:
+        gin.parse_config("load_encoder.config = @AlignerConfig()")
+    if _bound_value("load_encoder.backbone_weights") is None:
+        gin.bind_parameter(
+            "load_encoder.backbone_weights", _bound_value("train.backbone_weights") or "random"
+        )
+    kind = _bound_value("task_vocabulary.kind")
+    sentencepiece = _bound_value("task_vocabulary.sentencepiece_model_file")
+    wordpiece = _bound_value("task_vocabulary.tokenizer_file")
+    if _bound_value("load_encoder.tokenizer") is None and (sentencepiece or wordpiece):
+        spec = f"sentencepiece:{sentencepiece}" if kind == "sentencepiece" else wordpiece
+        gin.bind_parameter("load_encoder.tokenizer", spec)

@@ -407,7 +407,7 @@ def _bound(binding: str) -> bool:
 
 def _same_vocabulary(vocabulary, kind: str, file: Path) -> bool:
     """Whether a seqio ``vocabulary`` maps tokens to the ids of the tokenizer ``file``."""
-    from aligner_jax import tasks  # noqa: PLC0415
+    from aligner_jax import tasks  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
     if kind == "sentencepiece":
         return getattr(vocabulary, "sp_model", None) == file.read_bytes()
