@@ -28,7 +28,7 @@ import gin
 import jax
 import numpy as np
 
-from aligner_jax.common import checks
+from aligner_jax.common import checks, fileio
 from aligner_jax.common.errors import ConfigError
 
 DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
@@ -130,8 +130,8 @@ BATCH_KEYS = ("query_tokens", "doc_tokens")
 def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) -> Path:
     """Writes the first ``num_batches`` batches of ``config``'s pipeline to ``path`` (``.npz``).
 
-    One process only (the file holds global batches). Written to a temporary name and renamed, so
-    an interrupted call leaves no partial file.
+    One process only (the file holds global batches). Written atomically (`fileio.atomic_write`),
+    so an interrupted call leaves no partial file.
     """
     if jax.process_count() != 1:
         raise ConfigError("save_batches runs on one process (it writes global batches)")
@@ -141,12 +141,10 @@ def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) 
     stream = train_batches(source)
     batches = [next(stream) for _ in range(num_batches)]
     arrays = {k: np.stack([b[k] for b in batches]) for k in BATCH_KEYS}
+    identity = np.array(json.dumps(source.identity()))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, identity=np.array(json.dumps(source.identity())), **arrays)
-    os.replace(tmp, path)
-    return path
+    return fileio.atomic_write(path, lambda f: np.savez_compressed(f, identity=identity, **arrays))
 
 
 def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, np.ndarray]]:
