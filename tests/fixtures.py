@@ -175,6 +175,16 @@ def write_toy_beir(tmp_path: str | os.PathLike, split: str = "test", name: str =
     return write_beir_fixture(tmp_path, TOY_DOCS, TOY_QUERIES, TOY_QRELS, split=split, name=name)
 
 
+def parse_gin(*files: str, bindings=()) -> None:
+    """A fresh gin config from ``files`` (paths under gin/) and ``bindings``, as binaries parse it."""
+    import gin
+
+    from aligner_jax.common import cli
+
+    gin.clear_config()
+    cli.parse_gin(list(files), list(bindings))
+
+
 def scatter_add_dtypes(fn, *args) -> set[str]:
     """Dtypes of every scatter-add in ``fn(*args)``'s jaxpr (nested calls included).
 
@@ -189,23 +199,48 @@ def scatter_add_dtypes(fn, *args) -> set[str]:
     return set(re.findall(r":(\w+)\[[^\]]*\] = scatter-add", text))
 
 
-def run_module(
-    module: str, *args: str, cwd=REPO, timeout: float = 600, as_user: bool = False, **env: str
-):
-    """``python -m MODULE ARGS`` from the repository root, quiet TensorFlow, on the CPU; with
-    ``as_user``, in the environment a user has (no TF_CPP_MIN_LOG_LEVEL / JAX_PLATFORMS)."""
+def python_env(as_user: bool = False, **env: str) -> dict[str, str]:
+    """The environment of a test's child process: quiet TensorFlow, on the CPU, plus ``env``;
+    with ``as_user``, the environment a user has (no TF_CPP_MIN_LOG_LEVEL / JAX_PLATFORMS)."""
     quiet = ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")
     environment = {k: v for k, v in os.environ.items() if not (as_user and k in quiet)}
     if not as_user:
         environment.update(TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     environment.update(env)
+    return environment
+
+
+def run_python(
+    *args: str, cwd=REPO, timeout: float = 600, as_user: bool = False, **env: str
+) -> subprocess.CompletedProcess:
+    """``python ARGS`` (a script, ``-c CODE`` or ``-m MODULE``) from the repository root in
+    `python_env`; returns the finished process with its output as text."""
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, *map(str, args)],
         cwd=cwd,
-        env=environment,
+        env=python_env(as_user, **env),
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def run_module(module: str, *args: str, **kw) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS``, as `run_python` runs it."""
+    return run_python("-m", module, *args, **kw)
+
+
+def start_python(*args: str, cwd=REPO, capture: bool = False, **env: str) -> subprocess.Popen:
+    """``python ARGS`` started in the background like `run_python`, for tests that signal or
+    kill a job part-way; its output is discarded, or with ``capture`` piped as text."""
+    output = subprocess.PIPE if capture else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        env=python_env(**env),
+        stdout=output,
+        stderr=output,
+        text=capture,
     )
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import REPO, run_python
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import scaling  # noqa: E402
 
@@ -28,20 +26,14 @@ def test_calibration_recovers_the_generating_noise(tmp_path):
 
 
 def test_scaling_measures_a_small_corpus(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "scaling.py"),
-            "--sizes=100000",
-            "--num_queries=3",
-            "--k_prime=100",
-            f"--workdir={tmp_path / 'work'}",
-            f"--output={tmp_path / 'out'}",
-            "--name=small",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_python(
+        REPO / "benchmarks" / "scaling.py",
+        "--sizes=100000",
+        "--num_queries=3",
+        "--k_prime=100",
+        f"--workdir={tmp_path / 'work'}",
+        f"--output={tmp_path / 'out'}",
+        "--name=small",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads((tmp_path / "out" / "small.json").read_text())
@@ -122,11 +114,8 @@ def test_scaling_figure_keeps_units_apart_and_explains_a_recall_dip():
 def test_scaling_replot_rewrites_table_and_plot_from_saved_json(tmp_path):
     rows = _scaling_rows()
     (tmp_path / "x.json").write_text(json.dumps(rows))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--replot",
-         f"--output={tmp_path}", "--name=x"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    scaling_py = REPO / "benchmarks" / "scaling.py"
+    proc = run_python(scaling_py, "--replot", f"--output={tmp_path}", "--name=x", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "x.md").read_text() == scaling.markdown(rows)
     assert "| 4,000,000 | 1 | 136.0 |" in scaling.markdown(rows)

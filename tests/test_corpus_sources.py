@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import seqio
 import tensorflow as tf
+from fixtures import REPO, run_module
 
 from aligner_jax.common import errors
 from aligner_jax.data import corpus_sources as cs
 from aligner_jax.indexing import token_store as ts
 
-REPO = Path(__file__).resolve().parent.parent
 RECORDS = [
     {"_id": f"d{i}", "title": f"title {i}", "text": f"text of document {i} " * (i % 5 + 1)}
     for i in range(14)
@@ -117,9 +116,7 @@ def test_duplicate_ids_and_bad_utf8_name_the_record():
 
 
 def _index(corpus: str, index_dir: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
+    return run_module(
         "aligner_jax.index",
         "--gin_file=models/bert_tiny.gin",
         "--gin_file=index/default.gin",
@@ -127,8 +124,8 @@ def _index(corpus: str, index_dir: Path, env: dict, *extra: str) -> subprocess.C
         f"--corpus={corpus}",
         f"--index_dir={index_dir}",
         *extra,
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        **env,
+    )
 
 
 def test_aligner_index_on_a_seqio_task_matches_the_jsonl_index(tmp_path):
@@ -137,12 +134,7 @@ def test_aligner_index_on_a_seqio_task_matches_the_jsonl_index(tmp_path):
     module.write_text(textwrap.dedent(TASK_MODULE.format(records=RECORDS, name="toy_corpus")))
     gin_file = tmp_path / "toy_corpus.gin"
     gin_file.write_text("import toy_corpus_tasks\n")
-    env = dict(
-        __import__("os").environ,
-        PYTHONPATH=f"{tmp_path}:{REPO}",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        JAX_PLATFORMS="cpu",
-    )
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}  # the task module beside the package
     task = _index("seqio:toy_corpus", tmp_path / "task_index", env, f"--gin_file={gin_file}")
     assert task.returncode == 0, task.stderr[-2000:]
     jsonl = _index(str(_write_jsonl(tmp_path / "c.jsonl", RECORDS)), tmp_path / "jsonl_index", env)

@@ -7,19 +7,21 @@ import json
 
 import gin
 import pytest
-from fixtures import TOY_DOCS, TOY_QUERIES, run_module, trec_eval_run_file, write_toy_beir
+from fixtures import (
+    TOY_DOCS,
+    TOY_QUERIES,
+    parse_gin,
+    run_module,
+    trec_eval_run_file,
+    write_toy_beir,
+)
 
-from aligner_jax.common import cli, fileio
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25, runs
 from aligner_jax.evaluation import beir_eval
 from aligner_jax.retrieval import lexical_stages as lexical
 from aligner_jax.retrieval import searcher
-
-
-def _parse(*files, bindings=()):
-    gin.clear_config()
-    cli.parse_gin(list(files), list(bindings))
 
 
 def _read(path):
@@ -31,7 +33,7 @@ def toy(tmp_path_factory):
     """The toy folder, one token store, and ALIGNER's exhaustive run on it (the reference)."""
     tmp = tmp_path_factory.mktemp("toy")
     data = write_toy_beir(tmp / "data")
-    _parse("eval/zero_shot.gin", "eval/exhaustive.gin")
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp / "exh"), index_dir=str(tmp / "i"))
     gin.clear_config()
     return data, str(tmp / "i"), _read(tmp / "exh" / "run.trec")
@@ -76,7 +78,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
     ]
     first = tmp_path / "first.trec"
     first.write_text("\n".join(lines) + "\n")
-    _parse("eval/zero_shot.gin")
+    parse_gin("eval/zero_shot.gin")
     out = tmp_path / "reranked"
     report = beir_eval.evaluate(
         dataset_dir=str(data), output_dir=str(out), index_dir=index, rerank_run=str(first)
@@ -99,7 +101,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
 
 def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     data, index, full = toy
-    _parse("eval/hybrid.gin", bindings=["AdaptationConfig.fold_size = 2"])
+    parse_gin("eval/hybrid.gin", bindings=["AdaptationConfig.fold_size = 2"])
     out = tmp_path / "hybrid"
     report = beir_eval.evaluate(
         dataset_dir=str(data), output_dir=str(out), index_dir=index, adapt=True
@@ -122,7 +124,7 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     }  # fmt: skip
 
     # ALIGNER's weight 1: the fused ranking is ALIGNER's exhaustive ranking of the union.
-    _parse(
+    parse_gin(
         "eval/hybrid.gin", bindings=["HybridConfig.weight = 1.0", "HybridConfig.fusion = 'score'"]
     )
     beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "w1"), index_dir=index)
@@ -159,7 +161,7 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
     lexical.register("reversed")(lambda ids, texts, encoder, config: Reversed(list(ids)))
     try:
         data = write_toy_beir(tmp_path / "data")
-        _parse(bindings=["LexicalConfig.kind = 'reversed'"])
+        parse_gin(bindings=["LexicalConfig.kind = 'reversed'"])
         out = tmp_path / "o"
         report = beir_eval.evaluate(
             dataset_dir=str(data), output_dir=str(out), first_stage="reversed"
@@ -172,12 +174,12 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
 
 def test_minicoil_alone_and_in_the_hybrid(toy, tmp_path):
     data, index, _ = toy
-    _parse("eval/minicoil.gin")
+    parse_gin("eval/minicoil.gin")
     out = tmp_path / "minicoil"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
     assert report["config"]["first_stage"] == "minicoil" and not (out / "index").exists()
     assert report["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
-    _parse("eval/hybrid.gin", bindings=["LexicalConfig.kind = 'minicoil'"])
+    parse_gin("eval/hybrid.gin", bindings=["LexicalConfig.kind = 'minicoil'"])
     out = tmp_path / "hybrid"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out), index_dir=index)
     assert report["first_stage"]["lexical"]["kind"] == "minicoil"

@@ -6,21 +6,18 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import write_beir_fixture
+from fixtures import run_python, start_python, write_beir_fixture
 from index_utils import random_documents, write_store
 
 from aligner_jax.common import fileio
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import token_store as ts
 
-REPO = Path(__file__).resolve().parent.parent
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega rho tau phi".split()
 
 
@@ -39,8 +36,8 @@ def corpus(tmp_path_factory):
 
 
 def _index_cmd(corpus, index_dir, *extra):
+    """The arguments of ``python`` that run aligner-index (for `run_python`, `start_python`)."""
     return [
-        sys.executable,
         "-m",
         "aligner_jax.index",
         "--gin_file=models/bert_tiny.gin",
@@ -52,9 +49,6 @@ def _index_cmd(corpus, index_dir, *extra):
     ]
 
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-
-
 def _checksums(index_dir: Path) -> dict[str, str]:
     manifest = json.loads((index_dir / ts.MANIFEST).read_text())
     return {
@@ -62,12 +56,8 @@ def _checksums(index_dir: Path) -> dict[str, str]:
     }
 
 
-def _run(cmd, timeout=600):
-    return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
 def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
-    reference = _run(_index_cmd(corpus, tmp_path / "ref"))
+    reference = run_python(*_index_cmd(corpus, tmp_path / "ref"))
     assert reference.returncode == 0, reference.stderr[-2000:]
     summary = json.loads(reference.stdout.strip().splitlines()[-1])
     assert summary["complete"] and summary["num_docs"] == 60 and summary["num_shards"] == 10
@@ -78,13 +68,7 @@ def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
     target = tmp_path / "killed"
     rng = random.Random(os.getpid())
     for _ in range(2):  # killed twice at random points, then run to the end
-        proc = subprocess.Popen(
-            _index_cmd(corpus, target),
-            cwd=REPO,
-            env=ENV,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = start_python(*_index_cmd(corpus, target))
         wanted = len(list(target.glob("shard-?????.json"))) + rng.randint(1, 3)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -95,20 +79,24 @@ def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
             time.sleep(0.02)
         proc.wait(timeout=60)
         assert not (target / ts.MANIFEST).exists() or proc.returncode == 0
-    finished = _run(_index_cmd(corpus, target))
+    finished = run_python(*_index_cmd(corpus, target))
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert _checksums(target) == _checksums(tmp_path / "ref")
     assert not list(target.glob(".*.tmp"))  # temporary files of killed writes are cleaned up
 
 
 def test_two_processes_split_the_shards(corpus, tmp_path):
-    first = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=0", "--process_count=2"))
+    first = run_python(
+        *_index_cmd(corpus, tmp_path / "mp", "--process_index=0", "--process_count=2")
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     assert "INCOMPLETE" in first.stdout and not (tmp_path / "mp" / ts.MANIFEST).exists()
     assert sorted(p.name for p in (tmp_path / "mp").glob("shard-?????.json")) == [
         f"shard-{i:05d}.json" for i in range(0, 10, 2)
     ]
-    second = _run(_index_cmd(corpus, tmp_path / "mp", "--process_index=1", "--process_count=2"))
+    second = run_python(
+        *_index_cmd(corpus, tmp_path / "mp", "--process_index=1", "--process_count=2")
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     store = ts.TokenStore(tmp_path / "mp", verify_checksums=True)
     assert store.num_docs == 60 and store.manifest["counts"]["num_shards"] == 10
@@ -117,19 +105,19 @@ def test_two_processes_split_the_shards(corpus, tmp_path):
 def test_bad_corpus_and_flags_name_the_problem(tmp_path):
     bad = tmp_path / "corpus.jsonl"
     bad.write_text('{"_id": "a", "text": "fine"}\n{"_id": "a", "text": "again"}\n')
-    proc = _run(_index_cmd(bad, tmp_path / "i"))
+    proc = run_python(*_index_cmd(bad, tmp_path / "i"))
     assert proc.returncode != 0
     assert f"{bad}:2" in proc.stderr and "duplicate" in proc.stderr
-    proc = _run(_index_cmd(tmp_path / "missing.jsonl", tmp_path / "i2"))
+    proc = run_python(*_index_cmd(tmp_path / "missing.jsonl", tmp_path / "i2"))
     assert proc.returncode != 0 and "--corpus=" in proc.stderr
-    proc = _run(_index_cmd(bad, tmp_path / "i3", "--process_index=2", "--process_count=2"))
+    proc = run_python(*_index_cmd(bad, tmp_path / "i3", "--process_index=2", "--process_count=2"))
     assert proc.returncode != 0 and "--process_index=2" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_settings_change_in_the_same_index_dir_is_refused(corpus, tmp_path):
-    assert _run(_index_cmd(corpus, tmp_path / "i")).returncode == 0
-    proc = _run(_index_cmd(corpus, tmp_path / "i", "--gin.IndexingConfig.shard_size=7"))
+    assert run_python(*_index_cmd(corpus, tmp_path / "i")).returncode == 0
+    proc = run_python(*_index_cmd(corpus, tmp_path / "i", "--gin.IndexingConfig.shard_size=7"))
     assert proc.returncode != 0 and "index_config.json" in proc.stderr
 
 
@@ -194,7 +182,7 @@ def test_one_writer_per_index_directory(corpus, tmp_path):
     with fileio.exclusive_lock(index / ".lock-0", "test holder"):
         with fileio.exclusive_lock(index / ".lock-1", "another process index"):
             pass  # process 1 of a multi-process run is not blocked by process 0
-        refused = _run(_index_cmd(corpus, index))
+        refused = run_python(*_index_cmd(corpus, index))
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
         f"aligner-index: error: index directory {index} (process 0): another process "
@@ -203,6 +191,6 @@ def test_one_writer_per_index_directory(corpus, tmp_path):
     )
     assert not list(index.glob("shard-*"))
     (index / ".lock-0").write_text("999999\n")  # left by a killed run: no process holds it
-    taken_over = _run(_index_cmd(corpus, index))
+    taken_over = run_python(*_index_cmd(corpus, index))
     assert taken_over.returncode == 0, taken_over.stderr[-2000:]
     assert (index / ts.MANIFEST).exists()

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from fixtures import run_module
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from aligner_jax.common.errors import MissingPathError
 from aligner_jax.evaluation import plotting, pruning_sweep
 
-REPO = Path(__file__).resolve().parents[1]
 BETA_D = (1.0, 0.4, 0.1)
 BETA_Q = (1.0, 0.5, 0.1)
 NDCG = {1.0: {1.0: 0.70, 0.4: 0.70, 0.1: 0.69}, 0.1: {1.0: 0.68, 0.4: 0.66, 0.1: 0.60}}
@@ -157,13 +154,7 @@ def test_replot_redraws_table_and_plots_from_sweep_json(tmp_path):
     with pytest.raises(MissingPathError, match="sweep.json"):
         pruning_sweep.replot(str(tmp_path))
     (tmp_path / "sweep.json").write_text(json.dumps(_report()))
-    proc = subprocess.run(
-        [sys.executable, "-m", "aligner_jax.sweep", "--replot", f"--output_dir={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_module("aligner_jax.sweep", "--replot", f"--output_dir={tmp_path}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "sweep.md").read_text() == pruning_sweep.markdown(_report())
     for png in ("toy_ndcg_vs_beta_d.png", "toy_ndcg_vs_cost.png"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import gin
 import numpy as np
 import pytest
-from fixtures import write_beir_fixture
+from fixtures import run_python, start_python, write_beir_fixture
 
 from aligner_jax.common import cli, errors
 from aligner_jax.evaluation import beir_eval
@@ -124,17 +124,9 @@ def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
         trainer.train()
 
 
-def _run(cmd: list[str], **env) -> subprocess.CompletedProcess:
-    """Runs ``cmd`` on CPU in the repository; asserts it succeeded."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **env)
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def _run(*args: str, **env) -> subprocess.CompletedProcess:
+    """Runs ``python ARGS`` (`run_python`); asserts it succeeded."""
+    proc = run_python(*args, timeout=900, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -169,10 +161,7 @@ def test_tiny_model_trains_sharded_on_8_host_devices(name, toy, tmp_path):
     gin_files, no_dropout, mlp_path = MODELS[name]
     bindings = _bindings(tmp_path / "m", toy, 24, **{"train.num_partitions": 2, **no_dropout})
     args = [json.dumps(gin_files), json.dumps(bindings), json.dumps(mlp_path)]
-    proc = _run(
-        [sys.executable, "-c", SHARDED_SCRIPT, *args],
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-    )
+    proc = _run("-c", SHARDED_SCRIPT, *args, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     assert "MLP_SPEC (None, 'model')" in proc.stdout
     assert "MESH {'data': 4, 'model': 2}" in proc.stdout
     losses = _losses(tmp_path / "m")
@@ -182,22 +171,20 @@ def test_tiny_model_trains_sharded_on_8_host_devices(name, toy, tmp_path):
 
 
 def _train_cmd(bindings):
-    cmd = [sys.executable, "-m", "aligner_jax.train", "--gin_file=models/bert_tiny.gin"]
+    """The arguments of ``python`` that run aligner-train (for `run_python`, `start_python`)."""
+    cmd = ["-m", "aligner_jax.train", "--gin_file=models/bert_tiny.gin"]
     cmd += ["--gin_file=runs/train.gin"] + [f"--gin_bindings={b}" for b in bindings]
     return cmd
 
 
 def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
     steps = 12
-    _run(_train_cmd(_bindings(tmp_path / "ref", toy, steps)))
+    _run(*_train_cmd(_bindings(tmp_path / "ref", toy, steps)))
 
     resumed_dir = tmp_path / "killed"
     cmd = _train_cmd(_bindings(resumed_dir, toy, steps))
     kill_after = random.Random(os.getpid()).randint(4, 9)  # a random point past a checkpoint
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc = start_python(*cmd)
     log = resumed_dir / trainer.TRAIN_LOG
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
@@ -210,7 +197,7 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
     logged_before_kill = len(log.read_text().splitlines())
     assert logged_before_kill < steps
 
-    restarted = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    restarted = run_python(*cmd, timeout=900)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert "resumed from step" in restarted.stderr
     ref, got = _losses(tmp_path / "ref"), _losses(resumed_dir)
@@ -359,7 +346,7 @@ def test_replayed_batches_train_without_seqio_and_match_the_pipeline(toy, tmp_pa
     ] + [f"DataConfig.cached_batches = {str(batches)!r}"]
     argv = ["--gin_file=models/bert_tiny.gin", "--gin_file=runs/trainer.gin"]
     argv += [f"--gin_bindings={b}" for b in bindings]
-    proc = _run([sys.executable, "-c", NO_TF_SCRIPT, *argv])
+    proc = _run("-c", NO_TF_SCRIPT, *argv)
     assert "no TensorBoard summaries: clu's writer cannot be imported" in proc.stderr
     ref, got = _losses(tmp_path / "ref"), _losses(tmp_path / "replay")
     assert sorted(got) == list(range(1, steps + 1))
