@@ -8,13 +8,13 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from fixtures import REPO, write_toy_beir
+from fixtures import start_python, write_toy_beir
 
 from aligner_jax.common import cli, errors, fileio
 from aligner_jax.data import beir
@@ -231,19 +231,24 @@ def test_other_os_errors_keep_their_traceback():
         cli.call_or_exit("aligner-train", job)
 
 
+def test_a_bug_keeps_its_traceback():
+    """A plain ValueError (here NumPy's shape mismatch) is a bug, not a user error: it propagates
+    with its traceback instead of exiting with one line."""
+
+    def job():
+        return np.zeros(3) + np.zeros(4)
+
+    with pytest.raises(ValueError, match="could not be broadcast together") as info:
+        cli.call_or_exit("aligner-eval", job)
+    assert not isinstance(info.value, errors.UserError)
+    assert info.traceback[-1].name == "job"  # raised where the bug is
+
+
 def test_ctrl_c_during_the_imports_of_a_binary_is_one_line(tmp_path):
     """A real SIGINT while ``python -m aligner_jax.index`` imports jax: one line, exit 130."""
     data = write_toy_beir(tmp_path)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
     args = [f"--corpus={data / 'corpus.jsonl'}", f"--index_dir={tmp_path / 'index'}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aligner_jax.index", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_python("-m", "aligner_jax.index", *args, capture=True)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 60
     while "numpy" not in maps.read_text() and time.monotonic() < deadline:
