@@ -350,7 +350,7 @@ class MiniCoilIndex:
         timings["encode_corpus_s"] = time.perf_counter() - t0
         x = pair_sum / np.maximum(pair_count, 1)[:, None]
         del pair_sum
-        pair_doc, pair_stem = pairs
+        _, pair_stem = pairs
         data = None
         if loaded is None:
             data = _training_data(
@@ -365,14 +365,18 @@ class MiniCoilIndex:
                 report["fit"] = fit_report
             t0 = time.perf_counter()
             m = models.apply(model_of[pair_stem], x)
-            out[dim] = cls._assemble(
+            doc_matrix, cell_offset, idf, stats = _doc_matrix(
+                corpus, model_of, models.dim, m, pairs, cfg
+            )
+            report.update(stats)
+            out[dim] = cls(
                 doc_ids,
-                corpus,
-                model_of,
+                corpus.stems,
+                cell_offset,
+                idf,
+                doc_matrix,
+                corpus.doc_tf,
                 models,
-                m,
-                pair_doc,
-                pair_stem,
                 cfg,
                 encoder,
                 analyzer,
@@ -380,71 +384,6 @@ class MiniCoilIndex:
             )
             report["timings"]["assemble_s"] = time.perf_counter() - t0
         return out
-
-    @classmethod
-    def _assemble(
-        cls,
-        doc_ids,
-        corpus,
-        model_of,
-        models,
-        m,
-        pair_doc,
-        pair_stem,
-        config,
-        encoder,
-        analyzer,
-        report,
-    ):
-        num_docs, num_stems = corpus.doc_tf.shape
-        width = np.where(model_of >= 0, models.dim, 1)
-        cell_offset = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
-        df = np.bincount(corpus.doc_tf.indices, minlength=num_stems)
-        idf_stem = bm25.lucene_idf(df, num_docs)
-        idf = np.repeat(idf_stem, width).astype(np.float32)
-        avgdl = float(corpus.doc_len.mean())
-        coo = corpus.doc_tf.tocoo()
-        importance = bm25.term_frequency_importance(
-            coo.data.astype(np.float64), corpus.doc_len[coo.row], avgdl, config.k1, config.b
-        )
-        plain = model_of[coo.col] < 0
-        rows = [coo.row[plain]]
-        cols = [cell_offset[coo.col[plain]]]
-        vals = [importance[plain]]
-        # Words with a model: importance × unit meaning vector, in the word's `dim` cells.
-        keys = pair_doc * num_stems + pair_stem
-        order = np.argsort(keys)
-        with_model = np.flatnonzero(~plain)
-        wanted = coo.row[with_model].astype(np.int64) * num_stems + coo.col[with_model]
-        pair_of = order[np.searchsorted(keys[order], wanted)]
-        dim = models.dim
-        rows.append(np.repeat(coo.row[with_model], dim))
-        cols.append((cell_offset[coo.col[with_model]][:, None] + np.arange(dim)).ravel())
-        vals.append((importance[with_model][:, None] * m[pair_of]).ravel())
-        doc_matrix = sp.csr_matrix(
-            (np.concatenate(vals).astype(np.float32), (np.concatenate(rows), np.concatenate(cols))),
-            shape=(num_docs, int(cell_offset[-1])),
-        )
-        report.update(
-            num_docs=num_docs,
-            num_words=num_stems,
-            num_words_with_model=int((model_of >= 0).sum()),
-            num_cells=int(cell_offset[-1]),
-            avgdl=avgdl,
-        )
-        return cls(
-            doc_ids,
-            corpus.stems,
-            cell_offset,
-            idf,
-            doc_matrix,
-            corpus.doc_tf,
-            models,
-            config,
-            encoder,
-            analyzer,
-            report,
-        )
 
     # ------------------------------------------------------------------ querying
 
@@ -623,6 +562,50 @@ class MiniCoilIndex:
 
 
 # ---------------------------------------------------------------------- fitting helpers
+
+
+def _doc_matrix(corpus: _Corpus, model_of: np.ndarray, dim: int, m: np.ndarray, pairs, config):
+    """The documents' sparse vectors (see the module docstring): a word with a model owns ``dim``
+    cells holding ``Importance · m(d_j)`` (``m``: the unit meaning vector of each (document, word)
+    pair in ``pairs``), a word without one a single cell holding ``Importance``. Returns
+    ``(doc_matrix, cell_offset, idf per cell, report fields)``."""
+    pair_doc, pair_stem = pairs
+    num_docs, num_stems = corpus.doc_tf.shape
+    width = np.where(model_of >= 0, dim, 1)
+    cell_offset = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
+    df = np.bincount(corpus.doc_tf.indices, minlength=num_stems)
+    idf_stem = bm25.lucene_idf(df, num_docs)
+    idf = np.repeat(idf_stem, width).astype(np.float32)
+    avgdl = float(corpus.doc_len.mean())
+    coo = corpus.doc_tf.tocoo()
+    importance = bm25.term_frequency_importance(
+        coo.data.astype(np.float64), corpus.doc_len[coo.row], avgdl, config.k1, config.b
+    )
+    plain = model_of[coo.col] < 0
+    rows = [coo.row[plain]]
+    cols = [cell_offset[coo.col[plain]]]
+    vals = [importance[plain]]
+    # Words with a model: importance × unit meaning vector, in the word's `dim` cells.
+    keys = pair_doc * num_stems + pair_stem
+    order = np.argsort(keys)
+    with_model = np.flatnonzero(~plain)
+    wanted = coo.row[with_model].astype(np.int64) * num_stems + coo.col[with_model]
+    pair_of = order[np.searchsorted(keys[order], wanted)]
+    rows.append(np.repeat(coo.row[with_model], dim))
+    cols.append((cell_offset[coo.col[with_model]][:, None] + np.arange(dim)).ravel())
+    vals.append((importance[with_model][:, None] * m[pair_of]).ravel())
+    doc_matrix = sp.csr_matrix(
+        (np.concatenate(vals).astype(np.float32), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(num_docs, int(cell_offset[-1])),
+    )
+    stats = dict(
+        num_docs=num_docs,
+        num_words=num_stems,
+        num_words_with_model=int((model_of >= 0).sum()),
+        num_cells=int(cell_offset[-1]),
+        avgdl=avgdl,
+    )
+    return doc_matrix, cell_offset, idf, stats
 
 
 def _choose_vocabulary(corpus: _Corpus, config: MiniCoilConfig) -> tuple[list[str], np.ndarray]:
