@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from fixtures import TINY_BERT_NO_DROPOUT
+from fixtures import TINY_BERT_NO_DROPOUT, TINY_T5
 from flax import linen as nn
 
 from aligner_jax.core import scoring
@@ -142,3 +142,24 @@ def test_config_errors_name_the_binding():
         aligner_model.LossConfig(alignment="top_k:zero")
     with pytest.raises(TypeError, match="BertConfig or T5Config"):
         aligner_lib.build_backbone(dataclasses.replace)
+
+
+@pytest.mark.parametrize("backbone", ["bert", "t5"])
+def test_head_initialisation_without_the_backbone_equals_the_full_one(backbone):
+    """``init_head_params`` (what ``load_encoder`` uses when pretrained backbone weights replace
+    the backbone) gives exactly the heads of a full initialisation: same keys, shapes, values."""
+    config = aligner_lib.AlignerConfig(
+        backbone=TINY if backbone == "bert" else TINY_T5, projection_dim=8, salience="lp"
+    )
+    full = aligner_lib.init_params(config, seed=3)
+    heads = aligner_lib.init_head_params(config, seed=3)
+    assert (
+        set(heads) == set(full) - {"backbone"} == {"projection", "query_salience", "doc_salience"}
+    )
+    for name, tree in heads.items():
+        assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(full[name])
+        leaves = zip(
+            jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(full[name]), strict=True
+        )
+        for a, b in leaves:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -201,13 +201,16 @@ def load_encoder(
         params, step = aligner_checkpoint.restore_params(checkpoint, config)
         label = name or f"{Path(checkpoint).resolve()}@{step}"
         return EncoderBundle(config=config, params=params, tokenizer=tok, name=label, source=source)
-    params = aligner_lib.init_params(config, seed)
     backbone = load_backbone_params(backbone_weights, config.backbone, seed)
-    if backbone is not None:
+    if backbone is None:
+        params = aligner_lib.init_params(config, seed)
+    else:
         param_checks.check_param_tree(
-            params["backbone"], backbone, f"backbone weights {backbone_weights!r}"
+            aligner_lib.abstract_params(config)["backbone"],
+            backbone,
+            f"backbone weights {backbone_weights!r}",
         )
-        params = dict(params)
+        params = aligner_lib.init_head_params(config, seed)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
     if backbone_weights.startswith(hf_models.PREFIX):
         folder = hf_models.folder_of(backbone_weights)

@@ -232,6 +232,25 @@ def init_params(config: AlignerConfig, seed: int = 0):
     return jax.jit(_init_unboxed(config))(jax.random.PRNGKey(seed))
 
 
+def _one_layer(backbone_config):
+    """The backbone with a single layer: the same output width, a far smaller program."""
+    field = "num_hidden_layers" if isinstance(backbone_config, bert.BertConfig) else "num_layers"
+    return dataclasses.replace(backbone_config, **{field: 1})
+
+
+def init_head_params(config: AlignerConfig, seed: int = 0) -> dict:
+    """Freshly initialised (unboxed) parameters of everything but the backbone: the projection
+    and salience heads, for a backbone whose weights come from elsewhere.
+
+    Equal to ``init_params(config, seed)`` without its ``backbone`` entry: Flax derives each
+    submodule's random key from its own name, so the heads' values do not depend on the backbone.
+    Only a one-layer backbone is traced and compiled (compiling the random initialisation of a
+    whole backbone that pretrained weights then replace cost most of an encoder's load time).
+    """
+    shallow = dataclasses.replace(config, backbone=_one_layer(config.backbone))
+    return {k: v for k, v in init_params(shallow, seed).items() if k != "backbone"}
+
+
 def abstract_params(config: AlignerConfig):
     """Shapes and dtypes of the (unboxed) parameters, without allocating them."""
     return jax.eval_shape(_init_unboxed(config), jax.random.PRNGKey(0))
