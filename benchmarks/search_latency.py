@@ -168,7 +168,10 @@ def _peer(system, vectors, work, threads, k, max_queries, reuse) -> dict:
 
 
 def _row(system, setting, model, dataset, threads, qrels, results, latency, **extra) -> dict:
-    ev = metrics.evaluate_run(qrels, results, k_values=(10, 100)) if results else None
+    # A peer stopped by its time limit answered only some queries: its metrics are over those
+    # (``num_queries`` says how many), not over every judged query with zeros for the rest.
+    answered = {q: judged for q, judged in qrels.items() if q in results}
+    ev = metrics.evaluate_run(answered, results, k_values=(10, 100)) if results else None
     return {
         "system": system,
         "setting": setting,
