@@ -144,19 +144,29 @@ def test_config_errors_name_the_binding():
         aligner_lib.build_backbone(dataclasses.replace)
 
 
-@pytest.mark.parametrize("backbone", ["bert", "t5"])
-def test_head_initialisation_without_the_backbone_equals_the_full_one(backbone):
+@pytest.mark.parametrize(
+    "backbone,projection,salience,heads",
+    [
+        ("bert", "dense", "lp", {"projection", "query_salience", "doc_salience"}),
+        ("t5", "dense", "lp", {"projection", "query_salience", "doc_salience"}),
+        ("bert", "identity", "none", set()),
+    ],
+)
+def test_head_initialisation_without_the_backbone_equals_the_full_one(
+    backbone, projection, salience, heads
+):
     """``init_head_params`` (what ``load_encoder`` uses when pretrained backbone weights replace
     the backbone) gives exactly the heads of a full initialisation: same keys, shapes, values."""
     config = aligner_lib.AlignerConfig(
-        backbone=TINY if backbone == "bert" else TINY_T5, projection_dim=8, salience="lp"
+        backbone=TINY if backbone == "bert" else TINY_T5,
+        projection=projection,
+        projection_dim=8,
+        salience=salience,
     )
     full = aligner_lib.init_params(config, seed=3)
-    heads = aligner_lib.init_head_params(config, seed=3)
-    assert (
-        set(heads) == set(full) - {"backbone"} == {"projection", "query_salience", "doc_salience"}
-    )
-    for name, tree in heads.items():
+    got = aligner_lib.init_head_params(config, seed=3)
+    assert set(got) == set(full) - {"backbone"} == heads
+    for name, tree in got.items():
         assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(full[name])
         leaves = zip(
             jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(full[name]), strict=True

@@ -248,6 +248,8 @@ def init_head_params(config: AlignerConfig, seed: int = 0) -> dict:
     whole backbone that pretrained weights then replace cost most of an encoder's load time).
     """
     shallow = dataclasses.replace(config, backbone=_one_layer(config.backbone))
+    if set(abstract_params(shallow)) == {"backbone"}:  # no heads (identity projection, no salience)
+        return {}
     return {k: v for k, v in init_params(shallow, seed).items() if k != "backbone"}
 
 
