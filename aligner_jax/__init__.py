@@ -5,7 +5,8 @@ The package follows the pipeline, one stage per subpackage (each imports only ea
 XTR, pruning, FLOPs) → ``data`` (BEIR, BM25, corpus streams) and ``models`` (Flax BERT, T5,
 the ALIGNER encoder) → ``weights`` (pretrained and trained parameters) → ``encoding`` (tokenizer,
 ``Encoder``) → ``tasks`` (seqio) → ``training`` and ``indexing`` → ``retrieval`` → ``evaluation``.
-The top-level modules are the binaries: ``python -m aligner_jax.VERB`` is ``aligner-VERB``.
+The top-level modules are the binaries: ``python -m aligner_jax.VERB`` is ``aligner-VERB``
+(``evaluate``: ``aligner-eval``).
 
 Python use (the names below are imported lazily: ``import aligner_jax`` stays light)::
 
