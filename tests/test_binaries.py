@@ -354,24 +354,6 @@ def test_library_logs_are_quiet_unless_verbosity_is_raised():
     )
 
 
-def test_ctrl_c_after_the_job_does_not_say_nothing_was_written(monkeypatch, capsys):
-    """Ctrl-C while a binary prints its summary (the job returned): one line, exit 130, saying
-    that the outputs are complete (not "before the job started")."""
-
-    def job_then_interrupt(main, *args, **kwargs):
-        cli.call_or_exit("aligner-index", lambda: None)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli.app, "run", job_then_interrupt)
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/aligner-index"])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(lambda argv: None)
-    assert exit_info.value.code == 130
-    assert capsys.readouterr().err == (
-        "aligner-index: interrupted: after the job finished; its outputs are complete\n"
-    )
-
-
 def test_unset_required_macro_is_one_line_naming_the_macro(tmp_path):
     """runs/trainer.gin declares ``TRAIN_STEPS = %gin.REQUIRED``: left unset, aligner-train says
     which macro to set (it was a ``TypeError`` traceback inside the schedule)."""

@@ -263,15 +263,28 @@ def test_ctrl_c_during_the_imports_of_a_binary_is_one_line(tmp_path):
     assert not (tmp_path / "index").exists()
 
 
-def test_ctrl_c_during_flag_parsing_is_one_line(monkeypatch, capsys):
-    def interrupted(main, *args, **kwargs):
-        raise KeyboardInterrupt
+def _interrupt_during_flag_parsing(main, *args, **kwargs):
+    raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.app, "run", interrupted)
+
+def _interrupt_after_the_job(main, *args, **kwargs):
+    cli.call_or_exit("aligner-search", lambda: None)  # the job returned; its summary is printing
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "run,said",
+    [
+        (_interrupt_during_flag_parsing, "before the job started; nothing was written"),
+        (_interrupt_after_the_job, "after the job finished; its outputs are complete"),
+    ],
+)
+def test_ctrl_c_around_the_job_is_one_line_saying_what_was_kept(monkeypatch, capsys, run, said):
+    """Ctrl-C while flags are parsed, or after the job returned (its summary printing): one
+    line, exit 130, saying whether anything was written."""
+    monkeypatch.setattr(cli.app, "run", run)
     monkeypatch.setattr(sys, "argv", ["/venv/bin/aligner-search"])
     with pytest.raises(SystemExit) as exit_info:
         cli.run(lambda argv: None)
     assert exit_info.value.code == 130
-    assert capsys.readouterr().err == (
-        "aligner-search: interrupted: before the job started; nothing was written\n"
-    )
+    assert capsys.readouterr().err == f"aligner-search: interrupted: {said}\n"
