@@ -91,3 +91,20 @@ def test_messages():
     with pytest.raises(errors.ConfigError, match=r"^--gin\.X\.y=2: must be <= 1$"):
         checks.number("X.y", 2, high=1)
     checks.integer("X.y", None, 1, allow_none=True)
+
+
+def test_bound_value_and_is_bound():
+    import gin  # noqa: PLC0415
+
+    gin.clear_config()
+    try:
+        assert checks.bound_value("SearchConfig.top_k") is None
+        assert checks.bound_value("SearchConfig.top_k", 7) == 7
+        assert not checks.is_bound("SearchConfig.top_k")
+        assert checks.bound_value("NoSuchConfigurable.field", 3) == 3  # unknown: the default
+        gin.bind_parameter("SearchConfig.top_k", None)  # bound, to None
+        assert checks.is_bound("SearchConfig.top_k")
+        gin.bind_parameter("SearchConfig.top_k", 5)
+        assert checks.bound_value("SearchConfig.top_k", 7) == 5
+    finally:
+        gin.clear_config()

@@ -41,12 +41,28 @@ def required(name: str, value) -> None:
         raise ConfigError(f"gin: {macro} ({name}) is not set: add --gin.{macro}=VALUE")
 
 
+_UNBOUND = object()
+
+
+def bound_value(name: str, default=None):
+    """The value gin binds to ``name`` (e.g. ``load_encoder.config``); ``default`` when it is
+    unbound or its configurable is not registered."""
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
+
+
+def is_bound(name: str) -> bool:
+    """Whether gin binds ``name`` (to any value, None included)."""
+    return bound_value(name, _UNBOUND) is not _UNBOUND
+
+
 def _macro_bound_to(name: str) -> str | None:
     """``TRAIN_STEPS`` when gin binds ``name`` to ``%TRAIN_STEPS``, else None."""
-    try:
-        bound = str(gin.query_parameter(name))
-    except ValueError:
+    if not is_bound(name):
         return None
+    bound = str(bound_value(name))
     macro = bound.removeprefix("%")
     return macro if bound.startswith("%") and macro != "gin.REQUIRED" else None
 

@@ -273,27 +273,20 @@ def trained_config(checkpoint: str | None) -> Path | None:
     return None
 
 
-def _bound_value(name: str):
-    """The value gin binds to ``name`` (None when unbound or unknown)."""
-    try:
-        return gin.query_parameter(name)
-    except ValueError:
-        return None
-
-
 def bind_encoder_as_trained() -> None:
     """Binds what a training ``config.gin`` gives ``train``/``task_vocabulary`` but
     ``load_encoder`` needs: the model, the backbone weights and the training tokenizer (each
     only when not bound already)."""
-    if _bound_value("load_encoder.config") is None:
+    if checks.bound_value("load_encoder.config") is None:
         gin.parse_config("load_encoder.config = @AlignerConfig()")
-    if _bound_value("load_encoder.backbone_weights") is None:
+    if checks.bound_value("load_encoder.backbone_weights") is None:
         gin.bind_parameter(
-            "load_encoder.backbone_weights", _bound_value("train.backbone_weights") or "random"
+            "load_encoder.backbone_weights",
+            checks.bound_value("train.backbone_weights") or "random",
         )
-    kind = _bound_value("task_vocabulary.kind")
-    sentencepiece = _bound_value("task_vocabulary.sentencepiece_model_file")
-    wordpiece = _bound_value("task_vocabulary.tokenizer_file")
-    if _bound_value("load_encoder.tokenizer") is None and (sentencepiece or wordpiece):
+    kind = checks.bound_value("task_vocabulary.kind")
+    sentencepiece = checks.bound_value("task_vocabulary.sentencepiece_model_file")
+    wordpiece = checks.bound_value("task_vocabulary.tokenizer_file")
+    if checks.bound_value("load_encoder.tokenizer") is None and (sentencepiece or wordpiece):
         spec = f"sentencepiece:{sentencepiece}" if kind == "sentencepiece" else wordpiece
         gin.bind_parameter("load_encoder.tokenizer", spec)

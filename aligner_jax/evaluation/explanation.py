@@ -37,10 +37,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import gin
 import jax.numpy as jnp
 import numpy as np
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning, scoring
 from aligner_jax.data import beir
@@ -221,10 +221,7 @@ def settings_from_gin() -> dict:
     bindings of ``aligner-eval``), Table 4's defaults where unbound."""
     out = {"alignment": DEFAULT_ALIGNMENT, "beta_q": DEFAULT_BETA_Q, "beta_d": DEFAULT_BETA_D}
     for key, binding in GIN_SETTINGS.items():
-        try:
-            out[key] = gin.query_parameter(binding)
-        except ValueError:  # not bound (or its module not imported): the default
-            pass
+        out[key] = checks.bound_value(binding, out[key])
     return out
 
 

@@ -11,23 +11,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import gin
 import numpy as np
 import threadpoolctl
 
-from aligner_jax.common import progress
+from aligner_jax.common import checks, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
 from aligner_jax.retrieval import searcher as search_lib
-
-
-def _gin_binds_model() -> bool:
-    try:
-        gin.query_parameter("load_encoder.config")
-    except ValueError:
-        return False
-    return True
 
 
 def corpus_titles(manifest: dict, doc_ids: set[str]) -> dict[str, str]:
@@ -73,7 +64,8 @@ def search_job(
     threadpoolctl.threadpool_limits(threads)
     t0 = time.perf_counter()
     encoder = None
-    if _gin_binds_model():  # --gin_file of a model: that model, checked against the index
+    # --gin_file of a model: that model, checked against the index
+    if checks.is_bound("load_encoder.config"):
         encoder = search_lib.whole_query_encoder(loading.load_encoder(checkpoint=checkpoint))
     searcher = search_lib.Searcher.load(
         index_dir, mode=mode, checkpoint=checkpoint, encoder=encoder, alignment=alignment

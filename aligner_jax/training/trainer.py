@@ -374,7 +374,7 @@ def _use_folder_vocabulary(backbone_weights: str, backbone_config, model_dir: Pa
     spec = loading_lib.resolve_tokenizer(loading_lib.AUTO, backbone_weights, backbone_config)
     kind = "sentencepiece" if spec.startswith("sentencepiece:") else "wordpiece"
     file = Path(spec.removeprefix("sentencepiece:").removeprefix("wordpiece:"))
-    explicit = [name for name in _VOCABULARY_BINDINGS if _bound(f"task_vocabulary.{name}")]
+    explicit = [name for name in _VOCABULARY_BINDINGS if checks.is_bound(f"task_vocabulary.{name}")]
     if explicit:
         configured = tasks.task_vocabulary()
         if not _same_vocabulary(configured, kind, file):
@@ -395,14 +395,6 @@ def _use_folder_vocabulary(backbone_weights: str, backbone_config, model_dir: Pa
     gin.bind_parameter(f"task_vocabulary.{name}", str(file))
     tasks.task_vocabulary()  # checks the file now, and config.gin records the bindings
     logging.info("training data tokenized with %s (the tokenizer of %s)", file, backbone_weights)
-
-
-def _bound(binding: str) -> bool:
-    try:
-        gin.query_parameter(binding)
-    except ValueError:
-        return False
-    return True
 
 
 def _same_vocabulary(vocabulary, kind: str, file: Path) -> bool:
