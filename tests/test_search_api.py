@@ -5,13 +5,14 @@ aligner-eval."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gin
 import numpy as np
 import pytest
 from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, write_beir_fixture
 
-from aligner_jax.common import cli, errors
+from aligner_jax.common import cli, errors, fileio
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.indexing import centroid_index as ci
@@ -150,7 +151,44 @@ def test_search_binary_prints_titles_and_writes_a_trec_run(built, folders, run_b
     assert "Traceback" not in r.stderr
 
 
-def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(built, folders, run_binary):
+def _load_counting_hashes(monkeypatch, index_dir, **overrides):
+    """``Searcher.load`` and the index files (not the two small manifests) it hashed."""
+    hashed, real = [], fileio.sha256_file
+    monkeypatch.setattr(
+        fileio, "sha256_file", lambda path, *a, **kw: hashed.append(Path(path).name) or real(path)
+    )
+    searcher = search_lib.Searcher.load(str(index_dir), **overrides)
+    monkeypatch.setattr(fileio, "sha256_file", real)
+    return searcher, [n for n in hashed if n not in (ts.MANIFEST, ci.META)]
+
+
+def test_first_load_after_aligner_index_does_not_hash_and_still_refuses_altered_files(
+    folders, run_binary, tmp_path, monkeypatch
+):
+    """aligner-index records the checksums it computed from the bytes it wrote: the first
+    Searcher.load hashes no index file; a file altered after the job is still refused."""
+    index_dir = tmp_path / "index"
+    r = run_binary(
+        "index", MODEL, f"--corpus={folders['later'] / 'corpus.jsonl'}", f"--index_dir={index_dir}"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    searcher, hashed = _load_counting_hashes(monkeypatch, index_dir)
+    assert hashed == []
+    assert searcher.search("beekeeper smoke veil", k=1)[0][0] == "d10"
+    for victim in ("shard-00000.vectors.npy", f"{ci.SUBDIR}/shard-00000.residuals.npy"):
+        path = index_dir / victim
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        with pytest.raises(errors.IndexIntegrityError, match=r"sha256 does not match"):
+            search_lib.Searcher.load(str(index_dir))
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(
+    built, folders, run_binary, monkeypatch
+):
     index_dir = folders["root"] / "index_grown"
     r = run_binary(
         "index",
@@ -169,18 +207,21 @@ def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(built, folders, run
     assert manifest["counts"]["num_docs"] == len(TOY_DOCS)
     meta = json.loads((index_dir / ci.SUBDIR / ci.META).read_text())
     assert meta["updates"][-1]["op"] == "add" and "drift" in meta["updates"][-1]
+    fast, hashed = _load_counting_hashes(monkeypatch, index_dir)
+    assert hashed == []  # --add recorded its checksums too: the first load hashes no index file
     grown = search_lib.Searcher.load(str(index_dir), mode="exhaustive")
     rebuilt = search_lib.Searcher.load(str(built), mode="exhaustive")
     for text in TOY_QUERIES.values():
         a, b = grown.search(text, k=12), rebuilt.search(text, k=12)
         assert [d for d, _ in a] == [d for d, _ in b]
         np.testing.assert_allclose([s for _, s in a], [s for _, s in b], atol=1e-5)
-    fast = search_lib.Searcher.load(str(index_dir))  # the added shards are searchable fast too
-    assert fast.search("beekeeper smoke veil", k=1)[0][0] == "d10"
+    assert fast.search("beekeeper smoke veil", k=1)[0][0] == "d10"  # added shards, fast mode
     r = run_binary("index", f"--index_dir={index_dir}", "--delete=d10,d1")
     assert r.returncode == 0, r.stderr[-2000:]
     for mode in ("fast", "exhaustive"):
-        ranked = search_lib.Searcher.load(str(index_dir), mode=mode).search("honey bees hive", k=12)
+        searcher, hashed = _load_counting_hashes(monkeypatch, index_dir, mode=mode)
+        assert hashed == []  # so did --delete
+        ranked = searcher.search("honey bees hive", k=12)
         assert {"d1", "d10"}.isdisjoint(d for d, _ in ranked)
         # exhaustive ranks every live document; fast mode only the candidates its probes reach
         assert len(ranked) == 10 if mode == "exhaustive" else 1 <= len(ranked) <= 10

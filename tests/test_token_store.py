@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from index_utils import random_documents, write_store
 
-from aligner_jax.common import errors
+from aligner_jax.common import errors, fileio
 from aligner_jax.indexing import ann as ti
+from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
 DIM = 16
@@ -81,6 +84,49 @@ def test_checksums_computed_on_first_open_then_only_when_files_change(tmp_path, 
     os.utime(ids, ns=(0, 0))  # touched (same bytes): verified again, and passes
     assert ts.TokenStore(tmp_path / "idx").checksums_verified
     assert not ts.TokenStore(tmp_path / "idx").checksums_verified
+
+
+def _spy_hashing(monkeypatch) -> list[str]:
+    """The names of the files ``fileio.sha256_file`` hashes from now on."""
+    hashed, real = [], fileio.sha256_file
+    monkeypatch.setattr(
+        fileio, "sha256_file", lambda path, *a, **kw: hashed.append(Path(path).name) or real(path)
+    )
+    return hashed
+
+
+def test_the_writing_job_records_the_verification_so_the_first_open_does_not_hash(
+    tmp_path, docs, monkeypatch
+):
+    """The job that wrote and hashed the files writes .verified.json with the manifest: the
+    first open (store and search index) hashes only the small manifests; a file altered after
+    that is still refused."""
+    directory = tmp_path / "idx"
+    directory.mkdir()
+    entries = [
+        ts.write_shard(directory, s, docs[i : i + 10], DIM) for s, i in enumerate((0, 10, 20))
+    ]
+    model = {"name": "test", "fingerprint": "m", "dim": DIM, "projection": "dense"}
+    counts = {"num_docs": 23, "num_tokens": sum(e["num_tokens"] for e in entries), "num_shards": 3}
+    ts.write_manifest(directory, {"model": model, "counts": counts, "shards": entries})
+    hashed = _spy_hashing(monkeypatch)
+    store = ts.TokenStore(directory)  # the first open
+    assert not store.checksums_verified and set(hashed) <= {ts.MANIFEST}
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8))
+    hashed.clear()
+    ci.CentroidIndex.load(ts.TokenStore(directory))
+    assert set(hashed) <= {ts.MANIFEST, ci.META}
+    time.sleep(0.05)  # altered later than the build, as anything after the job would be
+    victims = ("shard-00001.vectors.npy", f"{ci.SUBDIR}/shard-00002.codes.npy")
+    for victim in (directory / v for v in victims):
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        with pytest.raises(errors.IndexIntegrityError, match=rf"{victim.name}: sha256 does not"):
+            ci.CentroidIndex.load(ts.TokenStore(directory))
+        data[-1] ^= 0xFF
+        victim.write_bytes(bytes(data))  # intact again (verified once more, then recorded)
+    ci.CentroidIndex.load(ts.TokenStore(directory))
 
 
 def test_invalid_json_names_the_file(tmp_path, docs):

@@ -198,6 +198,56 @@ def _file_state(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
+# sha256 digests this process knows to be those of a file's current bytes, each with the file's
+# state (size, mtime, ctime, inode) when it was hashed: files it wrote and hashed
+# (``sha256_tracked``) and files ``verify_once`` verified. ``record_verified`` writes
+# ``verify_once``'s record from them, so the first open of a freshly written index does not
+# hash it again; a file whose state changed since is not known any more.
+_KNOWN_DIGESTS: dict[Path, tuple[list[int], str]] = {}
+
+
+def _remember(path: Path, state: list[int], digest: str) -> None:
+    _KNOWN_DIGESTS[Path(os.path.abspath(path))] = (state, digest)
+
+
+def sha256_tracked(path: str | os.PathLike) -> str:
+    """``sha256_file`` of a file this process writes into a manifest, remembered with the file's
+    state (when that did not change while hashing) for ``record_verified``; a digest already
+    known for the file's current state is reused (a file rewritten since has another inode and
+    ctime, so it is hashed again)."""
+    path = Path(path)
+    state = _file_state(path)
+    known = _KNOWN_DIGESTS.get(Path(os.path.abspath(path)))
+    if known is not None and known[0] == state:
+        return known[1]
+    digest = sha256_file(path)
+    if _file_state(path) == state:
+        _remember(path, state, digest)
+    return digest
+
+
+def record_verified(files: dict[Path, str], anchor: Path, record: Path) -> bool:
+    """Writes ``verify_once``'s record for ``files`` (path → the digest ``anchor`` lists) without
+    hashing them, when this process knows each file's digest (it wrote and hashed it, or
+    verified it) and the file's state is still the one it had then: the job that has just written
+    an index records it as verified, and a later open skips the hashing until a file changes.
+    Returns whether the record was written (otherwise the next open verifies, as always)."""
+    states = {}
+    for path, digest in files.items():
+        known = _KNOWN_DIGESTS.get(Path(os.path.abspath(path)))
+        try:
+            if known is None or known[1] != digest or _file_state(Path(path)) != known[0]:
+                return False
+        except OSError:
+            return False
+        states[Path(path).name] = known[0]
+    try:
+        atomic_write_json(record, {"manifest_sha256": sha256_file(anchor), "files": states})
+    except OSError:
+        return False
+    return True
+
+
 def verify_once(
     files: dict[Path, str], anchor: Path, record: Path, force: bool = False, log=None
 ) -> bool:
@@ -215,6 +265,8 @@ def verify_once(
     if not force and record.exists():
         try:
             if json.loads(record.read_bytes()) == key:
+                for path, digest in files.items():
+                    _remember(path, key["files"][path.name], digest)
                 return False
         except (json.JSONDecodeError, UnicodeDecodeError):
             pass  # a damaged record only means verifying again
@@ -224,6 +276,7 @@ def verify_once(
                 f"{path}: sha256 does not match {anchor.name}: the file was altered or "
                 "corrupted; rebuild this index"
             )
+        _remember(path, key["files"][path.name], digest)
     try:
         atomic_write_json(record, key)
     except OSError as e:

@@ -222,6 +222,12 @@ class CentroidIndex:
         meta["files"] = {n: _file_entry(out / f"{n}.npy") for n in names}
         meta["store_manifest_sha256"] = fileio.sha256_file(Path(store.directory) / ts.MANIFEST)
         fileio.atomic_write_json(out / META, meta)
+        # hashed just now from the bytes written: the first load need not hash them again
+        fileio.record_verified(
+            {out / f"{n}.npy": e["sha256"] for n, e in meta["files"].items()},
+            out / META,
+            out / ts.VERIFIED,
+        )
         residuals = np.concatenate([np.load(out / f"{s}.residuals.npy") for s in meta["shards"]])
         return cls(out, meta, centroids, codec, codes, residuals, ivf, doc_codes)
 
@@ -332,7 +338,7 @@ class CentroidIndex:
 
 
 def _file_entry(path: Path) -> dict:
-    return {"bytes": path.stat().st_size, "sha256": fileio.sha256_file(path)}
+    return {"bytes": path.stat().st_size, "sha256": fileio.sha256_tracked(path)}
 
 
 def _compress_shard(
