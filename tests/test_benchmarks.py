@@ -172,3 +172,60 @@ def test_search_latency_figure_labels_every_system_and_keeps_equal_scores_equal(
     filled = {ln.get_markerfacecolor() != "none" for ln in ax.get_lines()}
     assert filled == {True, False}  # 2 threads filled, 1 thread hollow
     plotting.pyplot().close(fig)
+
+
+def test_incremental_helpers_compare_rankings_and_report_the_ratio():
+    import incremental
+
+    lines = [json.dumps({"_id": f"d{i}", "text": "x"}) for i in range(10)] + [""]
+    base, added = incremental.split_lines(lines, 0.9)
+    assert len(base) == 9 and len(added) == 1 and added[0] == lines[9]
+    ids = [f"d{i}" for i in range(9)]
+    picks = incremental.pick_deletions(ids, ["d9"], 3, seed=0)
+    assert len(picks) == 3 and "d9" in picks and picks == sorted(picks)
+    a = {"q1": {"d1": 0.9, "d2": 0.8, "d3": 0.1}, "q2": {"d1": 0.5, "d2": 0.4}}
+    b = {"q1": {"d1": 0.9, "d2": 0.8, "d3": 0.1}, "q2": {"d2": 0.5, "d1": 0.4 + 1e-3}}
+    same = incremental.compare_rankings(a, a, k=3)
+    assert same["queries_top_k_differ"] == 0 and same["max_abs_score_delta"] == 0.0
+    diff = incremental.compare_rankings(a, b, k=3)
+    assert (
+        diff["queries"] == 2 and diff["queries_top_k_differ"] == diff["queries_top_10_differ"] == 1
+    )
+    assert diff["max_abs_score_delta"] == pytest.approx(0.1)
+    after = {"q1": {"d1": 0.9, "d3": 0.1, "d7": 0.05}}
+    assert incremental.check_deletions(a, after, {"d2"}, k=3) == {
+        "deleted_returned": 0, "queries_not_prefix": 0, "queries": 1}  # fmt: skip
+    bad = incremental.check_deletions(a, {"q1": {"d2": 0.8, "d3": 0.1}}, {"d2"}, k=3)
+    assert bad["deleted_returned"] == 1 and bad["queries_not_prefix"] == 1
+
+    def step(label, docs, wall, job, enc=None, idx=None):
+        return {"label": label, "num_docs": docs, "wall_s": wall, "job_s": job, "encode_s": enc,
+                "search_index_s": idx, "load_before": 1.0, "load_after": 1.2}  # fmt: skip
+
+    steps = {
+        "base": step("base", 90, 300.0, 280.0, 200.0, 80.0),
+        "add": step("--add", 10, 30.0, 20.0, 18.0, 2.0),
+        "delete": step("--delete", 5, 10.0, None),
+        "rebuild": step("rebuild", 100, 400.0, 380.0, 290.0, 90.0),
+    }
+    r = incremental.ratios(steps)
+    assert r["add_over_rebuild_wall"] == pytest.approx(0.075)
+    assert r["add_over_rebuild_job"] == pytest.approx(20 / 380)
+    metric = {"ndcg@10": 0.7, "recall@100": 0.9}
+    payload = {
+        "dataset": "toy", "num_docs": 100, "model": "m", "machine": "vm", "load_start": 1.0,
+        "load_end": 1.2, "busy": "quiet", "k": 3, "deleted": 5, "steps": steps, "ratios": r,
+        "quality": {
+            "exhaustive_added_vs_rebuild": same,
+            "metrics": {n: {"exhaustive": metric, "fast": metric} for n in ("added", "rebuild")},
+            "after_delete": {"fast": {"deleted_returned": 0}, "exhaustive": bad},
+        },
+        "drift": {"recorded": 0.05, "build_mean": 0.8, "added_mean": 0.75, "added_tokens": 1000,
+                  "limit": 0.02, "added_mean_rebuild_centroids": 0.79, "rebuild_mean": 0.8},
+    }  # fmt: skip
+    table = incremental.markdown(payload)
+    assert "**add / full rebuild: 7.5 %**" in table and "| --delete | 5 | 10.0 | — |" in table
+    assert "lists differ for 0 queries" in table and "0.0500 = mean max" in table
+    fig = incremental.figure(payload)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["300 s", "30 s", "10 s", "400 s"]
+    plotting.pyplot().close(fig)
