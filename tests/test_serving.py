@@ -7,6 +7,7 @@ salience (u ≡ 1), so ALIGNER's top-1 score is Σ_i max_j q_i·d_j / n_q: Qdran
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import gin
@@ -21,8 +22,10 @@ from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.indexing import indexer, updates
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.lexical import meaning
+from aligner_jax.lexical.minicoil import MiniCoilConfig, MiniCoilIndex
 from aligner_jax.retrieval import searcher as search_lib
-from aligner_jax.serving import exporter, querying, targets
+from aligner_jax.serving import exporter, publish_job, querying, targets
 from aligner_jax.serving import sparse as sparse_lib
 
 TEXTS = [d["text"] for d in TOY_DOCS.values()]
@@ -312,3 +315,221 @@ def test_a_foreign_folder_is_never_overwritten(built, tmp_path):
     again = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")  # replaces it
     assert again["num_points"] == first["num_points"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "shard"]
+
+
+# ---------------------------------------------------------------------- --sparse=minicoil
+
+# Tiny meaning-model fitting (as tests/test_lexical.py): a few seconds on the 30 documents.
+TINY_MINICOIL = {
+    "min_sentences": 4,
+    "sentences_per_word": 8,
+    "validation_fraction": 0.5,
+    "steps": 5,
+    "teacher": "encoder",
+    "triplets_per_word": 16,
+    "input_rank": 8,
+}
+TINY_MINICOIL_GIN = [f"MiniCoilConfig.{k} = {v!r}" for k, v in TINY_MINICOIL.items()]
+# Scores: Qdrant sums the float32 products in its own order, scipy in another.
+MINICOIL_RTOL, MINICOIL_ATOL = 1e-4, 1e-5
+
+
+def _publish_job(**kwargs) -> str:
+    """``publish_job`` in-process with the tiny miniCOIL settings bound in gin."""
+    gin.clear_config()
+    cli.parse_gin([], TINY_MINICOIL_GIN)
+    try:
+        return publish_job.publish_job(**kwargs)
+    finally:
+        gin.clear_config()
+
+
+def _texts(doc_ids):
+    return [
+        beir.document_text(beir.Document(i, DOCS[i]["title"], DOCS[i]["text"])) for i in doc_ids
+    ]
+
+
+@pytest.fixture(scope="module")
+def minicoil_reference(built, exhaustive):
+    """miniCOIL as aligner-eval builds it: the store's encoder, its documents, models fitted."""
+    doc_ids = ts.TokenStore(built).doc_ids
+    config = MiniCoilConfig(**TINY_MINICOIL)
+    return MiniCoilIndex.build(doc_ids, _texts(doc_ids), exhaustive.encoder, config)
+
+
+@pytest.fixture(scope="module")
+def minicoil_published(built, tmp_path_factory):
+    """The store published by the job with --sparse=minicoil (models fitted on its corpus)."""
+    path = tmp_path_factory.mktemp("minicoil") / "shard"
+    out = _publish_job(index_dir=str(built), qdrant_path=str(path), sparse="minicoil")
+    return path, out
+
+
+def _assert_same_ranking(got, expected, what=""):
+    assert [d for d, _ in got] == list(expected), what
+    np.testing.assert_allclose(
+        [s for _, s in got], list(expected.values()), rtol=MINICOIL_RTOL, atol=MINICOIL_ATOL
+    )
+
+
+def test_minicoil_publication_answers_as_minicoilindex_search(
+    minicoil_published, minicoil_reference, exhaustive
+):
+    path, out = minicoil_published
+    assert f"{len(DOCS)} documents" in out and "sparse minicoil (" in out
+    record = exporter.read_record(path / exporter.RECORD)
+    state = record["sparse"]
+    assert state["kind"] == "minicoil" and state["index"] == exporter.MINICOIL
+    assert state["dim"] == 4 and state["words_with_model"] > 0
+    # The saved index is the reference's: same documents, words with models and cells.
+    saved = MiniCoilIndex.load(path / exporter.MINICOIL, encoder=exhaustive.encoder)
+    assert saved.doc_ids == minicoil_reference.doc_ids
+    assert saved.models.words == minicoil_reference.models.words
+    np.testing.assert_allclose(
+        saved.doc_matrix.toarray(), minicoil_reference.doc_matrix.toarray(), rtol=1e-5, atol=1e-6
+    )
+    # The query side loads the saved models (nothing passed, nothing fitted): the top-10 of
+    # the sparse vector in Qdrant is MiniCoilIndex.search's.
+    expected = minicoil_reference.search({str(i): q for i, q in enumerate(QUERIES)}, 10)
+    qdrant = querying.QdrantSearcher.open(
+        targets.EdgeTarget(path), record, config=querying.QueryConfig(mode="sparse")
+    )
+    try:
+        theirs = qdrant.search_batch(QUERIES, 10)
+        # rerank / fusion: the sparse prefetch is miniCOIL's candidates (every document that
+        # shares a word with the query here: prefetch_limit 100)
+        matches = minicoil_reference.search({str(i): q for i, q in enumerate(QUERIES)}, 100)
+        for mode in ("rerank", "fusion"):
+            other = querying.QdrantSearcher(
+                qdrant.target, qdrant.encoder, qdrant.sparse, querying.QueryConfig(mode=mode)
+            )
+            for i, hits in enumerate(other.search_batch(QUERIES[:4], 5)):
+                if mode == "rerank":
+                    assert {d for d, _ in hits} <= set(matches[str(i)]), mode
+                    assert len(hits) == min(5, len(matches[str(i)])), mode
+                else:
+                    assert len(hits) == 5, mode
+    finally:
+        qdrant.target.close()
+    assert sum(len(got) == 10 for got in theirs) >= 2  # rankings with depth
+    for i, got in enumerate(theirs):
+        _assert_same_ranking(got, expected[str(i)], QUERIES[i])
+    assert theirs[-1] == []  # an unknown word matches nothing
+    # The job's own --query (sparse mode) prints that ranking.
+    printed = publish_job.publish_job(
+        None, qdrant_path=str(path), query=QUERIES[1], k=10, mode="sparse"
+    ).splitlines()
+    assert printed[0] == f"query: {QUERIES[1]}  [sparse]"
+    ranked = [(line.split()[2], float(line.split()[1])) for line in printed[1:]]
+    assert [d for d, _ in ranked] == list(expected["1"])
+    np.testing.assert_allclose([s for _, s in ranked], list(expected["1"].values()), atol=1e-4)
+
+
+def test_publish_binary_takes_sparse_minicoil(built, tmp_path, minicoil_reference):
+    """The binary no longer refuses --sparse=minicoil (gin binds the fitting settings); a later
+    --query process reads the saved models."""
+    path = tmp_path / "shard"
+    gin_args = [f"--gin.MiniCoilConfig.{k}={v!r}" for k, v in TINY_MINICOIL.items()]
+    r = run_module(
+        "aligner_jax.publish", f"--index_dir={built}", f"--qdrant_path={path}",
+        "--sparse=minicoil", *gin_args,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "sparse minicoil (" in r.stdout and "word models fitted on the corpus" in r.stdout
+    assert (path / exporter.MINICOIL / "meaning.safetensors").is_file()
+    r = run_module(
+        "aligner_jax.publish", f"--qdrant_path={path}", f"--query={QUERIES[2]}", "--k=5",
+        "--mode=sparse",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == f"query: {QUERIES[2]}  [sparse]" and len(lines) == 6
+    expected = minicoil_reference.search({"q": QUERIES[2]}, 5)["q"]
+    assert [line.split()[2] for line in lines[1:]] == list(expected)
+
+
+def test_minicoil_models_are_reused_or_refused_in_one_line(
+    built, minicoil_published, minicoil_reference, exhaustive, tmp_path
+):
+    path, _ = minicoil_published
+    # a saved folder (the publication's own) is reused: the same cells, nothing fitted
+    folder = path / exporter.MINICOIL
+    out = publish_job.publish_job(
+        str(built), qdrant_path=str(tmp_path / "again"), sparse="minicoil",
+        minicoil_models=str(folder),
+    )  # fmt: skip
+    assert f"word models models {folder / 'meaning.safetensors'}" in out
+    again = MiniCoilIndex.load(tmp_path / "again" / exporter.MINICOIL, encoder=exhaustive.encoder)
+    np.testing.assert_allclose(
+        again.doc_matrix.toarray(), minicoil_reference.doc_matrix.toarray(), rtol=1e-5, atol=1e-6
+    )
+    # models of another encoder: one line naming the flag (the binary prints it as
+    # "aligner-publish: error: ..."), before any encoding; nothing is written
+    other = tmp_path / "other"
+    other.mkdir()
+    meaning.MeaningModels(
+        words=["bee"], weight=np.zeros((1, 16, 4), np.float32), bias=np.ones((1, 4), np.float32),
+        encoder_fingerprint="f" * 64,
+    ).save(other / "meaning.safetensors")  # fmt: skip
+    for given in (other, other / "meaning.safetensors"):
+        with pytest.raises(errors.ConfigError) as e:
+            publish_job.publish_job(
+                str(built), qdrant_path=str(tmp_path / "x"), sparse="minicoil",
+                minicoil_models=str(given),
+            )  # fmt: skip
+        message = str(e.value)
+        assert message.startswith(f"--minicoil_models={given}: fitted on another encoder's")
+        assert message.endswith("omit the flag to fit them on the corpus")
+        assert "\n" not in message and not (tmp_path / "x").exists()
+    with pytest.raises(errors.MissingPathError, match=r"--minicoil_models=.*: no miniCOIL") as e:
+        publish_job.publish_job(
+            str(built), qdrant_path=str(tmp_path / "y"), sparse="minicoil",
+            minicoil_models=str(tmp_path),
+        )  # fmt: skip
+    assert "\n" not in str(e.value)
+    with pytest.raises(errors.ConfigError, match="--minicoil_models is for --sparse=minicoil"):
+        publish_job.publish_job(
+            str(built), qdrant_path=str(tmp_path / "y"), minicoil_models=str(other)
+        )
+
+
+def test_the_corpus_flag_when_the_corpus_moved(built, tmp_path):
+    copy = tmp_path / "index"
+    shutil.copytree(built, copy)
+    manifest = json.loads((copy / ts.MANIFEST).read_text())
+    corpus = manifest["corpus"]["path"]
+    manifest["corpus"]["path"] = str(tmp_path / "moved")
+    (copy / ts.MANIFEST).write_text(json.dumps(manifest))
+    for sparse in ("minicoil", "bm25"):  # refused before anything is encoded
+        with pytest.raises(errors.MissingPathError, match=r"pass --corpus=PATH") as e:
+            _publish_job(index_dir=str(copy), qdrant_path=str(tmp_path / "s"), sparse=sparse)
+        assert "\n" not in str(e.value)
+    out = publish_job.publish_job(str(copy), qdrant_path=str(tmp_path / "s"), corpus=corpus)
+    assert f"{len(DOCS)} documents" in out
+
+
+def test_minicoil_on_a_server_saves_its_models_beside_the_record(
+    built, tmp_path, exhaustive, minicoil_reference
+):
+    store = ts.TokenStore(built)
+    client = targets.ClientTarget("mc", location=":memory:")
+    record_path = tmp_path / "records" / "mc.json"
+    record_path.parent.mkdir()
+    record = exporter.publish_client(
+        store, client, record_path, exporter.ExportConfig(sparse="minicoil"),
+        minicoil_index=minicoil_reference,
+    )  # fmt: skip
+    assert record["sparse"]["index"] == "mc.minicoil"
+    assert (tmp_path / "records" / "mc.minicoil" / "minicoil.json").is_file()
+    with pytest.raises(errors.ConfigError, match="saved beside its record"):
+        querying.sparse_vectors(exporter.read_record(record_path))
+    qdrant = querying.QdrantSearcher.open(
+        client, exporter.read_record(record_path), encoder=exhaustive.encoder,
+        config=querying.QueryConfig(mode="sparse"), record_dir=str(record_path.parent),
+    )  # fmt: skip
+    try:
+        got = qdrant.search(QUERIES[0], 10)
+    finally:
+        client.close()
+    _assert_same_ranking(got, minicoil_reference.search({"q": QUERIES[0]}, 10)["q"])

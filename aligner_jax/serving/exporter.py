@@ -17,7 +17,8 @@ one point whose id is its position in the store (stable: document order), with
 Batches of ``batch_size`` documents are upserted with progress (rate, ETA). The embedded target
 is written to a temporary folder and renamed into place when complete (an interrupted export
 leaves nothing at ``--qdrant_path``); the publication record (``RECORD``: the index, model,
-settings and what the query side needs, e.g. BM25's vocabulary) is written last.
+settings and what the query side needs, e.g. BM25's vocabulary) is written last, after a miniCOIL
+index's folder (``save_minicoil``: its meaning models, stems and cells, beside the record).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from aligner_jax.serving import sparse as sparse_lib
 from aligner_jax.serving import targets
 
 RECORD = "aligner_publication.json"
+MINICOIL = "aligner_minicoil"  # the saved MiniCoilIndex of an embedded shard (its query side)
 FORMAT = "aligner_jax.serving/1"
 
 
@@ -71,18 +73,22 @@ class ExportConfig:
         checks.number("ExportConfig.bm25_b", self.bm25_b, 0.0, 1.0)
 
 
-def corpus_files(manifest: dict) -> list[Path]:
-    """The corpus files of a store: the indexed corpus, then every ``--add`` file."""
-    path = Path(manifest.get("corpus", {}).get("path", ""))
+def corpus_files(manifest: dict, corpus: str | os.PathLike | None = None) -> list[Path]:
+    """The corpus files of a store: the indexed corpus (``corpus``: where it is now, a file or
+    a BEIR folder; default the path the manifest records), then every ``--add`` file."""
+    path = Path(corpus if corpus is not None else manifest.get("corpus", {}).get("path", ""))
     files = [path / "corpus.jsonl" if path.is_dir() else path]
     files += [Path(u["source"]) for u in manifest.get("updates", []) if u.get("op") == "add"]
     return files
 
 
-def store_documents(store: ts.TokenStore, doc_ids: set[str]) -> dict[str, beir.Document]:
-    """The documents ``doc_ids`` of the store, read from the corpus files its manifest names."""
+def store_documents(
+    store: ts.TokenStore, doc_ids: set[str], corpus: str | os.PathLike | None = None
+) -> dict[str, beir.Document]:
+    """The documents ``doc_ids`` of the store, read from the corpus files its manifest names
+    (``corpus``: the indexed corpus's current place, ``corpus_files``)."""
     found: dict[str, beir.Document] = {}
-    files = corpus_files(store.manifest)
+    files = corpus_files(store.manifest, corpus)
     for path in files:
         if path.is_file():
             for doc in beir.iter_corpus(path, check_duplicates=False):
@@ -94,7 +100,8 @@ def store_documents(store: ts.TokenStore, doc_ids: set[str]) -> dict[str, beir.D
             f"{store.directory / ts.MANIFEST}: {len(missing)} documents (e.g. "
             f"{sorted(missing)[:3]}) are not in the corpus files it names "
             f"({', '.join(map(str, files))}); their texts are needed for the sparse vectors "
-            "and titles: restore those files, or publish with --sparse=none"
+            "and titles: pass --corpus=PATH (the indexed corpus file or BEIR folder, where it "
+            "is now), or publish with --sparse=none"
         )
     return found
 
@@ -144,12 +151,14 @@ def export_store(
     config: ExportConfig | None = None,
     minicoil_index=None,
     minicoil_rows: np.ndarray | None = None,
+    corpus: str | os.PathLike | None = None,
 ) -> dict:
     """Writes every live document of ``store`` to ``target`` (created here; ``targets``);
     returns the publication record (without writing it).
 
     ``minicoil_index`` (``sparse='minicoil'``): a fitted ``MiniCoilIndex`` whose ``doc_matrix``
     rows are the store's documents (or ``minicoil_rows``: its row of each store document).
+    ``corpus``: the indexed corpus's current place when it moved (``corpus_files``).
     """
     config = config or ExportConfig()
     start = time.perf_counter()
@@ -164,7 +173,7 @@ def export_store(
             store.manifest["model"].get("salience"),
         )
     try:
-        docs = store_documents(store, {ids[r] for r in live})
+        docs = store_documents(store, {ids[r] for r in live}, corpus)
     except MissingPathError as e:
         if config.sparse != "none":
             raise
@@ -223,6 +232,40 @@ def export_store(
     }
 
 
+def save_minicoil(record: dict, minicoil_index, folder: Path) -> None:
+    """Saves a ``MiniCoilIndex`` the query side needs (its meaning models, stems and cells) to
+    ``folder`` and names it in ``record['sparse']['index']`` (relative to the record's folder),
+    so a later query loads it instead of fitting anything. An index without ``save`` (any object
+    of the contract) is not saved: its queries then need it passed (``QdrantSearcher.open``)."""
+    if (record.get("sparse") or {}).get("kind") != "minicoil" or not hasattr(
+        minicoil_index, "save"
+    ):
+        return
+    minicoil_index.save(folder)
+    record["sparse"].update(
+        index=folder.name,
+        dim=int(minicoil_index.models.dim),
+        words_with_model=len(minicoil_index.models.words),
+    )
+
+
+def minicoil_folder(record: dict, record_dir: str | os.PathLike | None = None) -> Path | None:
+    """The saved miniCOIL index of a publication (None if it saved none): beside the record in
+    ``record_dir`` (default: an embedded shard's own folder, as recorded)."""
+    name = (record.get("sparse") or {}).get("index")
+    if not name:
+        return None
+    if record_dir is None:
+        where = record.get("target", {})
+        if where.get("kind") != "edge":
+            raise ConfigError(
+                "this collection's miniCOIL models are saved beside its record: give the "
+                "record's folder (--record=FILE.json)"
+            )
+        record_dir = where["path"]
+    return Path(record_dir) / name
+
+
 def publish_embedded(store: ts.TokenStore, path: str | os.PathLike, config=None, **kwargs) -> dict:
     """Exports to an embedded ``qdrant_edge`` shard at ``path``, atomically: built in a
     temporary folder beside it, then renamed into place (replacing an earlier publication;
@@ -245,6 +288,11 @@ def publish_embedded(store: ts.TokenStore, path: str | os.PathLike, config=None,
         raise
     target.close()
     record["target"] = {"kind": "edge", "path": str(path.resolve())}
+    try:
+        save_minicoil(record, kwargs.get("minicoil_index"), partial / MINICOIL)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     fileio.atomic_write_json(partial / RECORD, record)
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
     if path.exists():
@@ -258,9 +306,13 @@ def publish_client(
     store: ts.TokenStore, target: targets.ClientTarget, record_path, config=None, **kwargs
 ) -> dict:
     """Exports to a Qdrant server/cluster collection (``ClientTarget``); the record is written
-    to ``record_path`` once every point is in."""
+    to ``record_path`` once every point is in (a miniCOIL index beside it, in
+    ``RECORD_STEM.minicoil/``)."""
+    record_path = Path(record_path)
     record = export_store(store, target, config, **kwargs)
     record["target"] = {"kind": "client", "url": target.url, "collection": target.collection}
+    folder = record_path.with_name(f"{record_path.stem}.minicoil")
+    save_minicoil(record, kwargs.get("minicoil_index"), folder)
     fileio.atomic_write_json(record_path, record)
     return record
 

@@ -1,8 +1,11 @@
 """The ``aligner-publish`` job: export a token store to Qdrant, or query what was published.
 
 Export (no ``--query``): ``--index_dir`` → an embedded shard (``--qdrant_path``) or a server
-collection (``--qdrant_url`` + ``--collection``, record in ``--record``). Query (``--query``):
-the published collection, with the index's own encoder, printed as a ranked list.
+collection (``--qdrant_url`` + ``--collection``, record in ``--record``). ``--sparse=minicoil``
+builds the miniCOIL index of the store's documents with the store's own encoder (meaning models
+fitted on the corpus, or ``--minicoil_models``) and saves it beside the record. Query
+(``--query``): the published collection, with the index's own encoder (and the saved miniCOIL
+models), printed as a ranked list.
 """
 
 from __future__ import annotations
@@ -10,9 +13,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from aligner_jax.common.errors import ConfigError
+import numpy as np
+
+from aligner_jax.common.errors import ConfigError, MissingPathError
+from aligner_jax.data import beir
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.lexical import meaning
+from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import search_job
+from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import exporter, querying, targets
 
 
@@ -20,13 +29,53 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _minicoil(store: ts.TokenStore):
-    """A miniCOIL index of the store's documents (``aligner_jax.lexical``, being built)."""
-    raise ConfigError(
-        "--sparse=minicoil: the miniCOIL index (aligner_jax.lexical.minicoil) is not wired into "
-        "aligner-publish yet; export it from Python with "
-        "exporter.export_store(..., minicoil_index=MiniCoilIndex) or use --sparse=bm25"
-    )
+def _models_file(path: str) -> Path:
+    """``--minicoil_models``: a meaning-model ``.safetensors`` file, or a folder holding one
+    (``meaning.safetensors``: a saved ``MiniCoilIndex``, e.g. a publication's
+    ``aligner_minicoil/``)."""
+    given = Path(path)
+    found = given / "meaning.safetensors" if given.is_dir() else given
+    if not found.is_file():
+        raise MissingPathError(
+            f"--minicoil_models={path}: no miniCOIL meaning models there (a .safetensors file, "
+            "or a folder with meaning.safetensors: a saved miniCOIL index)"
+        )
+    return found
+
+
+def _minicoil(
+    store: ts.TokenStore, models: str | None, corpus: str | None
+) -> tuple[object, np.ndarray, str]:
+    """A miniCOIL index of the store's live documents, as ``aligner-eval
+    --gin_file=eval/minicoil.gin`` builds it (``lexical_stages.build``, ``MiniCoilConfig`` from
+    gin) with the store's own encoder: meaning models fitted on the corpus (no labels), or the
+    saved ones of ``models`` (refused when fitted on another encoder's vectors). Returns the
+    index, each store position's row in it, and how the models were obtained."""
+    overrides = {}
+    if models is not None:
+        path = _models_file(models)
+        fingerprint = meaning.MeaningModels.load(path).encoder_fingerprint
+        model = store.manifest.get("model", {})
+        if fingerprint != model.get("fingerprint"):
+            raise ConfigError(
+                f"--minicoil_models={models}: fitted on another encoder's vectors (fingerprint "
+                f"{fingerprint[:12] or 'none'}, this index's model {model.get('name')} is "
+                f"{str(model.get('fingerprint'))[:12]}); omit the flag to fit them on the corpus"
+            )
+        overrides["minicoil_models"] = str(path)
+    config = lexical_lib.LexicalConfig(kind="minicoil", **overrides)
+    live = np.flatnonzero(~store.deleted)
+    ids = [store.doc_ids[r] for r in live]
+    docs = exporter.store_documents(store, set(ids), corpus)
+    encoder = search_lib.Searcher.load(str(store.directory), mode="exhaustive").encoder
+    t0 = time.perf_counter()
+    index = lexical_lib.build(config, ids, [beir.document_text(docs[i]) for i in ids], encoder)
+    seconds = time.perf_counter() - t0
+    rows = np.full(store.num_docs, -1, np.int64)
+    rows[live] = np.arange(len(live))
+    how = f"models {config.minicoil_models}" if config.minicoil_models else "fitted on the corpus"
+    words = len(index.models.words)
+    return index, rows, f"{words} dim-{index.models.dim} word models {how}, {seconds:.1f}s"
 
 
 def publish_job(
@@ -40,6 +89,8 @@ def publish_job(
     query: str | None = None,
     k: int = 10,
     mode: str | None = None,
+    minicoil_models: str | None = None,
+    corpus: str | None = None,
 ) -> str:
     """Runs ``aligner-publish``; returns what it prints."""
     if (qdrant_path is None) == (qdrant_url is None):
@@ -54,9 +105,16 @@ def publish_job(
         return targets.ClientTarget(collection, url=qdrant_url, overwrite=overwrite)
 
     if query is not None:
+        if minicoil_models is not None:
+            raise ConfigError(
+                "--minicoil_models is for publishing; a query uses the models saved with the "
+                "publication"
+            )
         published = exporter.read_record(record_path)
         config = querying.QueryConfig(**({"mode": mode} if mode else {}))
-        searcher = querying.QdrantSearcher.open(target(), published, index_dir, config=config)
+        searcher = querying.QdrantSearcher.open(
+            target(), published, index_dir, config=config, record_dir=str(record_path.parent)
+        )
         try:
             hits = searcher.search_hits([query], k=k)[0]
         finally:
@@ -68,8 +126,14 @@ def publish_job(
         raise ConfigError("--index_dir is required to publish (or give --query=TEXT)")
     store = ts.TokenStore(index_dir)
     config = exporter.ExportConfig(**({"sparse": sparse} if sparse else {}))
-    extra = {"minicoil_index": _minicoil(store)} if config.sparse == "minicoil" else {}
+    if minicoil_models is not None and config.sparse != "minicoil":
+        raise ConfigError(f"--minicoil_models is for --sparse=minicoil (not {config.sparse})")
     start = time.perf_counter()
+    extra, sparse_note = {"corpus": corpus}, config.sparse
+    if config.sparse == "minicoil":
+        index, rows, how = _minicoil(store, minicoil_models, corpus)
+        extra.update(minicoil_index=index, minicoil_rows=rows)
+        sparse_note = f"minicoil ({how})"
     if qdrant_path:
         out = exporter.publish_embedded(store, qdrant_path, config, **extra)
         where = f"{qdrant_path} ({_du(Path(qdrant_path)) / 1e6:.1f} MB on disk)"
@@ -79,5 +143,5 @@ def publish_job(
     return (
         f"aligner-publish: {out['num_points']} documents ({out['deleted_skipped']} deleted "
         f"skipped), multivector {out['datatype']} β^d={out['beta_d']}, sparse "
-        f"{config.sparse}, in {time.perf_counter() - start:.1f}s → {where}"
+        f"{sparse_note}, in {time.perf_counter() - start:.1f}s → {where}"
     )

@@ -2,7 +2,8 @@
 
 The query is encoded by the index's own encoder (``Searcher.load(...).encoder``: the model
 recorded with the token store) and, for the lexical side, by the publication record's sparse
-vectors (BM25's vocabulary and analysis). Modes (``QueryConfig.mode``):
+vectors (BM25's vocabulary and analysis; miniCOIL's saved index — meaning models, stems, cells —
+loaded from beside the record, so a query fits nothing). Modes (``QueryConfig.mode``):
 
   ``multivector``  MaxSim over every point (exact: the collection has no HNSW graph). Scores
                    are divided by the query's token count n_q, which makes them ALIGNER's
@@ -23,9 +24,10 @@ import gin
 from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding.encoder import EncodedText, Encoder
+from aligner_jax.lexical import minicoil as minicoil_lib
 from aligner_jax.retrieval import searcher as search_lib
+from aligner_jax.serving import exporter, targets
 from aligner_jax.serving import sparse as sparse_lib
-from aligner_jax.serving import targets
 
 
 @gin.configurable
@@ -44,15 +46,24 @@ class QueryConfig:
         checks.integer("QueryConfig.rrf_k", self.rrf_k, minimum=0)
 
 
-def sparse_vectors(record: dict, minicoil_index=None):
-    """The query side's sparse vectors of a publication (None without any)."""
+def sparse_vectors(record: dict, minicoil_index=None, record_dir=None, encoder=None):
+    """The query side's sparse vectors of a publication (None without any). miniCOIL: the
+    given ``minicoil_index``, else the one saved with the publication (``exporter.
+    minicoil_folder``: beside the record in ``record_dir``), loaded with ``encoder`` (the
+    published model; its fingerprint is checked) — nothing is fitted at query time."""
     state = record.get("sparse")
     if state is None:
         return None
     if state["kind"] == "bm25":
         return sparse_lib.Bm25Vectors.from_state(state)
     if minicoil_index is None:
-        raise ConfigError("this collection's sparse vector is miniCOIL: pass its MiniCoilIndex")
+        folder = exporter.minicoil_folder(record, record_dir)
+        if folder is None:
+            raise ConfigError(
+                "this collection's sparse vector is miniCOIL but its publication saved no "
+                "miniCOIL index: pass its MiniCoilIndex, or publish again with aligner-publish"
+            )
+        minicoil_index = minicoil_lib.MiniCoilIndex.load(folder, encoder=encoder)
     return sparse_lib.MiniCoilVectors(minicoil_index)
 
 
@@ -75,10 +86,13 @@ class QdrantSearcher:
         encoder: Encoder | None = None,
         config: QueryConfig | None = None,
         minicoil_index=None,
+        record_dir: str | None = None,
     ) -> QdrantSearcher:
         """Opens ``target`` (``EdgeTarget``/``ClientTarget``) as ``record`` describes it; the
         query encoder is the one of ``index_dir`` (default: the record's), refused when its
-        fingerprint is not the published one."""
+        fingerprint is not the published one. A miniCOIL collection's query vectors come from
+        ``minicoil_index`` or the index saved beside the record (``record_dir``: the record's
+        folder; default an embedded shard's own)."""
         store_dir = index_dir or record["index_dir"]
         loaded = search_lib.Searcher.load(
             store_dir, mode="exhaustive", checkpoint=checkpoint, encoder=encoder
@@ -89,7 +103,7 @@ class QdrantSearcher:
                 f"--index_dir={store_dir}: its model is not the published one "
                 f"({record['model'].get('name')}); give the index that was published"
             )
-        sparse = sparse_vectors(record, minicoil_index)
+        sparse = sparse_vectors(record, minicoil_index, record_dir, loaded.encoder)
         target.open(None if sparse is None else sparse.name)
         return cls(target, loaded.encoder, sparse, config)
 
