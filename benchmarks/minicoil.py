@@ -113,13 +113,21 @@ def run_dataset(name: str, dims: list[int], encoder: Encoder) -> dict:
     return out
 
 
+_MEANING_TEXT = {
+    "nonnegative": "(1 + cos) / 2 of the two meaning vectors (`MiniCoilConfig.meaning`; no match is "
+    "a penalty)",
+    "cosine": "the cosine of the two meaning vectors (the article's formula)",
+}
+
+
 def _markdown(report: dict) -> str:
     lines = [
         "# miniCOIL vs BM25 (same tokenisation, k1=1.2, b=0.75)",
         "",
         f"Machine: {report['machine']} (shared and busy: timings are indicative; BM25 and miniCOIL "
         "were timed in the same run). Encoder: zero-shot bundled all-MiniLM-L6-v2 token vectors; "
-        "teacher: " + report["teacher"] + ". Meaning models fitted on each corpus (no labels).",
+        "teacher: " + report["teacher"] + ". Meaning models fitted on each corpus (no labels). "
+        "Meaning: " + _MEANING_TEXT.get(report["config"].get("meaning", "cosine"), "?") + ".",
     ]
     for ds in report["datasets"]:
         lines += [

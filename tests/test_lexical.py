@@ -5,6 +5,8 @@ Tiny corpora and the tiny random BERT of models/bert_tiny.gin: a few seconds in 
 
 from __future__ import annotations
 
+import json
+
 import gin
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,7 @@ from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.data.bm25 import BM25Index
 from aligner_jax.encoding import loading, tokenization
 from aligner_jax.encoding.encoder import Encoder
-from aligner_jax.lexical import meaning, triplets, words
+from aligner_jax.lexical import meaning, minicoil, triplets, words
 from aligner_jax.lexical.minicoil import MiniCoilConfig, MiniCoilIndex
 from aligner_jax.weights import minilm
 
@@ -238,6 +240,8 @@ def test_config_ranges_name_the_field():
         MiniCoilConfig(b=1.5)
     with pytest.raises(ConfigError, match=r"--gin.MiniCoilConfig.teacher='mxbai'"):
         MiniCoilConfig(teacher="mxbai")
+    with pytest.raises(ConfigError, match=r"--gin.MiniCoilConfig.meaning='max'"):
+        MiniCoilConfig(meaning="max")
     assert MiniCoilConfig(dim=16).dim == 16
 
 
@@ -288,9 +292,9 @@ def test_fitting_on_the_corpus_reports_its_cost(fitted_index):
     models = fitted_index.models
     assert models.basis.shape == (16, 8) and models.weight.shape[1:] == (8, 4)
     assert models.input_dim == 16
-    # every word with a model owns `dim` consecutive cells, the others one
+    # every word with a model owns `dim` + 1 consecutive cells (nonnegative meaning), the others one
     widths = np.diff(fitted_index.cell_offset)
-    assert set(widths[fitted_index.model_of_stem >= 0]) == {4}
+    assert set(widths[fitted_index.model_of_stem >= 0]) == {4 + 1}
     assert set(widths[fitted_index.model_of_stem < 0]) <= {1}
     assert fitted_index.doc_matrix.shape == (len(TEXTS), fitted_index.cell_offset[-1])
     assert fitted_index.idf.shape == (fitted_index.cell_offset[-1],)
@@ -308,6 +312,53 @@ def test_search_scores_are_the_sparse_product(fitted_index):
             np.testing.assert_allclose(score, product[i, IDS.index(doc_id)], rtol=1e-5)
         scores = list(got.values())
         assert scores == sorted(scores, reverse=True)
+
+
+def _dense_bm25(texts):
+    """Plain BM25 (k1 1.2, b 0.75) of every query against every document, [queries, docs]."""
+    index = BM25Index.build(IDS, TEXTS, k1=1.2, b=0.75)
+    results = index.search({f"q{i}": t for i, t in enumerate(texts)}, len(TEXTS))
+    out = np.zeros((len(texts), len(TEXTS)))
+    for i in range(len(texts)):
+        for doc_id, score in results[f"q{i}"].items():
+            out[i, IDS.index(doc_id)] = score
+    return out
+
+
+def test_nonnegative_meaning_is_never_a_penalty(fitted_index, encoder, tmp_path):
+    """Default Meaning = (1 + cos) / 2: every score lies in [0, BM25] and equals the mean of the
+    article's cosine score and plain BM25's; with ``meaning="cosine"`` some shared words whose
+    meanings disagree subtract (a score below zero, which the old default allowed)."""
+    assert MiniCoilConfig().meaning == "nonnegative" == fitted_index.config.meaning
+    path = tmp_path / "models.safetensors"
+    fitted_index.models.save(path)
+    cosine = MiniCoilIndex.build(
+        IDS, TEXTS, encoder, MiniCoilConfig(meaning="cosine"), models_path=str(path)
+    )
+    assert set(np.diff(cosine.cell_offset)[cosine.model_of_stem >= 0]) == {4}
+    texts = [t.split(".")[0] for t in TEXTS] + ["bat cave at night", "the bank of the river"]
+    ours, matches = fitted_index.scores(texts)
+    theirs, _ = cosine.scores(texts)
+    bm25 = _dense_bm25(texts)
+    np.testing.assert_allclose(ours, 0.5 * (bm25 + theirs), rtol=1e-5, atol=1e-5)
+    assert np.all(ours >= -1e-6) and np.all(ours <= bm25 + 1e-5)
+    assert (theirs < -1e-4).any()  # the cosine form does penalise some matches here
+    assert matches.nnz > 0
+    # A word whose query and document meanings are opposite contributes exactly 0.
+    m = np.array([[0.6, 0.8, 0.0, 0.0]], np.float32)
+    cells = minicoil.meaning_cells(m, "nonnegative")
+    assert cells.shape == (1, 5)
+    np.testing.assert_allclose(cells @ minicoil.meaning_cells(-m, "nonnegative").T, 0.0, atol=1e-7)
+    np.testing.assert_allclose(cells @ cells.T, 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(minicoil.meaning_cells(m, "cosine"), m)
+
+
+def test_index_saved_before_meaning_existed_loads_as_cosine(fitted_index, encoder, tmp_path):
+    path = fitted_index.save(tmp_path / "mc")
+    manifest = json.loads((path / "minicoil.json").read_text())
+    del manifest["config"]["meaning"]
+    (path / "minicoil.json").write_text(json.dumps(manifest))
+    assert MiniCoilIndex.load(path, encoder=encoder).config.meaning == "cosine"
 
 
 def test_save_load_round_trip_and_integrity(fitted_index, encoder, tmp_path):

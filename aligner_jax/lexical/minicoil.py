@@ -6,20 +6,31 @@ The article's score (seed 002) of a document D for a query Q is
 
 with BM25's Lucene IDF and term-frequency importance (k1 = 1.2, b = 0.75, bm25s's ``lucene``
 variant: ``tf / (tf + k1 · (1 − b + b · |D| / avgdl))``), the words of the BM25 baseline
-(``lexical.words``), and Meaning the cosine of the two occurrences' meaning vectors
-(``lexical.meaning``; a word occurring several times in D gets one vector: its model applied to
-the mean contextual vector of its occurrences, as FastEmbed's miniCOIL does). A word with no
-meaning model scores as plain BM25.
+(``lexical.words``), and Meaning computed from the cosine of the two occurrences' unit meaning
+vectors m (``lexical.meaning``; a word occurring several times in D gets one vector: its model
+applied to the mean contextual vector of its occurrences, as FastEmbed's miniCOIL does):
+
+  * ``MiniCoilConfig.meaning = "nonnegative"`` (the default): Meaning = (1 + cos) / 2 ∈ [0, 1], the
+    cosine mapped affinely onto [0, 1]: a shared word whose meanings agree counts as in BM25, one
+    whose meanings are opposite counts nothing, and no exact match ever *lowers* a document's
+    score (BM25's premise that a matched query word adds evidence, never subtracts it);
+  * ``"cosine"``: Meaning = cos ∈ [−1, 1], the article's formula as written (a match whose
+    meanings disagree is a penalty).
+
+A word with no meaning model scores as plain BM25 (Meaning = 1). Note (1 + cos) / 2 scores are
+exactly the mean of the ``cosine`` score and plain BM25's.
 
 As a sparse vector (any inverted index can serve it): each word with a model owns ``dim``
-consecutive cells holding ``Importance · m(d_j)`` (a unit vector scaled by the BM25 weight), a word
-without one owns one cell holding ``Importance``; the query side holds ``count · m(q_i)`` or
+consecutive cells holding ``Importance · m(d_j)`` (a unit vector scaled by the BM25 weight) — with
+``nonnegative``, ``dim + 1`` cells holding ``Importance · [1, m(d_j)] / √2``, whose leading cell
+carries the constant ½ of (1 + cos) / 2 — and a word without one owns one cell holding
+``Importance``; the query side holds ``count · m(q_i)`` (``count · [1, m(q_i)] / √2``) or
 ``count`` (a query word counts once per occurrence, as in bm25s). Then
 
     score = query_matrix · diag(idf) · doc_matrixᵀ
 
 Retrieval returns, like ``data.bm25.BM25Index.search``, only documents that share a word with the
-query, best first (a shared word whose meanings disagree can make a score ≤ 0).
+query, best first (with ``cosine``, a shared word whose meanings disagree can make a score ≤ 0).
 
 Meaning models are fitted on the corpus itself unless saved ones are given: words (stems of at
 least ``min_word_length`` letters) found in at least ``min_sentences`` sentences get a model; each
@@ -51,6 +62,7 @@ from aligner_jax.lexical.teacher import MeanPooledTeacher
 FORMAT = "aligner_jax.minicoil/1"
 DIMS = (4, 8, 16)
 TEACHERS = ("minilm", "encoder")
+MEANINGS = ("nonnegative", "cosine")
 _DOC, _QUERY = "doc", "query"
 
 
@@ -61,6 +73,23 @@ class MiniCoilConfig:
 
     Attributes:
       dim: meaning vector size: 4 (the article's), 8 or 16.
+      meaning: how the two occurrences' cosine enters the score. ``nonnegative`` (default):
+        (1 + cos) / 2 ∈ [0, 1], so an exact match is never a penalty, with one more cell per word
+        with a model (``dim + 1``); ``cosine``: the article's cos ∈ [−1, 1] (``dim`` cells).
+        Why: the per-word models are fitted on ≤ 32 sentences each (the article: 8,000) and
+        order only ~65–75 % of held-out teacher triplets correctly; with ``cosine`` every shared
+        word whose meaning vectors happen to point apart *subtracts* its BM25 weight, so the
+        errors of weak models cost more than their right answers gain. The affine map onto
+        [0, 1] is the one shift with no free parameter that keeps every match's contribution in
+        [0, BM25's] (no penalty, no bonus above BM25), and it is expressible in the sparse
+        representation (a constant leading cell), unlike ``max(cos, 0)``. Measured after the
+        choice (test split, 4d, ``benchmarks/results/minicoil_nonneg.md``): SciFact 67.4 → 68.6
+        nDCG@10 (BM25 67.9), CISI 41.2 → 40.7 (BM25 38.1). The article's own advantage of
+        per-word models, "flexibly discover and adjust underperforming words", was tried as a
+        label-free gate (a word keeps its model only when its validation triplet accuracy is
+        significantly above chance, one-sided binomial p < 0.05, or at least the raw input
+        vectors'): with ~15 validation triplets per word the test has little power, and the gate
+        lowered SciFact (67.2) and CISI (39.2) at 4d, so it is not used.
       k1, b: BM25 parameters of the importance and of the fallback (article: 1.2, 0.75).
       margin: minimum teacher margin of a training triplet (article: 0.1; at least 0.1).
       min_sentences: a word gets a model when it occurs in at least this many sentences (50: a
@@ -90,6 +119,7 @@ class MiniCoilConfig:
     """
 
     dim: int = 4
+    meaning: str = "nonnegative"
     k1: float = 1.2
     b: float = 0.75
     margin: float = 0.1
@@ -111,6 +141,7 @@ class MiniCoilConfig:
     def __post_init__(self):
         name = type(self).__name__
         checks.choice(f"{name}.dim", self.dim, DIMS)
+        checks.choice(f"{name}.meaning", self.meaning, MEANINGS)
         checks.number(f"{name}.k1", self.k1, 0.0)
         checks.number(f"{name}.b", self.b, 0.0, 1.0)
         checks.number(f"{name}.margin", self.margin, 0.1, 2.0)
@@ -227,6 +258,20 @@ def _encode_spans(
             ]
         )
         yield t, inside, (cs[hi] - cs[lo]) / (hi - lo)[:, None]
+
+
+_HALF_SQRT = float(np.sqrt(0.5))
+
+
+def meaning_cells(m: np.ndarray, meaning_kind: str) -> np.ndarray:
+    """The cells of a word with a model, before its BM25 weight or query count: ``m [n, dim]``
+    (unit meaning vectors) for ``cosine``; ``[1, m] / √2`` (``[n, dim + 1]``) for
+    ``nonnegative``, so that the product of a query's and a document's cells is
+    ``(1 + cos) / 2``."""
+    m = np.asarray(m, np.float32)
+    if meaning_kind == "cosine":
+        return m
+    return _HALF_SQRT * np.concatenate([np.ones((len(m), 1), np.float32), m], axis=1)
 
 
 def _with_closing(bar: progress.Progress, items: Iterator) -> Iterator:
@@ -389,7 +434,6 @@ class MiniCoilIndex:
 
     def _query_parts(self, texts: Sequence[str]) -> tuple[sp.csr_matrix, sp.csr_matrix]:
         """``(query_matrix, query_terms)`` for ``texts``."""
-        dim = self.models.dim
         rows, cols, vals = [], [], []
         term_rows, term_cols = [], []
         spans: list[list[tuple[int, int]]] = []
@@ -437,10 +481,11 @@ class MiniCoilIndex:
                 ]
             )
             word = np.array([self.model_of_stem[s] for _, s, _ in keys], np.int64)
-            m = self.models.apply(word, x)
+            m = meaning_cells(self.models.apply(word, x), self.config.meaning)
+            width = m.shape[1]
             for (q, s, count), vec in zip(keys, m, strict=True):
-                rows.append([q] * dim)
-                cols.append(list(range(self.cell_offset[s], self.cell_offset[s] + dim)))
+                rows.append([q] * width)
+                cols.append(list(range(self.cell_offset[s], self.cell_offset[s] + width)))
                 vals.append(list(count * vec))
         flat = lambda parts, dtype: np.asarray([x for p in parts for x in p], dtype)  # noqa: E731
         matrix = sp.csr_matrix(
@@ -554,7 +599,8 @@ class MiniCoilIndex:
             sp.load_npz(path / "doc_matrix.npz"),
             sp.load_npz(path / "doc_terms.npz"),
             models,
-            MiniCoilConfig(**manifest["config"]),
+            # an index saved before `meaning` existed was built with the article's cosine
+            MiniCoilConfig(**{"meaning": "cosine", **manifest["config"]}),
             encoder,
             analyzer,
             manifest.get("report"),
@@ -565,13 +611,15 @@ class MiniCoilIndex:
 
 
 def _doc_matrix(corpus: _Corpus, model_of: np.ndarray, dim: int, m: np.ndarray, pairs, config):
-    """The documents' sparse vectors (see the module docstring): a word with a model owns ``dim``
-    cells holding ``Importance · m(d_j)`` (``m``: the unit meaning vector of each (document, word)
-    pair in ``pairs``), a word without one a single cell holding ``Importance``. Returns
+    """The documents' sparse vectors (see the module docstring): a word with a model owns its
+    ``meaning_cells`` (``dim`` or ``dim + 1``) scaled by ``Importance`` (``m``: the unit meaning
+    vector of each (document, word) pair in ``pairs``), a word without one a single cell holding
+    ``Importance``. Returns
     ``(doc_matrix, cell_offset, idf per cell, report fields)``."""
     pair_doc, pair_stem = pairs
     num_docs, num_stems = corpus.doc_tf.shape
-    width = np.where(model_of >= 0, dim, 1)
+    cells = dim + (config.meaning == "nonnegative")
+    width = np.where(model_of >= 0, cells, 1)
     cell_offset = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
     df = np.bincount(corpus.doc_tf.indices, minlength=num_stems)
     idf_stem = bm25.lucene_idf(df, num_docs)
@@ -585,15 +633,17 @@ def _doc_matrix(corpus: _Corpus, model_of: np.ndarray, dim: int, m: np.ndarray, 
     rows = [coo.row[plain]]
     cols = [cell_offset[coo.col[plain]]]
     vals = [importance[plain]]
-    # Words with a model: importance × unit meaning vector, in the word's `dim` cells.
+    # Words with a model: importance × its meaning cells (meaning_cells), in the word's cells.
     keys = pair_doc * num_stems + pair_stem
     order = np.argsort(keys)
     with_model = np.flatnonzero(~plain)
     wanted = coo.row[with_model].astype(np.int64) * num_stems + coo.col[with_model]
     pair_of = order[np.searchsorted(keys[order], wanted)]
-    rows.append(np.repeat(coo.row[with_model], dim))
-    cols.append((cell_offset[coo.col[with_model]][:, None] + np.arange(dim)).ravel())
-    vals.append((importance[with_model][:, None] * m[pair_of]).ravel())
+    rows.append(np.repeat(coo.row[with_model], cells))
+    cols.append((cell_offset[coo.col[with_model]][:, None] + np.arange(cells)).ravel())
+    vals.append(
+        (importance[with_model][:, None] * meaning_cells(m[pair_of], config.meaning)).ravel()
+    )
     doc_matrix = sp.csr_matrix(
         (np.concatenate(vals).astype(np.float32), (np.concatenate(rows), np.concatenate(cols))),
         shape=(num_docs, int(cell_offset[-1])),
