@@ -287,3 +287,40 @@ def test_searcher_runs_xtr_on_the_centroid_backend(store, index):
     (docs, scores), _ = searcher.centroid.xtr(q.vectors, np.arange(5), 7)
     assert list(out.results["xtr"]["q"]) == [store.doc_ids[int(d)] for d in docs]
     assert len(out.search_ms) == 1 and len(out.costs) == 1
+
+
+def test_salience_off_scores_colbert_sum_of_maxima_on_every_path(store, index):
+    """``SearchConfig.salience=False``: u^q = u^d = 1 in Eq. 2, so top-1 alignment is the mean of
+    each query token's best dot product (ColBERT's sum of maxima / n) on the exhaustive, the
+    centroid (compressed, every document refined) and the rerank paths alike; with saliences
+    on, the learned u^q, u^d of the fixture change the scores."""
+    q = _query(3)
+    length = int(store.doc_lengths.max())
+    v, d_mask, _, _ = store.gather_padded(np.arange(store.num_docs), length)
+    sims = np.einsum("nd,cmd->cnm", q.vectors, v.astype(np.float32))
+    maxsim = np.where(d_mask[:, None, :], sims, -np.inf).max(-1).mean(-1)
+    expected = np.argsort(-maxsim, kind="stable")[:10]
+
+    def top(searcher):
+        ranked = searcher.run(["q"], [q], show_progress=False, k=10).results["top_k:1"]["q"]
+        return [store.doc_ids.index(d) for d in ranked], np.array(list(ranked.values()))
+
+    exact = search_lib.SearchConfig(backend="exact", k_prime=0, top_k=10, salience=False)
+    docs, scores = top(search_lib.Searcher(store, exact))
+    assert docs == list(expected)
+    np.testing.assert_allclose(scores, maxsim[expected], rtol=1e-5)
+    gated, gated_scores = top(search_lib.Searcher(store, dataclasses.replace(exact, salience=True)))
+    assert not np.allclose(gated_scores, maxsim[gated], rtol=1e-3)  # saliences do weigh in
+
+    wide = cs.CentroidSearchConfig(
+        probes=index.num_centroids, interaction_docs=store.num_docs, refine_docs=store.num_docs
+    )
+    fast = search_lib.SearchConfig(backend="centroid", top_k=10, salience=False)
+    docs, scores = top(search_lib.Searcher(store, fast, centroid_index=index, centroid_config=wide))
+    np.testing.assert_allclose(scores, maxsim[docs], atol=0.01)  # 8-bit residuals
+    reranked = search_lib.Searcher(store, exact).rerank(
+        ["q"], [q], {"q": list(store.doc_ids)}, show_progress=False, k=10
+    )
+    assert [store.doc_ids.index(d) for d in reranked.results["top_k:1"]["q"]] == list(expected)
+    with pytest.raises(errors.ConfigError, match="beta_q=0.5 ranks query tokens by salience"):
+        search_lib.SearchConfig(salience=False, beta_q=0.5)

@@ -114,7 +114,9 @@ class CentroidSearcher:
         store: ts.TokenStore,
         index: ci.CentroidIndex,
         config: CentroidSearchConfig | None = None,
+        salience: bool = True,
     ):
+        """``salience=False``: every stored token's u^d is 1 (``SearchConfig.salience``)."""
         self.store = store
         self.index = index
         self.config = config or CentroidSearchConfig()
@@ -124,7 +126,7 @@ class CentroidSearcher:
         self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
         self._token_lists = None
-        self.uniform_salience = store.manifest["model"].get("salience") == "none"
+        self.uniform_salience = not salience or store.manifest["model"].get("salience") == "none"
         self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
 
     # -- stages ----------------------------------------------------------------------------------

@@ -134,9 +134,13 @@ def padded_chunk(num_docs: int, chunk: int) -> int:
 class Refiner:
     """Re-scores candidate documents of queries with their full stored token vectors."""
 
-    def __init__(self, store: ts.TokenStore, config: RefineConfig | None = None):
+    def __init__(
+        self, store: ts.TokenStore, config: RefineConfig | None = None, salience: bool = True
+    ):
+        """``salience=False``: every stored token's u^d is 1 (``SearchConfig.salience``)."""
         self.store = store
         self.config = config or RefineConfig()
+        self.salience = salience
         mult = self.config.length_multiple
         lengths = store.doc_lengths
         padded = np.maximum(mult, np.ceil(lengths / mult).astype(np.int64) * mult)
@@ -196,6 +200,8 @@ class Refiner:
         def run(job):
             part, length, chunk, bucket_docs = job
             d, dm, du, di = self._gather(part, length, bucket_docs)
+            if not self.salience:
+                du = dm.astype(np.float32)
             size = padded_chunk(len(part), chunk)
             if len(part) < size:  # few shapes: one compilation per (n, L, power of two)
                 pad = [(0, size - len(part))]

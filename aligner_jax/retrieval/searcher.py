@@ -58,6 +58,10 @@ class SearchConfig:
       beta_d: fraction of each document's tokens (top by salience) in the token index (§3.2).
       refine: ``full`` (gather stored token vectors, Eq. 1–2) or ``xtr`` (f_XTR′).
       top_k: documents returned per query (paper: 1000).
+      salience: weight the alignment by the model's unary saliences, A = Ã ⊙ (u^q ⊗ u^d)
+        (Eq. 2); False: every salience is 1, so top-1 alignment is ColBERT's sum of maxima
+        (§2.2) over the same vectors (β^q < 1 then has no salience to rank tokens by and is
+        refused; an index built with β^d < 1 keeps the tokens its saliences chose).
       query_batch_size: queries searched and refined together by the token-MIPS backends
         (amortises gathering on dense candidate sets); a query's latency is its batch's time.
     """
@@ -69,6 +73,7 @@ class SearchConfig:
     refine: str = "full"
     top_k: int = 1000
     query_batch_size: int = 8
+    salience: bool = True
 
     def __post_init__(self):
         name = type(self).__name__
@@ -79,6 +84,15 @@ class SearchConfig:
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
         checks.integer(f"{name}.top_k", self.top_k, minimum=1)
         checks.integer(f"{name}.query_batch_size", self.query_batch_size, minimum=1)
+        if not isinstance(self.salience, bool):
+            raise ConfigError(
+                f"{checks.flag(name + '.salience', self.salience)}: expected True or False"
+            )
+        if not self.salience and self.beta_q < 1.0:
+            raise ConfigError(
+                f"--gin.SearchConfig.beta_q={self.beta_q!r} ranks query tokens by salience: "
+                "use 1.0 with --gin.SearchConfig.salience=False"
+            )
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
                 "--gin.SearchConfig.refine='xtr' scores from retrieved tokens: set "
@@ -149,7 +163,9 @@ class Searcher:
         self.alignment = scoring.AlignmentStrategy.parse(alignment)
         self.centroid = None
         if centroid_index is not None and not config.exhaustive:
-            self.centroid = cs.CentroidSearcher(store, centroid_index, centroid_config)
+            self.centroid = cs.CentroidSearcher(
+                store, centroid_index, centroid_config, salience=config.salience
+            )
         self._refine_config = refine_config
         self._doc_positions: dict[str, int] | None = None
         self._refiner = None
@@ -159,7 +175,9 @@ class Searcher:
         """Refinement over the float store, built on first use (the centroid backend's default
         top-1 path never needs it)."""
         if self._refiner is None and self.config.refine == "full":
-            self._refiner = refine_lib.Refiner(self.store, self._refine_config)
+            self._refiner = refine_lib.Refiner(
+                self.store, self._refine_config, salience=self.config.salience
+            )
         return self._refiner
 
     @classmethod
@@ -265,6 +283,7 @@ class Searcher:
         cfg = self.config
         k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
+        queries = self._scored_queries(queries)
         if self.centroid is not None:
             return self._run_centroid(query_ids, queries, strategies, show_progress, k)
         find = lambda ids, batch: self.token_search(batch)  # noqa: E731
@@ -290,6 +309,7 @@ class Searcher:
             )
         k = self.config.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
+        queries = self._scored_queries(queries)
         position = self.doc_positions
         lists = {}
         for qid in query_ids:
@@ -304,6 +324,13 @@ class Searcher:
         given = lambda ids, batch: [(lists[qid], None, None) for qid in ids]  # noqa: E731
         # One query at a time: a batch would score every query against the batch's union.
         return self._refine_all(query_ids, queries, given, strategies, show_progress, k, 1)
+
+    def _scored_queries(self, queries: Sequence[EncodedText]) -> Sequence[EncodedText]:
+        """The queries with u^q = 1 when ``SearchConfig.salience`` is off (Eq. 2 without
+        saliences), else as given."""
+        if self.config.salience:
+            return queries
+        return [dataclasses.replace(q, salience=np.ones_like(q.salience)) for q in queries]
 
     @property
     def doc_positions(self) -> dict[str, int]:
