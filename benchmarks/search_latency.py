@@ -47,7 +47,15 @@ from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import searcher as search_lib
 
 REPO = Path(__file__).resolve().parents[1]
-SYSTEMS = ("aligner_jax", "aligner_jax-xtr", "exact", "fast-plaid", "xtr-warp")
+SYSTEMS = (
+    "aligner_jax", "aligner_jax-xtr", "aligner_jax-nosal", "exact", "fast-plaid", "xtr-warp"
+)  # fmt: skip
+#: Our variants: the row's system and setting (the JSON's ``system`` is one of the four engines).
+OURS = {
+    "aligner_jax": ("aligner_jax", "default"),
+    "aligner_jax-xtr": ("aligner_jax", "xtr scorer (f_XTR', WARP-style)"),
+    "aligner_jax-nosal": ("aligner_jax", "salience off (ColBERT sum of maxima)"),
+}
 
 _STORES = flags.DEFINE_list(
     "stores",
@@ -212,8 +220,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
         else None
     )
     built = {}
-    ours_systems = {"aligner_jax", "aligner_jax-xtr"}
-    if ours_systems & set(systems):
+    if set(OURS) & set(systems):
         index = None
         if _REUSE_INDEX.value and ci.CentroidIndex.exists(index_dir):
             index = ci.CentroidIndex.load(store)
@@ -232,13 +239,23 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
             search_lib.SearchConfig(backend="centroid", refine="xtr", top_k=_K.value),
             centroid_index=index,
         )
-        built["aligner_jax-xtr"] = built["aligner_jax"]
+        built["aligner_jax-xtr"] = built["aligner_jax-nosal"] = built["aligner_jax"]
+        nosal_searcher = search_lib.Searcher(
+            store,
+            search_lib.SearchConfig(backend="centroid", top_k=_K.value, salience=False),
+            centroid_index=index,
+        )
 
         def ours(qid, e):
             return searcher.run([qid], [e], show_progress=False).results["top_k:1"][qid]
 
         def ours_xtr(qid, e):  # f_XTR' on the compressed index, WARP-style
             return xtr_searcher.run([qid], [e], show_progress=False).results["xtr"][qid]
+
+        def ours_nosal(qid, e):  # u^q = u^d = 1: the peers' and exact's scoring
+            return nosal_searcher.run([qid], [e], show_progress=False).results["top_k:1"][qid]
+
+        fns = {"aligner_jax": ours, "aligner_jax-xtr": ours_xtr, "aligner_jax-nosal": ours_nosal}
 
     exact = ExactMaxSim(store, _K.value) if "exact" in systems else None
     pooled: dict = {}
@@ -252,9 +269,8 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                 key = (system, threads)
                 if system == "exact" and r >= _PEER_ROUNDS.value:
                     continue
-                if system in ("aligner_jax", "aligner_jax-xtr", "exact"):
-                    fn = exact if system == "exact" else None
-                    fn = fn or (ours if system == "aligner_jax" else ours_xtr)
+                if system in OURS or system == "exact":
+                    fn = exact if system == "exact" else fns[system]
                     with threadpoolctl.threadpool_limits(threads):
                         res, lat = _timed_queries(fn, items)
                     entry = pooled.setdefault(key, {"results": res, "latency": [], "extra": {}})
@@ -288,8 +304,9 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
         if system == "exact":
             build_s, index_bytes = 0.0, store.num_tokens * store.dim * 2
         extra = {"peak_rss_bytes": _peak_rss(), "error": None, **entry["extra"]}
+        name, setting = OURS.get(system, (system, "default"))
         rows.append(
-            _row(system, "default", model, dataset_name, threads, qrels, entry["results"], entry["latency"],
+            _row(name, setting, model, dataset_name, threads, qrels, entry["results"], entry["latency"],
                  build_s=build_s, index_bytes=index_bytes,
                  bytes_per_token=(index_bytes / store.num_tokens) if index_bytes else None,
                  num_tokens=store.num_tokens, dim=store.dim, **extra)
@@ -303,13 +320,13 @@ def markdown(payload: dict) -> str:
         f"Machine: {payload['machine']}. Same token vectors for every system; query encoding "
         "excluded (below). nDCG@10 / R@100 ×100; p50/p90 ms per query.",
         "",
-        "| dataset | model | system | threads | nDCG@10 | R@100 | p50 ms | p90 ms | build s | bytes/token | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | model | system | setting | threads | nDCG@10 | R@100 | p50 ms | p90 ms | build s | bytes/token | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
     for r in payload["rows"]:
         lines.append(
-            f"| {r['dataset']} | {r['model']} | {r['system']} | {r['threads']} | "
+            f"| {r['dataset']} | {r['model']} | {r['system']} | {r.get('setting', '')} | {r['threads']} | "
             f"{fmt(r['ndcg@10'] and 100 * r['ndcg@10'], '.1f')} | "
             f"{fmt(r['recall@100'] and 100 * r['recall@100'], '.1f')} | {fmt(r['p50_ms'], '.1f')} | "
             f"{fmt(r['p90_ms'], '.1f')} | {fmt(r['build_s'], '.1f')} | "
