@@ -13,16 +13,18 @@ the job's own summary:
 4. a full rebuild of every document from scratch in another folder (store + search index);
 5. the test queries (encoded once, the same vectors for every index) in exhaustive mode
    (``Searcher.load(mode="exhaustive")``: every document refined with the float store) on the
-   updated index before the deletions and on the rebuild: identical rankings and scores expected
-   (max |Δscore|, queries whose top-``--k`` differ); nDCG@10 of both in both modes; after the
-   deletions, no deleted id is returned and the exhaustive rankings are the earlier ones less
-   the deleted ids;
+   updated index after the deletions and on the rebuild, whose rankings less the deleted ids
+   must equal them (a document's exhaustive score does not depend on the others): identical
+   rankings and scores expected (max |Δscore|, queries whose top-``--k`` differ); nDCG@10 of
+   both in centroid mode (the updated index before the deletions) and exhaustive mode (the
+   rebuild's run less the deleted ids, as the updated index's); no deleted id returned;
 6. add time / rebuild time, and the centroid drift the index records (``CentroidIndex.drift``:
    the mean max centroid score of every token at build time minus that of the added tokens),
    beside the same score of the added tokens against the rebuild's centroids.
 
 Writes ``benchmarks/results/incremental.{json,md,png}``; the load average is sampled before
-and after every step (a busy machine slows every step, not the ratio alone).
+and after every step (a busy machine slows every step, not the ratio alone). Each timed step is
+recorded in ``--work_dir``/steps.json; ``--resume`` keeps the steps done and goes on after them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -51,22 +54,38 @@ from aligner_jax.retrieval import searcher as search_lib
 
 REPO = Path(__file__).resolve().parents[1]
 
-_DATASET_DIR = flags.DEFINE_string(
-    "dataset_dir", "/work/shared/data/beir/scifact", "A BEIR folder (read, never copied)."
-)
-_WORK_DIR = flags.DEFINE_string(
-    "work_dir", "/tmp/incremental_bench", "Scratch folder (emptied first)."
-)
-_BASE_FRACTION = flags.DEFINE_float("base_fraction", 0.9, "Documents indexed before the add.")
-_DELETE_COUNT = flags.DEFINE_integer("delete_count", 50, "Documents deleted after the add.")
-_K = flags.DEFINE_integer("k", 100, "Documents compared per query.")
-_MAX_QUERIES = flags.DEFINE_integer("max_queries", None, "Only the first N test queries.")
-_SEED = flags.DEFINE_integer("seed", 0, "Choice of the deleted documents.")
-_GIN_BINDINGS = flags.DEFINE_multi_string(
-    "index_gin_bindings", [], "Extra --gin.X=Y of every indexing process (tests: shard sizes)."
-)
-_OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/incremental"), "Output prefix.")
-_REPLOT = flags.DEFINE_bool("replot", False, "Only redraw --out's .md and .png from its .json.")
+# The flags, defined when the script runs (not on import: tests import several benchmarks, whose
+# flags share names).
+F = types.SimpleNamespace()
+
+
+def define_flags() -> None:
+    F.dataset_dir = flags.DEFINE_string(
+        "dataset_dir", "/work/shared/data/beir/scifact", "A BEIR folder (read, never copied)."
+    )
+    F.work_dir = flags.DEFINE_string(
+        "work_dir", "/tmp/incremental_bench", "Scratch folder (emptied first)."
+    )
+    F.base_fraction = flags.DEFINE_float("base_fraction", 0.9, "Documents indexed before the add.")
+    F.delete_count = flags.DEFINE_integer("delete_count", 50, "Documents deleted after the add.")
+    F.k = flags.DEFINE_integer("k", 100, "Documents compared per query.")
+    F.max_queries = flags.DEFINE_integer("max_queries", None, "Only the first N test queries.")
+    F.exhaustive_queries = flags.DEFINE_integer(
+        "exhaustive_queries", None, "Exhaustive mode on the first N of them only (slow on a CPU)."
+    )
+    F.seed = flags.DEFINE_integer("seed", 0, "Choice of the deleted documents.")
+    F.resume = flags.DEFINE_bool(
+        "resume", False, "Keep --work_dir and the steps it records as done (steps.json)."
+    )
+    F.gin_bindings = flags.DEFINE_multi_string(
+        "index_gin_bindings", [], "Extra --gin.X=Y of every indexing process (tests: shard sizes)."
+    )
+    F.out = flags.DEFINE_string(
+        "out", str(REPO / "benchmarks/results/incremental"), "Output prefix."
+    )
+    F.replot = flags.DEFINE_bool(
+        "replot", False, "Only redraw --out's .md and .png from its .json."
+    )
 
 
 # -- pure helpers (tests/test_benchmarks.py) ----------------------------------------------------
@@ -107,6 +126,16 @@ def compare_rankings(a: dict, b: dict, k: int) -> dict:
     }
 
 
+def without(run: dict, deleted: set[str], k: int) -> dict:
+    """A run ``{qid: {doc: score}}`` less the ``deleted`` documents, top ``k`` per query."""
+    return {
+        qid: dict(
+            sorted(((d, s) for d, s in r.items() if d not in deleted), key=lambda x: -x[1])[:k]
+        )
+        for qid, r in run.items()
+    }
+
+
 def check_deletions(before: dict, after: dict, deleted: set[str], k: int) -> dict:
     """After ``--delete``: no deleted id in ``after``, and each query's ranked list equals the
     ``before`` one (top ``k``, taken before the deletions) less the deleted ids, as a prefix."""
@@ -117,7 +146,8 @@ def check_deletions(before: dict, after: dict, deleted: set[str], k: int) -> dic
             d for d, _ in sorted(before[qid].items(), key=lambda x: -x[1])[:k] if d not in deleted
         ]
         got = [d for d, _ in sorted(r.items(), key=lambda x: -x[1])]
-        mismatched += got[: len(expect)] != expect
+        n = min(len(got), len(expect))
+        mismatched += got[:n] != expect[:n]
     return {"deleted_returned": returned, "queries_not_prefix": mismatched, "queries": len(after)}
 
 
@@ -154,6 +184,8 @@ def markdown(payload: dict) -> str:
             f"{fmt(st.get('encode_s'))} | {fmt(st.get('search_index_s'))} | "
             f"{st['load_before']:.1f} → {st['load_after']:.1f} |"
         )
+    notes = [f"{st['label']}: {st['note']}" for st in s.values() if st.get("note")]
+    lines += [f"Note — {n}." for n in notes]
     lines += [
         "",
         f"**add / full rebuild: {100 * r['add_over_rebuild_wall']:.1f} %** of the process wall "
@@ -161,31 +193,40 @@ def markdown(payload: dict) -> str:
         f"excluded); target ≤ 15 %. delete / rebuild: {100 * r['delete_over_rebuild_wall']:.1f} %.",
         "",
     ]
-    ex = q["exhaustive_added_vs_rebuild"]
+    ex, fa = q["exhaustive_added_vs_rebuild"], q["fast_added_vs_rebuild"]
+    m = q["metrics"]
+    pct = lambda x: f"{100 * x:.2f}"  # noqa: E731
     lines += [
-        f"Exhaustive mode, {ex['queries']} test queries, top {payload['k']}: updated index vs "
-        f"rebuild: top-{payload['k']} lists differ for {ex['queries_top_k_differ']} queries "
-        f"(top 10: {ex['queries_top_10_differ']}), max |Δscore| "
-        f"{ex['max_abs_score_delta']:.3g}.",
+        f'Exhaustive mode (`Searcher.load(mode="exhaustive")`), {ex["queries"]} test queries, '
+        f"top {payload['k']}: the updated index (after `--add` and `--delete`) against the "
+        f"rebuild less the deleted ids: top-{payload['k']} lists differ for "
+        f"{ex['queries_top_k_differ']} queries (top 10: {ex['queries_top_10_differ']}), "
+        f"max |Δscore| {ex['max_abs_score_delta']:.3g}. Centroid mode (before the deletions), "
+        f"{fa['queries']} queries: top-{payload['k']} lists differ for "
+        f"{fa['queries_top_k_differ']} (top 10: {fa['queries_top_10_differ']}).",
         "",
-        "| index | nDCG@10 exhaustive | nDCG@10 centroid (fast) | R@100 exhaustive | "
-        "R@100 centroid |",
+        "| index | nDCG@10 centroid | R@100 centroid | nDCG@10 exhaustive | R@100 exhaustive |",
         "|---|---|---|---|---|",
+        f"| updated (base + `--add`) | {pct(m['added']['fast']['ndcg@10'])} | "
+        f"{pct(m['added']['fast']['recall@100'])} | "
+        f"{pct(m['added']['exhaustive_less_deleted']['ndcg@10'])} ¹ | "
+        f"{pct(m['added']['exhaustive_less_deleted']['recall@100'])} ¹ |",
+        f"| full rebuild | {pct(m['rebuild']['fast']['ndcg@10'])} | "
+        f"{pct(m['rebuild']['fast']['recall@100'])} | "
+        f"{pct(m['rebuild']['exhaustive_less_deleted']['ndcg@10'])} ¹ "
+        f"({pct(m['rebuild']['exhaustive']['ndcg@10'])}) | "
+        f"{pct(m['rebuild']['exhaustive_less_deleted']['recall@100'])} ¹ "
+        f"({pct(m['rebuild']['exhaustive']['recall@100'])}) |",
+        "",
+        f"¹ without the {payload['deleted']} deleted documents (in parentheses: the rebuild with "
+        f"them); exhaustive figures over the first {payload['exhaustive_queries']} test queries.",
     ]
-    for name in ("added", "rebuild"):
-        m = q["metrics"][name]
-        lines.append(
-            f"| {name} | {100 * m['exhaustive']['ndcg@10']:.2f} | "
-            f"{100 * m['fast']['ndcg@10']:.2f} | {100 * m['exhaustive']['recall@100']:.2f} | "
-            f"{100 * m['fast']['recall@100']:.2f} |"
-        )
     d, dr = q["after_delete"], payload["drift"]
     lines += [
         "",
         f"After deleting {payload['deleted']} documents: deleted ids returned "
         f"{d['fast']['deleted_returned']} (centroid) / {d['exhaustive']['deleted_returned']} "
-        f"(exhaustive); exhaustive lists not equal to the earlier ones less the deleted ids: "
-        f"{d['exhaustive']['queries_not_prefix']} of {d['exhaustive']['queries']} queries.",
+        f"(exhaustive).",
         "",
         f"Drift recorded by the add (`CentroidIndex.drift`): {dr['recorded']:.4f} = mean max "
         f"centroid score of the base index's tokens at build time ({dr['build_mean']:.4f}) − "
@@ -236,7 +277,7 @@ def _index_process(label: str, *args: str) -> dict:
     """One ``python -m aligner_jax.index`` process (its progress on our stderr); its JSON summary,
     wall time and the load average before and after."""
     cmd = [sys.executable, "-m", "aligner_jax.index", *args]
-    cmd += [f"--gin.{b}" for b in _GIN_BINDINGS.value]
+    cmd += [f"--gin.{b}" for b in F.gin_bindings.value]
     logging.info("%s: %s", label, " ".join(cmd[1:]))
     load_before = _load()
     start = time.perf_counter()
@@ -271,23 +312,19 @@ def _run(searcher, qids, encoded, k) -> dict:
     return searcher.run(qids, encoded, show_progress=False, k=k).results["top_k:1"]
 
 
-def _quality(index_dir: Path, encoder, qids, encoded, qrels, k) -> tuple[dict, dict]:
-    """Rankings and metrics of one index in both modes."""
-    runs, scores = {}, {}
-    for mode in ("exhaustive", "fast"):
-        start = time.perf_counter()
-        searcher = search_lib.Searcher.load(str(index_dir), mode=mode, encoder=encoder)
-        runs[mode] = _run(searcher, qids, encoded, k)
-        ev = metrics.evaluate_run(qrels, runs[mode])
-        scores[mode] = {m: ev.aggregate[m] for m in ("ndcg@10", "recall@100")}
-        logging.info(
-            "%s %s: nDCG@10 %.4f (%.1f s)",
-            index_dir.name,
-            mode,
-            scores[mode]["ndcg@10"],
-            time.perf_counter() - start,
-        )
-    return runs, scores
+def _mode_run(index_dir: Path, mode: str, encoder, qids, encoded, k) -> dict:
+    start = time.perf_counter()
+    searcher = search_lib.Searcher.load(str(index_dir), mode=mode, encoder=encoder)
+    run = _run(searcher, qids, encoded, k)
+    logging.info(
+        "%s %s: %d queries in %.1f s", index_dir.name, mode, len(qids), time.perf_counter() - start
+    )
+    return run
+
+
+def _metrics(qrels: dict, run: dict) -> dict:
+    ev = metrics.evaluate_run({q: qrels[q] for q in run}, run)
+    return {m: ev.aggregate[m] for m in ("ndcg@10", "recall@100")}
 
 
 def _drift(grown: Path, rebuilt: Path, base_shards: int) -> dict:
@@ -316,64 +353,75 @@ def _drift(grown: Path, rebuilt: Path, base_shards: int) -> dict:
 
 
 def bench() -> dict:
-    dataset_dir = Path(_DATASET_DIR.value).resolve()
-    work = Path(_WORK_DIR.value)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    load_start = _load()
+    dataset_dir = Path(F.dataset_dir.value).resolve()
+    work = Path(F.work_dir.value)
+    done_path = work / "steps.json"
+    if not F.resume.value:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    steps = json.loads(done_path.read_text()) if done_path.exists() else {}
+    if steps:
+        logging.info("--resume: steps done before: %s", list(steps))
+    load_start = steps["base"]["load_before"] if "base" in steps else _load()
     logging.info("load average at the start: %s", os.getloadavg())
     corpus = dataset_dir / "corpus.jsonl"
-    base_lines, added_lines = split_lines(corpus.read_text().splitlines(), _BASE_FRACTION.value)
-    (work / "base.jsonl").write_text("\n".join(base_lines) + "\n")
-    (work / "added.jsonl").write_text("\n".join(added_lines) + "\n")
+    base_lines, added_lines = split_lines(corpus.read_text().splitlines(), F.base_fraction.value)
     ids = lambda lines: [json.loads(line)["_id"] for line in lines]  # noqa: E731
-    deleted = pick_deletions(ids(base_lines), ids(added_lines), _DELETE_COUNT.value, _SEED.value)
-    (work / "deleted.txt").write_text("\n".join(deleted) + "\n")
+    deleted = pick_deletions(ids(base_lines), ids(added_lines), F.delete_count.value, F.seed.value)
     grown, rebuilt = work / "grown", work / "rebuilt"
 
-    steps = {"base": _build_step("base index (first part)", work / "base.jsonl", grown)}
-    base_shards = ts.read_manifest(grown)["counts"]["num_shards"]
-    add = _index_process("add", f"--index_dir={grown}", f"--add={work / 'added.jsonl'}")
-    add.update(
-        label="--add (the rest)",
-        num_docs=add["summary"]["added_docs"],
-        job_s=add["summary"]["seconds"],
-        encode_s=add["summary"]["encode_s"],
-        search_index_s=add["summary"]["seconds"] - add["summary"]["encode_s"],
-    )
-    steps["add"] = add
+    def record(name: str, step: dict) -> None:
+        steps[name] = step
+        fileio.atomic_write_json(done_path, steps, sort_keys=False)
+
+    if "base" not in steps:
+        (work / "base.jsonl").write_text("\n".join(base_lines) + "\n")
+        (work / "added.jsonl").write_text("\n".join(added_lines) + "\n")
+        shutil.rmtree(grown, ignore_errors=True)
+        record("base", _build_step("base index (first part)", work / "base.jsonl", grown))
+    base_shards = steps["base"]["summary"]["num_shards"]
+    if "add" not in steps:
+        add = _index_process("add", f"--index_dir={grown}", f"--add={work / 'added.jsonl'}")
+        add.update(
+            label="--add (the rest)",
+            num_docs=add["summary"]["added_docs"],
+            job_s=add["summary"]["seconds"],
+            encode_s=add["summary"]["encode_s"],
+            search_index_s=add["summary"]["seconds"] - add["summary"]["encode_s"],
+        )
+        record("add", add)
 
     dataset = beir.load_beir(dataset_dir)
-    qids = [q for q in dataset.queries if q in dataset.qrels][: _MAX_QUERIES.value]
-    qrels = {q: dataset.qrels[q] for q in qids}
+    qids = [q for q in dataset.queries if q in dataset.qrels][: F.max_queries.value]
     spec = json.loads((grown / indexer.ENCODER_FILE).read_text())
     encoder = search_lib.whole_query_encoder(loading.encoder_from_spec(spec))
     encoded = encoder.encode([dataset.queries[q] for q in qids], "query")
-    k = _K.value
-    added_runs, added_metrics = _quality(grown, encoder, qids, encoded, qrels, k)
+    k, gone = F.k.value, set(deleted)
+    n_ex = len(qids) if F.exhaustive_queries.value is None else F.exhaustive_queries.value
+    # centroid mode on the updated index before the deletions (the rebuild's comparison)
+    grown_fast = _mode_run(grown, "fast", encoder, qids, encoded, k)
 
-    delete = _index_process("delete", f"--index_dir={grown}", f"--delete=@{work / 'deleted.txt'}")
-    delete.update(label="--delete", num_docs=len(deleted), job_s=None)
-    steps["delete"] = delete
-    gone = set(deleted)
-    after = {}
-    for mode in ("fast", "exhaustive"):
-        searcher = search_lib.Searcher.load(str(grown), mode=mode, encoder=encoder)
-        # exhaustive: the queries whose earlier top k held a deleted document (the others
-        # cannot change), all queries in centroid mode
-        pick = [
-            i
-            for i, q in enumerate(qids)
-            if mode == "fast" or gone & set(added_runs["exhaustive"][q])
-        ]
-        run = _run(searcher, [qids[i] for i in pick], [encoded[i] for i in pick], k)
-        after[mode] = check_deletions(added_runs[mode], run, gone, k)
-        logging.info("after --delete, %s: %s", mode, after[mode])
+    if "delete" not in steps:
+        (work / "deleted.txt").write_text("\n".join(deleted) + "\n")
+        delete = _index_process(
+            "delete", f"--index_dir={grown}", f"--delete=@{work / 'deleted.txt'}"
+        )
+        delete.update(label="--delete", num_docs=len(deleted), job_s=None)
+        record("delete", delete)
+    after = {"fast": _mode_run(grown, "fast", encoder, qids, encoded, k)}
+    after["exhaustive"] = _mode_run(grown, "exhaustive", encoder, qids[:n_ex], encoded[:n_ex], k)
 
-    steps["rebuild"] = _build_step("full rebuild", corpus, rebuilt)
-    rebuild_runs, rebuild_metrics = _quality(rebuilt, encoder, qids, encoded, qrels, k)
+    if "rebuild" not in steps:
+        shutil.rmtree(rebuilt, ignore_errors=True)
+        record("rebuild", _build_step("full rebuild", corpus, rebuilt))
     load_end = _load()
-    logging.info("load average at the end: %s", os.getloadavg())
+    logging.info("load average at the end of the timed steps: %s", os.getloadavg())
+    rebuild_fast = _mode_run(rebuilt, "fast", encoder, qids, encoded, k)
+    # k + |deleted| documents: the rebuild's top k less the deleted ids is complete
+    rebuild_ex = _mode_run(
+        rebuilt, "exhaustive", encoder, qids[:n_ex], encoded[:n_ex], k + len(deleted)
+    )
+    qrels = dataset.qrels
     payload = {
         "dataset": dataset_dir.name,
         "model": "zero-shot (models/minilm_identity.gin, aligner-index defaults)",
@@ -382,6 +430,8 @@ def bench() -> dict:
         "added_docs": len(added_lines),
         "deleted": len(deleted),
         "k": k,
+        "queries": len(qids),
+        "exhaustive_queries": n_ex,
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs",
         "load_start": load_start,
         "load_end": load_end,
@@ -390,11 +440,25 @@ def bench() -> dict:
         "summaries": {n: st["summary"] for n, st in steps.items()},
         "quality": {
             "exhaustive_added_vs_rebuild": compare_rankings(
-                added_runs["exhaustive"], rebuild_runs["exhaustive"], k
+                after["exhaustive"], without(rebuild_ex, gone, k), k
             ),
-            "fast_added_vs_rebuild": compare_rankings(added_runs["fast"], rebuild_runs["fast"], k),
-            "metrics": {"added": added_metrics, "rebuild": rebuild_metrics},
-            "after_delete": after,
+            "fast_added_vs_rebuild": compare_rankings(grown_fast, rebuild_fast, k),
+            "metrics": {
+                "added": {
+                    "fast": _metrics(qrels, grown_fast),
+                    # the rebuild's exhaustive run less the deleted ids is the updated index's
+                    "exhaustive_less_deleted": _metrics(qrels, after["exhaustive"]),
+                },
+                "rebuild": {
+                    "fast": _metrics(qrels, rebuild_fast),
+                    "exhaustive_less_deleted": _metrics(qrels, without(rebuild_ex, gone, k)),
+                    "exhaustive": _metrics(qrels, without(rebuild_ex, set(), k)),
+                },
+            },
+            "after_delete": {
+                "fast": check_deletions(grown_fast, after["fast"], gone, k),
+                "exhaustive": check_deletions(rebuild_ex, after["exhaustive"], gone, k),
+            },
         },
         "drift": _drift(grown, rebuilt, base_shards),
     }
@@ -405,8 +469,8 @@ def bench() -> dict:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    out = Path(_OUT.value)
-    if _REPLOT.value:
+    out = Path(F.out.value)
+    if F.replot.value:
         payload = json.loads(out.with_suffix(".json").read_text())
     else:
         payload = bench()
@@ -419,4 +483,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

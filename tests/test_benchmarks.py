@@ -193,6 +193,7 @@ def test_incremental_helpers_compare_rankings_and_report_the_ratio():
     )
     assert diff["max_abs_score_delta"] == pytest.approx(0.1)
     after = {"q1": {"d1": 0.9, "d3": 0.1, "d7": 0.05}}
+    assert incremental.without(a, {"d2"}, k=1) == {"q1": {"d1": 0.9}, "q2": {"d1": 0.5}}
     assert incremental.check_deletions(a, after, {"d2"}, k=3) == {
         "deleted_returned": 0, "queries_not_prefix": 0, "queries": 1}  # fmt: skip
     bad = incremental.check_deletions(a, {"q1": {"d2": 0.8, "d3": 0.1}}, {"d2"}, k=3)
@@ -212,12 +213,14 @@ def test_incremental_helpers_compare_rankings_and_report_the_ratio():
     assert r["add_over_rebuild_wall"] == pytest.approx(0.075)
     assert r["add_over_rebuild_job"] == pytest.approx(20 / 380)
     metric = {"ndcg@10": 0.7, "recall@100": 0.9}
+    modes = ("fast", "exhaustive", "exhaustive_less_deleted")
     payload = {
         "dataset": "toy", "num_docs": 100, "model": "m", "machine": "vm", "load_start": 1.0,
         "load_end": 1.2, "busy": "quiet", "k": 3, "deleted": 5, "steps": steps, "ratios": r,
+        "exhaustive_queries": 2,
         "quality": {
-            "exhaustive_added_vs_rebuild": same,
-            "metrics": {n: {"exhaustive": metric, "fast": metric} for n in ("added", "rebuild")},
+            "exhaustive_added_vs_rebuild": same, "fast_added_vs_rebuild": diff,
+            "metrics": {n: {m: metric for m in modes} for n in ("added", "rebuild")},
             "after_delete": {"fast": {"deleted_returned": 0}, "exhaustive": bad},
         },
         "drift": {"recorded": 0.05, "build_mean": 0.8, "added_mean": 0.75, "added_tokens": 1000,
@@ -226,6 +229,7 @@ def test_incremental_helpers_compare_rankings_and_report_the_ratio():
     table = incremental.markdown(payload)
     assert "**add / full rebuild: 7.5 %**" in table and "| --delete | 5 | 10.0 | — |" in table
     assert "lists differ for 0 queries" in table and "0.0500 = mean max" in table
+    assert "| full rebuild | 70.00 | 90.00 | 70.00 ¹ (70.00) | 90.00 ¹ (90.00) |" in table
     fig = incremental.figure(payload)
     assert [t.get_text() for t in fig.axes[0].texts] == ["300 s", "30 s", "10 s", "400 s"]
     plotting.pyplot().close(fig)
