@@ -80,7 +80,8 @@ _WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/aligner_search_latency", "Expo
 _REUSE_INDEX = flags.DEFINE_bool(
     "reuse_index",
     False,
-    "Load our search index if it has the default settings (its recorded build time is reported).",
+    "Load our search index if it has the default settings, and the peers' finished indexes "
+    "(each build's recorded time is reported).",
 )
 _MERGE = flags.DEFINE_list(
     "merge", [], "Only combine these result JSONs (separate runs) into --out."
@@ -279,7 +280,8 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, rows: list, enco
                 if r >= _PEER_ROUNDS.value or system in failed:
                     continue
                 first = system not in built
-                out = _peer(system, vectors, work, threads, _K.value, _MAX_QUERIES.value, not first)
+                reuse = _REUSE_INDEX.value or not first  # a finished build records itself
+                out = _peer(system, vectors, work, threads, _K.value, _MAX_QUERIES.value, reuse)
                 if first:
                     built[system] = (out.get("build_s"), out.get("index_bytes"))
                     if out.get("error") and out.get("build_s") is None:

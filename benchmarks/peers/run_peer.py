@@ -192,8 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--reuse_index",
         action="store_true",
-        help="skip the build when work_dir/index already holds a finished index "
-        "(build_s is then null)",
+        help="skip the build when work_dir/index holds a finished index (work_dir/build.json, "
+        "written when a build finishes, gives its build_s)",
     )
     ap.add_argument(
         "--max_queries",
@@ -398,12 +398,23 @@ def work(args, result, build_kw, load_kw, search_kw) -> int:
             engine = XtrWarpRunner(index_dir, args, build_kw, load_kw, search_kw)
         result["versions"].update(engine.versions())
 
-        reuse = args.reuse_index and engine.index_exists()
-        if not reuse:
+        build_record = os.path.join(args.work_dir, "build.json")
+        reuse = args.reuse_index and engine.index_exists() and os.path.exists(build_record)
+        if reuse:  # the build's own time and memory, recorded when it finished
+            with open(build_record) as f:
+                result.update(json.load(f), reused_index=True)
+        else:
+            if os.path.exists(build_record):
+                os.remove(build_record)  # a build stopped half way must not look complete
             phase("build")
             t0 = time.perf_counter()
             engine.build(doc_list)
             result["build_s"] = time.perf_counter() - t0
+            with open(build_record + ".tmp", "w") as f:
+                json.dump(
+                    {"build_s": result["build_s"], "peak_rss_build_bytes": peak_rss_bytes()}, f
+                )
+            os.replace(build_record + ".tmp", build_record)
         del doc_list, doc_matrix
         import gc
 
