@@ -347,16 +347,20 @@ _NOTE_MARKS = "*†‡§¶"
 
 def _notes(rows: list[dict]) -> dict[str, str]:
     """A footnote mark for each run note ('default (quiet re-run)' → 'quiet re-run')."""
-    notes = dict.fromkeys(r["setting"].removeprefix("default").strip(" ()") for r in rows)
+    notes = dict.fromkeys(_note(r["setting"]) for r in rows)
     notes.pop("", None)
     return {note: _NOTE_MARKS[i % len(_NOTE_MARKS)] for i, note in enumerate(notes)}
 
 
 def _label(row: dict, notes: dict[str, str]) -> str:
     """'system ×threads', with the footnote mark of the run's note if it has one."""
-    return f"{row['system']} ×{row['threads']}" + notes.get(
-        row["setting"].removeprefix("default").strip(" ()"), ""
-    )
+    return f"{row['system']} ×{row['threads']}" + notes.get(_note(row["setting"]), "")
+
+
+def _note(setting: str) -> str:
+    """A run's note: 'default (quiet re-run)' → 'quiet re-run', 'default' → '', others as is."""
+    note = setting.removeprefix("default").strip()
+    return note[1:-1] if note.startswith("(") and note.endswith(")") else note
 
 
 def _first_line(text: str, width: int) -> str:
