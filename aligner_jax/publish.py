@@ -12,23 +12,13 @@ A Qdrant server or cluster:
   python -m aligner_jax.publish --index_dir=DIR --qdrant_url=http://qdrant:6333 \
     --collection=scifact --record=outputs/qdrant/scifact.json
 
-miniCOIL instead of BM25 (meaning models fitted on the corpus with the index's own encoder, as
-``aligner-eval --gin_file=eval/minicoil.gin`` does; ``--gin.MiniCoilConfig.X=...`` applies), or
-with models saved earlier (``--minicoil_models=FILE.safetensors`` or a saved miniCOIL folder, e.g.
-an earlier publication's ``aligner_minicoil/``; refused if fitted on another encoder):
-
-  python -m aligner_jax.publish --index_dir=DIR --qdrant_path=outputs/qdrant/scifact_mc \
-    --sparse=minicoil
-  python -m aligner_jax.publish --qdrant_path=outputs/qdrant/scifact_mc --query="..." \
-    --mode=sparse
-
-Every live document becomes a point: its token vectors as a multivector (MaxSim), BM25 (or
-miniCOIL) as a sparse vector with the IDF modifier, payload {doc_id, title}. The documents' texts
-come from the corpus the index records (``--corpus=PATH`` if it moved). The miniCOIL index is
-saved beside the record (``aligner_minicoil/`` in the shard; ``NAME.minicoil/`` beside
-``--record=NAME.json``), so a query loads its models and fits nothing. Queries run through Qdrant's Query
-API: ``--mode=multivector`` (exact MaxSim), ``fusion`` (sparse + multivector prefetches, RRF),
-``rerank`` (sparse prefetch re-scored by MaxSim) or ``sparse``.
+``--sparse=minicoil`` instead of BM25: meaning models fitted on the corpus with the index's own
+encoder (as ``eval/minicoil.gin``), or ``--minicoil_models`` saved earlier (refused if fitted on
+another encoder); a query loads them from beside the record. Every live document becomes a point:
+token vectors as a multivector (MaxSim), the sparse vector with the IDF modifier, payload {doc_id,
+title}; texts from the corpus the index records (``--corpus=PATH`` if it moved). Query modes:
+``multivector`` (exact MaxSim), ``fusion`` (sparse + multivector prefetches, RRF), ``rerank``
+(sparse prefetch re-scored by MaxSim) or ``sparse``. Details: ``serving/publish_job.py``.
 """
 
 from __future__ import annotations
@@ -51,15 +41,8 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing server collection.
 flags.DEFINE_string("query", None, "Query the published collection: prints a ranked list.")
 flags.DEFINE_integer("k", 10, "Documents per query.")
 flags.DEFINE_enum("mode", None, list(targets.MODES), "Query mode (default fusion).")
-flags.DEFINE_string(
-    "minicoil_models",
-    None,
-    "--sparse=minicoil: saved meaning models (a .safetensors file or a saved miniCOIL folder) of "
-    "this index's encoder; default: fit them on the corpus.",
-)
-flags.DEFINE_string(
-    "corpus", None, "The indexed corpus (file or BEIR folder) if it moved since indexing."
-)
+flags.DEFINE_string("minicoil_models", None, "--sparse=minicoil: saved models (default: fit).")
+flags.DEFINE_string("corpus", None, "The indexed corpus (file or BEIR folder) if it moved.")
 
 
 def main(argv: Sequence[str]) -> None:
