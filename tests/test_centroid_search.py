@@ -69,6 +69,12 @@ def test_residual_scores_equal_decoded_dot_products(bits):
     np.testing.assert_allclose(
         codec.residual_scores(q, packed), q @ codec.decode(packed).T, rtol=1e-4, atol=1e-4
     )
+    np.testing.assert_allclose(  # the token-major layout of stage 4: the same scores, transposed
+        codec.residual_scores(q, packed, token_major=True),
+        codec.decode(packed) @ q.T,
+        rtol=1e-4,
+        atol=1e-4,
+    )
     inside = (r >= codec.lower) & (r < codec.lower + codec.step * (1 << bits))
     err = np.abs(codec.decode(packed) - r)
     assert np.all(err[inside] <= np.broadcast_to(codec.step / 2 + 1e-6, r.shape)[inside])

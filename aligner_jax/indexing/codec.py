@@ -99,10 +99,19 @@ class ResidualCodec:
         ]
         return planes, q @ (self.lower + 0.5 * self.step)
 
-    def residual_scores(self, queries: np.ndarray, packed: np.ndarray) -> np.ndarray:
-        """q·r̂ for every query and packed token: ``[n, N]`` float32, without decoding (one BLAS
-        product per plane, ``[n, W] @ [W, N]``)."""
+    def residual_scores(
+        self, queries: np.ndarray, packed: np.ndarray, token_major: bool = False
+    ) -> np.ndarray:
+        """q·r̂ for every query and packed token, without decoding (one BLAS product per plane):
+        ``[n, N]`` float32 (``[n, W] @ [W, N]``), or ``[N, n]`` with ``token_major``
+        (``[N, W] @ [W, n]``: a token's scores are one contiguous row)."""
         planes, constant = self.query_terms(queries)
+        if token_major:
+            out = np.empty((len(packed), len(constant)), np.float32)
+            out[:] = constant[None, :]
+            for w, levels in zip(planes, self.levels(packed), strict=True):
+                out += levels.astype(np.float32) @ w.T
+            return out
         out = np.empty((len(constant), len(packed)), np.float32)
         out[:] = constant[:, None]
         for w, levels in zip(planes, self.levels(packed), strict=True):

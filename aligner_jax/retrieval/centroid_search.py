@@ -166,28 +166,33 @@ class CentroidSearcher:
         )
         return (best @ weights) / max(float(weights.sum()), 1e-12)
 
-    def refine(self, q: np.ndarray, s: np.ndarray, docs: np.ndarray, u_q: np.ndarray) -> np.ndarray:
-        """Stage 4: top-1 alignment with compressed vectors, Eq. 1–2 with u^q and u^d."""
+    def refine(
+        self, q: np.ndarray, s_t: np.ndarray, docs: np.ndarray, u_q: np.ndarray
+    ) -> np.ndarray:
+        """Stage 4: top-1 alignment with compressed vectors, Eq. 1–2 with u^q and u^d.
+
+        Token-major: ``s_t`` is Sᵀ ``[C, n]``, so a stored token's centroid scores are one
+        contiguous row, and its residual scores one row of ``levels @ weightsᵀ``."""
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        sims = s[:, self.index.codes[rows]]  # centroid part of q·v̂, [n, T]
+        sims = s_t[self.index.codes[rows]]  # centroid part of v̂·q, [T, n]
         margin = self.config.refine_margin
         if margin is not None:  # only tokens within `margin` of their doc's best centroid score
-            best_c = np.maximum.reduceat(sims, _segment_starts(lengths), axis=1)
-            keep = (sims >= np.repeat(best_c, lengths, axis=1) - margin).any(axis=0)
+            best_c = np.maximum.reduceat(sims, _segment_starts(lengths), axis=0)
+            keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
             lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-            rows, sims = rows[keep], sims[:, keep]
-        sims += self.index.codec.residual_scores(q, self.index.residuals[rows])
+            rows, sims = rows[keep], sims[keep]
+        sims += self.index.codec.residual_scores(q, self.index.residuals[rows], token_major=True)
         starts = _segment_starts(lengths)
-        best = np.maximum.reduceat(sims, starts, axis=1)  # [n, docs]
+        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, n]
         if self.salience is None:
-            return (u_q @ best) / max(float(u_q.sum()), 1e-12)
-        # u^d of each row's selected (maximal) token; selection is by S alone (Eq. 2).
+            return (best @ u_q) / max(float(u_q.sum()), 1e-12)
+        # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = self.salience[rows]
-        at_max = sims == np.repeat(best, lengths, axis=1)
-        u_sel = np.maximum.reduceat(np.where(at_max, u_d[None, :], -np.inf), starts, axis=1)
-        a = u_q[:, None] * u_sel
-        z = a.sum(0)
-        return np.where(z > 0, (a * best).sum(0) / np.maximum(z, 1e-6), 0.0)
+        at_max = sims == np.repeat(best, lengths, axis=0)
+        u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, axis=0)
+        a = u_sel * u_q[None, :]
+        z = a.sum(1)
+        return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)
 
     def token_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """CSR centroid → its β^d-kept stored tokens (offsets, rows, documents), built on first
@@ -258,7 +263,7 @@ class CentroidSearcher:
         order = _top(inter, min(self.refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
-            exact = self.refine(q, s, refined, u_q)[None, :]
+            exact = self.refine(q, s_t, refined, u_q)[None, :]
         else:
             exact = np.asarray(refine_fn(refined))
         rest = np.ones(len(first), bool)
