@@ -94,7 +94,10 @@ def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():
         objective.append(float(best.mean()))
     assert all(b >= a - 1e-6 for a, b in zip(objective, objective[1:], strict=False))
     assert objective[-1] > 0.9  # tight clusters: most points sit next to their centroid
-    assert kmeans.default_num_centroids(1_242_251) == 8192
+    assert kmeans.default_num_centroids(1_242_251) == 16384  # PLAID's 16·√T, a power of two
+    assert kmeans.default_num_centroids(1_242_251, dim=128, max_product=1 << 22) == 16384
+    assert kmeans.default_num_centroids(1_242_251, dim=384, max_product=1 << 22) == 8192
+    assert kmeans.default_num_centroids(219_115, dim=384, max_product=1 << 22) == 4096
     assert kmeans.default_num_centroids(1) == 1
 
 
@@ -235,8 +238,12 @@ def test_config_ranges_are_checked():
         cs.CentroidSearchConfig(probes=0)
     with pytest.raises(errors.ConfigError, match="residual_bits"):
         ci.CentroidIndexConfig(residual_bits=3)
-    assert cs.CentroidSearchConfig().resolved(5183, 8192) == (8, 216, 54)
-    assert cs.CentroidSearchConfig().resolved(100, 64) == (2, 160, 40)
+    # probes follow the token count, not the (possibly capped) centroid count
+    assert cs.CentroidSearchConfig().resolved(5183, 1_242_251, 16384) == (8, 216, 54)
+    assert cs.CentroidSearchConfig().resolved(5183, 1_242_251, 8192) == (8, 216, 54)
+    assert cs.CentroidSearchConfig().resolved(1460, 219_115, 4096) == (2, 160, 40)
+    assert cs.CentroidSearchConfig().resolved(100, 3000, 64) == (2, 160, 40)
+    assert cs.CentroidSearchConfig(probes=3).resolved(100, 3000, 64) == (3, 160, 40)
 
 
 def _decoded(store, index):

@@ -21,12 +21,19 @@ from aligner_jax.common import progress
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
 
 
-def default_num_centroids(num_tokens: int, per_sqrt: float = 8.0) -> int:
-    """2^⌊log2(per_sqrt·√T)⌋ centroids for T indexed tokens (PLAID uses 16·√T; see
-    ``CentroidIndexConfig.centroids_per_sqrt_token`` for why ours is smaller), at least 1."""
+def default_num_centroids(
+    num_tokens: int, per_sqrt: float = 16.0, dim: int | None = None, max_product: int | None = None
+) -> int:
+    """2^⌊log2(per_sqrt·√T)⌋ centroids for T indexed tokens (PLAID: 16·√T), at least 1.
+
+    With ``dim`` and ``max_product``, at most the largest power of two C with C·dim ≤
+    ``max_product``: a cap on the query–centroid product (multiply-adds per query token)."""
     if num_tokens <= 1:
         return 1
-    return int(2 ** max(0, math.floor(math.log2(per_sqrt * math.sqrt(num_tokens)))))
+    c = int(2 ** max(0, math.floor(math.log2(per_sqrt * math.sqrt(num_tokens)))))
+    if dim and max_product:
+        c = min(c, int(2 ** max(0, math.floor(math.log2(max_product / dim)))))
+    return c
 
 
 @jax.jit

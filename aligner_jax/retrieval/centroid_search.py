@@ -33,8 +33,10 @@ The ranking lists the refined documents by their score, then the other interacti
 then the other candidates, each block by its own estimate, shifted below the block before it
 (so that any evaluator that sorts by score keeps this order).
 
-Defaults scale with the index: ``probes = max(2, ⌈C/1024⌉)``, ``refine_docs = clip(⌈0.75·√N⌉,
-40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents and C centroids; ``xtr_probes = 4·probes``.
+Defaults scale with the index: ``probes = max(2, C₁₆/2048)`` for C₁₆ = 2^⌊log2(16·√T)⌋, PLAID's
+centroid count for T stored tokens (8 probes on SciFact's 1.24M tokens, 2 on CISI's 219k), whatever
+cap ``CentroidIndexConfig.max_centroid_product`` puts on the centroids actually built, ``refine_docs = clip(⌈0.75·√N⌉, 40, 128)`` and ``interaction_docs =
+4·refine_docs`` for N documents; ``xtr_probes = 4·probes``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import numpy as np
 from aligner_jax.common import checks
 from aligner_jax.core import pruning
 from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 
 
@@ -68,8 +71,9 @@ class CentroidSearchConfig:
         for field in ("probes", "interaction_docs", "refine_docs", "xtr_probes"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
 
-    def resolved(self, num_docs: int, num_centroids: int) -> tuple[int, int, int]:
-        probes = self.probes or max(2, math.ceil(num_centroids / 1024))
+    def resolved(self, num_docs: int, num_tokens: int, num_centroids: int) -> tuple[int, int, int]:
+        """(probes, interaction_docs, refine_docs) for an index of these sizes."""
+        probes = self.probes or max(2, kmeans.default_num_centroids(num_tokens) // 2048)
         refine = self.refine_docs or int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), 40, 128))
         interaction = self.interaction_docs or 4 * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
@@ -121,7 +125,7 @@ class CentroidSearcher:
         self.index = index
         self.config = config or CentroidSearchConfig()
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
-            store.num_docs, index.num_centroids
+            store.num_docs, store.num_tokens, index.num_centroids
         )
         self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
