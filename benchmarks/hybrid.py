@@ -35,7 +35,7 @@ _COLLECTIONS = flags.DEFINE_list("collections", ["scifact", "cisi"], "BEIR folde
 _DATA_ROOT = flags.DEFINE_string("data_root", str(REPO.parent / "shared/data/beir"), "BEIR root.")
 _INDEX_ROOT = flags.DEFINE_string(
     "index_root",
-    "/work/main/outputs",
+    str(REPO / "outputs"),
     "Token stores: INDEX_ROOT/zero_shot_<collection>/index (reused, built when missing).",
 )
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", str(REPO / "outputs/hybrid_bench"), "Run folders.")

@@ -1,9 +1,9 @@
 r"""Serving on Qdrant (issue 12, item 3): export cost, and Qdrant's answers beside ours.
 
     .venv/bin/python benchmarks/qdrant_serving.py --dataset=cisi \
-      --index_dir=/work/main/outputs/zero_shot_cisi/index
+      --index_dir=outputs/zero_shot_cisi/index
     .venv/bin/python benchmarks/qdrant_serving.py --dataset=scifact \
-      --index_dir=/work/main/outputs/zero_shot_scifact/index
+      --index_dir=outputs/zero_shot_scifact/index
 
 Exports the token store (read-only) to an embedded ``qdrant_edge`` shard under ``outputs/qdrant/``
 with ``aligner-publish``'s exporter (BM25 sparse vectors, float32 multivector; timed; size on
