@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import codec as codec_lib
 from aligner_jax.indexing import kmeans
+from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
 from aligner_jax.retrieval import searcher as search_lib
 
@@ -99,6 +101,28 @@ def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():
     assert kmeans.default_num_centroids(1_242_251, dim=384, max_product=1 << 22) == 8192
     assert kmeans.default_num_centroids(219_115, dim=384, max_product=1 << 22) == 4096
     assert kmeans.default_num_centroids(1) == 1
+
+
+def test_centroid_count_follows_the_size_caps(store, tmp_path):
+    """16·√T centroids, unless the float32 table would exceed centroid_bytes_per_token per
+    token (the table's share of the index) or C·D the product cap."""
+    tokens = store.num_tokens
+    plaid = 2 ** int(np.log2(16 * tokens**0.5))
+    built = {}
+    for name, config in {
+        "plaid": ci.CentroidIndexConfig(kmeans_iterations=1, centroid_bytes_per_token=1e6),
+        "table": ci.CentroidIndexConfig(kmeans_iterations=1),  # 16 bytes per token
+        "product": ci.CentroidIndexConfig(
+            kmeans_iterations=1, centroid_bytes_per_token=1e6, max_centroid_product=64 * DIM
+        ),
+    }.items():
+        copy = tmp_path / name
+        shutil.copytree(store.directory, copy, ignore=shutil.ignore_patterns(ci.SUBDIR))
+        built[name] = ci.CentroidIndex.build(ts.TokenStore(copy), config).num_centroids
+    table_cap = 16 * tokens / 4 / DIM  # float32 entries per token → centroids
+    assert built["plaid"] == plaid
+    assert built["table"] == 2 ** int(np.log2(table_cap)) < plaid
+    assert built["product"] == 64 < plaid
 
 
 def test_kmeans_reseeds_empty_clusters():

@@ -53,7 +53,7 @@ class CentroidIndexConfig:
 
     Attributes:
       num_centroids: None = 2^⌊log2(centroids_per_sqrt_token·√T)⌋ for T indexed tokens, capped
-        by ``max_centroid_product``.
+        by ``max_centroid_product`` and ``centroid_bytes_per_token``.
       centroids_per_sqrt_token: 16, as PLAID. Centroid interaction (stage 3 of
         ``retrieval.centroid_search``) ranks with centroid scores alone, so finer centroids
         choose the refined documents better: on the trained 128-d SciFact store, SciFact
@@ -61,10 +61,15 @@ class CentroidIndexConfig:
         and top-10 agreement with exhaustive search 92.4 % vs 91.1 %, at the same probes and
         refinement counts, for +0.2 ms per query and a 3× longer k-means.
       max_centroid_product: at most the largest power of two C with C·D ≤ this (D: the vector
-        dimension), a cap on the query–centroid product per query token. 2^22 keeps 16·√T on
-        128-d vectors up to 16,384 centroids (T ≈ 1M tokens) and holds 384-d stores such as
-        SciFact's zero-shot (1.24M tokens) at 8,192, where a 16,384-centroid product alone
-        would cost about half of the 10 ms query budget.
+        dimension), a cap on the query–centroid product per query token: 2^22 (16,384
+        centroids at 128-d, 8,192 at 384-d).
+      centroid_bytes_per_token: and with 4·C·D ≤ this × T, a cap on the float32 centroid
+        table's share of the index size. 16 bytes per token holds 384-d stores at the count
+        their size affords (SciFact zero-shot, 1.24M tokens: 8,192 rather than 16,384, whose
+        product alone would cost about half of the 10 ms query budget; CISI zero-shot, 219k
+        tokens: 2,048, where 4,096 centroids would add 29 bytes per token and make the index
+        larger per token than FastPlaid's) and leaves 128-d stores at 16·√T (SciFact trained
+        16,384, CISI trained 4,096).
       kmeans_iterations: k-means iterations on the sample.
       sample_per_centroid: k-means sample size = this × centroids (≤ all indexed tokens).
       residual_bits: 2, 4 (default, as FastPlaid and WARP) or 8 bits per residual dimension.
@@ -76,6 +81,7 @@ class CentroidIndexConfig:
     num_centroids: int | None = None
     centroids_per_sqrt_token: float = 16.0
     max_centroid_product: int = 1 << 22
+    centroid_bytes_per_token: float = 16.0
     kmeans_iterations: int = 8
     sample_per_centroid: int = 32
     residual_bits: int = 4
@@ -86,9 +92,8 @@ class CentroidIndexConfig:
         name = type(self).__name__
         checks.choice(f"{name}.residual_bits", self.residual_bits, codec_lib.BITS)
         checks.integer(f"{name}.num_centroids", self.num_centroids, minimum=1, allow_none=True)
-        checks.number(
-            f"{name}.centroids_per_sqrt_token", self.centroids_per_sqrt_token, 0.0, low_open=True
-        )
+        for field in ("centroids_per_sqrt_token", "centroid_bytes_per_token"):
+            checks.number(f"{name}.{field}", getattr(self, field), 0.0, low_open=True)
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
         for field in ("kmeans_iterations", "sample_per_centroid", "max_centroid_product"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
@@ -159,8 +164,12 @@ class CentroidIndex:
         kept = _kept_rows(store, config.beta_d)
         if not len(kept):
             raise ConfigError(f"{store.directory}: the store holds no tokens to index")
+        table_cap = config.centroid_bytes_per_token * len(kept) / 4  # float32 entries
         c = config.num_centroids or kmeans.default_num_centroids(
-            len(kept), config.centroids_per_sqrt_token, store.dim, config.max_centroid_product
+            len(kept),
+            config.centroids_per_sqrt_token,
+            store.dim,
+            min(config.max_centroid_product, table_cap),
         )
         c = min(c, len(kept))
         rng = np.random.default_rng(config.seed)

@@ -27,7 +27,8 @@ def default_num_centroids(
     """2^⌊log2(per_sqrt·√T)⌋ centroids for T indexed tokens (PLAID: 16·√T), at least 1.
 
     With ``dim`` and ``max_product``, at most the largest power of two C with C·dim ≤
-    ``max_product``: a cap on the query–centroid product (multiply-adds per query token)."""
+    ``max_product`` (``CentroidIndexConfig``'s caps on the query–centroid product and on the
+    centroid table's size)."""
     if num_tokens <= 1:
         return 1
     c = int(2 ** max(0, math.floor(math.log2(per_sqrt * math.sqrt(num_tokens)))))
