@@ -102,18 +102,12 @@ class ResidualCodec:
     def residual_scores(
         self, queries: np.ndarray, packed: np.ndarray, token_major: bool = False
     ) -> np.ndarray:
-        """q·r̂ for every query and packed token, without decoding (one BLAS product per plane):
-        ``[n, N]`` float32 (``[n, W] @ [W, N]``), or ``[N, n]`` with ``token_major``
-        (``[N, W] @ [W, n]``: a token's scores are one contiguous row)."""
+        """q·r̂ for every packed token and query, without decoding (one BLAS product per plane,
+        ``[N, W] @ [W, n]``): ``[N, n]`` float32 with ``token_major`` (a token's scores are one
+        contiguous row), else its transpose ``[n, N]``."""
         planes, constant = self.query_terms(queries)
-        if token_major:
-            out = np.empty((len(packed), len(constant)), np.float32)
-            out[:] = constant[None, :]
-            for w, levels in zip(planes, self.levels(packed), strict=True):
-                out += levels.astype(np.float32) @ w.T
-            return out
-        out = np.empty((len(constant), len(packed)), np.float32)
-        out[:] = constant[:, None]
+        out = np.empty((len(packed), len(constant)), np.float32)
+        out[:] = constant[None, :]
         for w, levels in zip(planes, self.levels(packed), strict=True):
-            out += w @ levels.astype(np.float32).T
-        return out
+            out += levels.astype(np.float32) @ w.T
+        return out if token_major else out.T

@@ -34,9 +34,10 @@ then the other candidates, each block by its own estimate, shifted below the blo
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults scale with the index: ``probes = max(2, C₁₆/2048)`` for C₁₆ = 2^⌊log2(16·√T)⌋, PLAID's
-centroid count for T stored tokens (8 probes on SciFact's 1.24M tokens, 2 on CISI's 219k), whatever
-cap ``CentroidIndexConfig.max_centroid_product`` puts on the centroids actually built, ``refine_docs = clip(⌈0.75·√N⌉, 40, 128)`` and ``interaction_docs =
-4·refine_docs`` for N documents; ``xtr_probes = 4·probes``.
+centroid count for T stored tokens (8 probes on SciFact's 1.24M tokens, 2 on CISI's 219k),
+whatever caps ``CentroidIndexConfig`` puts on the centroids actually built; ``refine_docs =
+clip(⌈0.75·√N⌉, 40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents;
+``xtr_probes = 4·probes``.
 """
 
 from __future__ import annotations
