@@ -135,8 +135,9 @@ class CentroidSearcher:
         self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
 
     # -- stages ----------------------------------------------------------------------------------
-    def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray):
-        """Stage 2: (candidate docs, approximate scores) from the probed inverted lists."""
+    def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None):
+        """Stage 2: (candidate docs, approximate scores) from the probed inverted lists; only
+        documents with ``alive[doc]`` (default: not deleted) are kept."""
         idx = self.index
         sp = s[probe_rows]  # [n', C]
         p = self.probes
@@ -157,7 +158,7 @@ class CentroidSearcher:
         np.maximum.at(m, (token, where), values)
         w = weights[probe_rows]
         approx = (w @ m) / max(float(w.sum()), 1e-12)
-        keep = self.alive[cands]
+        keep = (self.alive if alive is None else alive)[cands]
         return cands[keep], approx[keep]
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -250,19 +251,28 @@ class CentroidSearcher:
 
     # -- the query path ------------------------------------------------------------------------
     def search(
-        self, q: np.ndarray, u_q: np.ndarray, probe_rows: np.ndarray, k: int, refine_fn=None
+        self,
+        q: np.ndarray,
+        u_q: np.ndarray,
+        probe_rows: np.ndarray,
+        k: int,
+        refine_fn=None,
+        allowed: np.ndarray | None = None,
     ) -> tuple[list[tuple[np.ndarray, np.ndarray]], StageCounts]:
         """Ranks documents for one query: ([(doc indices, scores)] per scoring, stage counts).
 
         Without ``refine_fn`` stage 4 is top-1 alignment on compressed vectors (one ranking);
         ``refine_fn(docs) -> [S, len(docs)]`` scores the refined documents otherwise (S rankings:
-        other alignment strategies, from the float store).
+        other alignment strategies, from the float store). ``allowed`` (bool ``[num_docs]``):
+        only these documents (and never deleted ones) are candidates — a filter applied during
+        candidate generation, not after the top-k is cut.
         """
+        alive = self.alive if allowed is None else self.alive & allowed
         q = np.asarray(q, np.float32)
         u_q = np.asarray(u_q, np.float32)
         s = q @ self.index.centroids.T
         s_t = np.ascontiguousarray(s.T)
-        cands, approx = self.candidates(s, probe_rows, u_q)
+        cands, approx = self.candidates(s, probe_rows, u_q, alive)
         first = cands[_top(approx, min(self.interaction_docs, len(cands)))]
         inter = self.interaction(s_t, first, u_q)
         order = _top(inter, min(self.refine_docs, len(first)))
