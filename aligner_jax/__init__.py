@@ -15,6 +15,9 @@ Python use (the names below are imported lazily: ``import aligner_jax`` stays li
     bundle = aligner_jax.load_encoder()                  # the bundled all-MiniLM-L6-v2
     encoder = aligner_jax.Encoder(bundle)
     store = aligner_jax.TokenStore(".../index")          # written by aligner-index / aligner-eval
+    index = aligner_jax.Index.create("/tmp/idx")         # from Python: add / delete / searcher
+    index.add([{"id": "d1", "text": "...", "metadata": {"year": 2020}}])
+    hits = index.searcher().search("...", k=10, filter={"year": {"gte": 2015}})  # [Hit]
     report = aligner_jax.evaluate_beir(dataset_dir=".../beir/scifact", output_dir="/tmp/out")
 """
 
@@ -67,6 +70,8 @@ _PUBLIC = {
     "Encoder": ("aligner_jax.encoding.encoder", "Encoder"),
     "TokenStore": ("aligner_jax.indexing.token_store", "TokenStore"),
     "Searcher": ("aligner_jax.retrieval.searcher", "Searcher"),
+    "Hit": ("aligner_jax.retrieval.searcher", "Hit"),
+    "Index": ("aligner_jax.retrieval.index_api", "Index"),
     "evaluate_beir": ("aligner_jax.evaluation.beir_eval", "evaluate"),
     "train_model": ("aligner_jax.training.trainer", "train"),
 }

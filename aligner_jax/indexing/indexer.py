@@ -26,7 +26,7 @@ from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
-from aligner_jax.indexing import centroid_index
+from aligner_jax.indexing import centroid_index, documents
 from aligner_jax.indexing import token_store as ts
 
 CONFIG_FILE = "index_config.json"
@@ -41,14 +41,30 @@ class IndexingConfig:
     store_beta_d: fraction of each document's tokens (top by salience) kept in the refinement
       store. 1.0 stores every token, so refinement uses full documents (paper §3.2); lower
       values drop pruned tokens from disk too.
+    store_text: keep each document's title and text in ``documents.sqlite`` (search hits show
+      them); False keeps only ids and metadata (filters still work).
     """
 
     shard_size: int = 500
     store_beta_d: float = 1.0
+    store_text: bool = True
 
     def __post_init__(self):
         checks.integer("IndexingConfig.shard_size", self.shard_size, minimum=1)
         checks.number("IndexingConfig.store_beta_d", self.store_beta_d, 0.0, 1.0, low_open=True)
+        if not isinstance(self.store_text, bool):
+            raise ConfigError(
+                f"{checks.flag('IndexingConfig.store_text', self.store_text)}: expected True or "
+                "False"
+            )
+
+    def settings(self) -> dict:
+        """The settings recorded in ``index_config.json`` and the manifest. ``store_text`` only
+        when False: indexes built before it existed keep their recorded settings."""
+        out = dataclasses.asdict(self)
+        if self.store_text:
+            del out["store_text"]
+        return out
 
 
 @dataclasses.dataclass
@@ -93,7 +109,9 @@ def _keep_top(encoded, beta: float):
     )
 
 
-def _check_or_write_config(directory: Path, settings: dict) -> None:
+def check_or_write_config(directory: Path, settings: dict) -> None:
+    """Records ``settings`` (model, indexing settings, corpus) in ``index_config.json``, or
+    refuses a directory started with other ones."""
     path = directory / CONFIG_FILE
     if path.exists():
         existing = ts.read_json(path, "delete the index directory and index again")
@@ -136,7 +154,11 @@ def encode_shard(
     config,
     bar: progress.Progress | None = None,
 ) -> dict:
-    """Encodes ``docs`` and writes them as shard ``shard_index``; returns its manifest entry."""
+    """Encodes ``docs`` and writes them as shard ``shard_index``; returns its manifest entry.
+
+    The documents' rows (``documents.sqlite``) are written first, the shard's files after, its
+    marker last: a committed shard always has its rows."""
+    documents.write_shard(directory, shard_index, docs, config.store_text)
     texts = [beir.document_text(d) for d in docs]
     token_ids = encoder.tokenize(texts, "doc")
     encoded = [None] * len(docs)
@@ -194,10 +216,10 @@ def _build_token_store(
     model_info = encoder.bundle.info()
     settings = {
         "model": model_info,
-        "indexing": dataclasses.asdict(config),
+        "indexing": config.settings(),
         "corpus": corpus_info or {},
     }
-    _check_or_write_config(directory, settings)
+    check_or_write_config(directory, settings)
     write_encoder_spec(directory, encoder.bundle)
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens = 0.0, 0, 0
@@ -211,6 +233,7 @@ def _build_token_store(
             continue
         marker = ts.read_shard_marker(directory, shard_index)
         if marker is not None and marker["num_docs"] == len(docs):
+            documents.ensure_shard(directory, shard_index, docs, config.store_text)
             entries.append(marker)
             skipped += 1
             total_tokens += marker["num_tokens"]

@@ -21,8 +21,10 @@ For the token-MIPS backends the three steps are named and timed (XTR notebook ha
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import gin
 import numpy as np
@@ -34,6 +36,7 @@ from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import centroid_search as cs
@@ -64,6 +67,10 @@ class SearchConfig:
         refused; an index built with β^d < 1 keeps the tokens its saliences chose).
       query_batch_size: queries searched and refined together by the token-MIPS backends
         (amortises gathering on dense candidate sets); a query's latency is its batch's time.
+      filter_exact_docs: a filter (or ``subset``) that keeps at most this many documents is
+        searched exhaustively over them (exact: every kept document refined with all its stored
+        vectors); a larger one restricts candidate generation, and falls back to the exhaustive
+        search of its documents when fewer than ``k + offset`` candidates pass it.
     """
 
     backend: str = "scann"
@@ -74,6 +81,7 @@ class SearchConfig:
     top_k: int = 1000
     query_batch_size: int = 8
     salience: bool = True
+    filter_exact_docs: int = 2048
 
     def __post_init__(self):
         name = type(self).__name__
@@ -84,6 +92,7 @@ class SearchConfig:
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
         checks.integer(f"{name}.top_k", self.top_k, minimum=1)
         checks.integer(f"{name}.query_batch_size", self.query_batch_size, minimum=1)
+        checks.integer(f"{name}.filter_exact_docs", self.filter_exact_docs, minimum=0)
         if not isinstance(self.salience, bool):
             raise ConfigError(
                 f"{checks.flag(name + '.salience', self.salience)}: expected True or False"
@@ -120,10 +129,88 @@ class SearchOutput:
     num_candidates: list[int]
     costs: list[flops.QueryCost] = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
+    exact: list[bool] = dataclasses.field(default_factory=list)  # per query: allowed set refined
 
     @property
     def search_ms(self) -> list[float]:
         return [a + b for a, b in zip(self.token_search_ms, self.refine_ms, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One ranked document: its id, score, 1-based rank (counting from the first page), and its
+    title, text and metadata (from ``documents.sqlite``; None / {} in an index without them).
+
+    Tuple-compatible with the ``(doc_id, score)`` pairs of earlier versions:
+    ``for doc_id, score in searcher.search(...)``, ``hit[0]``, ``dict(hits)`` work.
+    """
+
+    doc_id: str
+    score: float
+    rank: int
+    title: str | None = None
+    text: str | None = None
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+    def __iter__(self):
+        return iter((self.doc_id, self.score))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return (self.doc_id, self.score)[i]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (``doc_id, score, rank, title, text, metadata``)."""
+        return dataclasses.asdict(self)
+
+
+class SearchResults(list):
+    """The hits of one query, best first (a list of :class:`Hit`), with what happened to it:
+
+    ``query_tokens`` (tokens encoded), ``truncated_tokens`` (tokens dropped past the encoder's
+    budget: 0 for a whole query), ``filtered_docs`` (documents the filter / subset kept; None
+    without one), ``exact`` (True when the kept documents were all refined exhaustively) and
+    ``took_ms`` (encoding excluded)."""
+
+    def __init__(
+        self,
+        hits: Iterable[Hit] = (),
+        query_tokens: int = 0,
+        truncated_tokens: int = 0,
+        filtered_docs: int | None = None,
+        exact: bool = False,
+        took_ms: float = 0.0,
+    ):
+        super().__init__(hits)
+        self.query_tokens = query_tokens
+        self.truncated_tokens = truncated_tokens
+        self.filtered_docs = filtered_docs
+        self.exact = exact
+        self.took_ms = took_ms
+
+
+def _check_query(text, where: str = "query") -> str:
+    """A query is a non-empty string with some non-whitespace (refused otherwise: there is
+    nothing to search with)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: expected a string, got {type(text).__name__} {text!r:.60}")
+    if not text.strip():
+        raise ConfigError(f"{where} is empty or whitespace: give the text to search for")
+    return text
+
+
+def _check_page(k, offset) -> tuple[int, int]:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ConfigError(f"k={k!r}: expected an integer >= 1")
+    if k < 1:
+        raise ConfigError(f"k={k}: must be >= 1")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise ConfigError(f"offset={offset!r}: expected an integer >= 0")
+    if offset < 0:
+        raise ConfigError(f"offset={offset}: must be >= 0")
+    return int(k), int(offset)
 
 
 def prune_query_tokens(encoded: EncodedText, beta_q: float) -> np.ndarray:
@@ -169,6 +256,7 @@ class Searcher:
         self._refine_config = refine_config
         self._doc_positions: dict[str, int] | None = None
         self._refiner = None
+        self._documents: documents_lib.DocumentTable | None = None
 
     @property
     def refiner(self) -> refine_lib.Refiner | None:
@@ -179,6 +267,8 @@ class Searcher:
                 self.store, self._refine_config, salience=self.config.salience
             )
         return self._refiner
+
+    LOAD_OPTIONS = ("mode", "checkpoint", "encoder", "alignment", "verify_checksums")
 
     @classmethod
     def load(
@@ -203,10 +293,28 @@ class Searcher:
           encoder: a ready :class:`Encoder` instead of the recorded model.
           alignment: the alignment strategy of the final stage (§3.1).
           overrides: ``SearchConfig`` fields (e.g. ``top_k``, ``beta_q``).
-        Refuses an encoder whose fingerprint differs from the store's.
+        Refuses an encoder whose fingerprint differs from the store's. Exhaustive mode reads the
+        token store alone (no search index needed).
         """
+        fields = sorted(f.name for f in dataclasses.fields(SearchConfig))
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"Searcher.load: unknown option {unknown[0]!r}; options are "
+                f"{', '.join(cls.LOAD_OPTIONS + ('centroid_config',))} and the SearchConfig "
+                f"fields {', '.join(fields)}"
+            )
+        if not isinstance(index_dir, (str, os.PathLike)):
+            raise ConfigError(
+                f"Searcher.load: index_dir must be a folder path, got {type(index_dir).__name__}"
+            )
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}: choose one of {MODES}")
+        if encoder is not None and not isinstance(encoder, Encoder):
+            raise ConfigError(
+                f"Searcher.load: encoder must be an aligner_jax.Encoder, got "
+                f"{type(encoder).__name__}"
+            )
         store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
         if encoder is None:
             spec_path = store.directory / "encoder.json"
@@ -236,21 +344,185 @@ class Searcher:
         )
 
     # -- free text -------------------------------------------------------------------------------
-    def search(self, text: str, k: int = 10) -> list[tuple[str, float]]:
-        """The ``k`` best documents for a free-text query: ``[(doc_id, score)]``, best first."""
-        return self.search_batch([text], k)[0]
+    def search(
+        self,
+        text: str,
+        k: int = 10,
+        offset: int = 0,
+        filter: Mapping[str, Any] | None = None,
+        subset: Iterable[str] | None = None,
+    ) -> SearchResults:
+        """The ``k`` best documents for a free-text query after the first ``offset`` (a page):
+        :class:`Hit` objects, best first, with title, text and metadata.
 
-    def search_batch(self, texts: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
-        """``search`` for several queries (encoded together)."""
+        ``filter``: conditions on metadata (``{"year": {"gte": 2015}, "source": {"in": [...]}}``,
+        :mod:`indexing.documents`); ``subset``: document ids (PyLate's ``subset=``). Both restrict
+        candidate generation (not the cut top-k): whenever ``k + offset`` documents pass, that
+        many are ranked (see ``SearchConfig.filter_exact_docs``).
+        """
+        return self.search_batch([text], k, offset, filter, subset)[0]
+
+    def search_batch(
+        self,
+        texts: Sequence[str],
+        k: int = 10,
+        offset: int = 0,
+        filter: Mapping[str, Any] | None = None,
+        subset: Iterable[str] | None = None,
+    ) -> list[SearchResults]:
+        """``search`` for several queries (encoded together), one :class:`SearchResults` each."""
         if self.encoder is None:
             raise ConfigError("this Searcher has no encoder: open it with Searcher.load")
-        if k < 1:
-            raise ConfigError(f"k={k}: must be >= 1")
-        encoded = self.encoder.encode(list(texts), "query")
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ConfigError(
+                f"search_batch: expected a list of query strings, got {type(texts).__name__}"
+            )
+        texts = [_check_query(t, f"query {i}") for i, t in enumerate(texts)]
+        k, offset = _check_page(k, offset)
+        allowed = self.allowed(filter, subset)
+        token_ids = self.encoder.tokenize(texts, "query")
+        encoded: list[EncodedText] = [None] * len(texts)  # type: ignore[list-item]
+        for i, e in self.encoder.encode_token_ids(token_ids, "query"):
+            encoded[i] = e
+        dropped = self._dropped_query_tokens(texts, token_ids)
+        return self._search_encoded(encoded, k, offset, allowed, dropped)
+
+    def search_vectors(
+        self,
+        query_vectors,
+        k: int = 10,
+        offset: int = 0,
+        filter: Mapping[str, Any] | None = None,
+        subset: Iterable[str] | None = None,
+        salience=None,
+    ) -> SearchResults:
+        """``search`` for a query encoded elsewhere: its token vectors ``[n, D]`` (the index's
+        dimension; L2-normalised like the store's) and optionally their saliences ``[n]``
+        (default 1: every token counts the same)."""
+        k, offset = _check_page(k, offset)
+        try:
+            vectors = np.asarray(query_vectors, np.float32)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"query_vectors: not an array of numbers ({e})") from None
+        if vectors.ndim != 2 or vectors.shape[0] < 1 or vectors.shape[1] != self.store.dim:
+            raise ConfigError(
+                f"query_vectors of shape {vectors.shape}: expected [tokens, {self.store.dim}] "
+                "(the index's dimension) with at least one token"
+            )
+        if not np.isfinite(vectors).all():
+            raise ConfigError("query_vectors: holds NaN or infinite values")
+        n = len(vectors)
+        if salience is None:
+            u = np.ones(n, np.float32)
+        else:
+            u = np.asarray(salience, np.float32)
+            if u.shape != (n,) or not np.isfinite(u).all() or (u < 0).any():
+                raise ConfigError(f"salience of shape {u.shape}: expected [{n}] finite values >= 0")
+        query = EncodedText(token_ids=np.zeros(n, np.int32), vectors=vectors, salience=u)
+        return self._search_encoded([query], k, offset, self.allowed(filter, subset), [0])[0]
+
+    def _dropped_query_tokens(self, texts: Sequence[str], token_ids) -> list[int]:
+        """Tokens cut from each query by the encoder's budget (only queries at the budget are
+        tokenized again, whole)."""
+        budget = self.encoder.maxlen("query")
+        dropped = [0] * len(texts)
+        at_budget = [i for i, ids in enumerate(token_ids) if len(ids) >= budget]
+        if at_budget:
+            whole = self.encoder.bundle.tokenizer.encode_batch(
+                [texts[i] for i in at_budget], 1 << 30
+            )
+            for i, ids in zip(at_budget, whole, strict=True):
+                dropped[i] = max(0, len(ids) - budget)
+        return dropped
+
+    @property
+    def documents(self) -> documents_lib.DocumentTable | None:
+        """The index's ``documents.sqlite`` (titles, texts, metadata), or None without one."""
+        if self._documents is None and (self.store.directory / documents_lib.FILE).exists():
+            shards = sorted(self.store.manifest["shards"], key=lambda s: s["index"])
+            self._documents = documents_lib.DocumentTable(self.store.directory, shards)
+        return self._documents
+
+    def allowed(
+        self, filter: Mapping[str, Any] | None = None, subset: Iterable[str] | None = None
+    ) -> np.ndarray | None:
+        """Boolean ``[num_docs]`` of the documents passing ``filter`` and in ``subset`` (None:
+        no restriction)."""
+        if filter is None and subset is None:
+            return None
+        mask = np.ones(self.store.num_docs, bool)
+        if filter is not None:
+            if not isinstance(filter, Mapping):
+                documents_lib.compile_filter(filter)  # the one-line error
+            if filter:
+                table = self.documents
+                if table is None:
+                    documents_lib.DocumentTable(self.store.directory, [])  # names the fix
+                mask &= table.mask(filter)
+        if subset is not None:
+            if isinstance(subset, (str, bytes)) or not isinstance(subset, Iterable):
+                raise ConfigError(
+                    f"subset={subset!r:.60}: expected a list of document ids, e.g. ['d1', 'd2']"
+                )
+            ids = list(subset)
+            position = self.doc_positions
+            unknown = [d for d in ids if not isinstance(d, str) or d not in position]
+            if unknown:
+                raise ConfigError(
+                    f"subset: {len(unknown)} id(s) are not documents of {self.store.directory} "
+                    f"(first: {unknown[0]!r})"
+                )
+            keep = np.zeros(self.store.num_docs, bool)
+            keep[[position[d] for d in ids]] = True
+            mask &= keep
+        return mask
+
+    def _search_encoded(
+        self, encoded, k: int, offset: int, allowed, dropped: Sequence[int]
+    ) -> list[SearchResults]:
+        """Ranks ``k + offset`` documents per encoded query and returns hits ``offset`` to
+        ``offset + k`` with their contents."""
+        need = k + offset
         ids = [str(i) for i in range(len(encoded))]
-        out = self.run(ids, encoded, (self.alignment,), show_progress=False, k=k)
+        out = self.run(
+            ids, encoded, (self.alignment,), show_progress=False, k=need, allowed=allowed
+        )
         ranked = out.results[next(iter(out.results))]
-        return [list(ranked[i].items()) for i in ids]
+        kept = None if allowed is None else int((allowed & ~self.store.deleted).sum())
+        exact = self.config.exhaustive or (
+            kept is not None and kept <= self.config.filter_exact_docs
+        )
+        pages = []
+        for i, qid in enumerate(ids):
+            page = list(ranked[qid].items())[offset:need]
+            contents = [None] * len(page)
+            if page and self.documents is not None:
+                position = self.doc_positions
+                contents = self.documents.fetch([position[d] for d, _ in page])
+            hits = []
+            for j, ((doc_id, score), row) in enumerate(zip(page, contents, strict=True)):
+                row = row or {}
+                hits.append(
+                    Hit(
+                        doc_id=doc_id,
+                        score=score,
+                        rank=offset + j + 1,
+                        title=row.get("title"),
+                        text=row.get("text"),
+                        metadata=row.get("metadata") or {},
+                    )
+                )
+            pages.append(
+                SearchResults(
+                    hits,
+                    query_tokens=len(encoded[i].token_ids),
+                    truncated_tokens=int(dropped[i]),
+                    filtered_docs=kept,
+                    exact=bool(exact or out.exact[i]),
+                    took_ms=out.search_ms[i],
+                )
+            )
+        return pages
 
     # -- step 1 --------------------------------------------------------------------------------
     def token_search(self, queries: Sequence[EncodedText]):
@@ -277,16 +549,58 @@ class Searcher:
         strategies: Sequence[scoring.AlignmentStrategy | str] = ("top_k:1",),
         show_progress: bool = True,
         k: int | None = None,
+        allowed: np.ndarray | None = None,
     ) -> SearchOutput:
         """Ranks the store's documents for each encoded query with each strategy (the top ``k``,
-        default ``SearchConfig.top_k``)."""
+        default ``SearchConfig.top_k``).
+
+        ``allowed`` (bool ``[num_docs]``, e.g. :meth:`allowed` of a filter): only these
+        documents are ranked. At most ``SearchConfig.filter_exact_docs`` of them (or with
+        exhaustive search) are all refined (exact: exhaustive search restricted to them);
+        more restrict candidate generation, and a query whose candidates that pass are fewer
+        than ``k`` has all of them refined instead."""
         cfg = self.config
         k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
         queries = self._scored_queries(queries)
+        live = ~self.store.deleted if allowed is None else ~self.store.deleted & allowed
+        if not live.any():  # every document deleted, or none passes the filter: nothing to rank
+            names = ["xtr"] if cfg.refine == "xtr" else [str(s) for s in strategies]
+            none = {name: {qid: {} for qid in query_ids} for name in names}
+            zeros = [0.0] * len(queries)
+            return SearchOutput(
+                none, zeros, zeros, [0] * len(queries), [], 0.0, [True] * len(queries)
+            )
+        subset = None
+        if allowed is not None:
+            allowed = np.asarray(allowed, bool) & ~self.store.deleted
+            if allowed.shape != (self.store.num_docs,):
+                raise ValueError(f"allowed: shape {allowed.shape}, expected [num_docs]")
+            if cfg.refine == "xtr":
+                raise ConfigError(
+                    "filters refine the documents they keep: use --gin.SearchConfig.refine='full'"
+                )
+            subset = np.flatnonzero(allowed)
+            if cfg.exhaustive or len(subset) <= cfg.filter_exact_docs:
+                every = lambda ids, batch: [(subset, None, None) for _ in batch]  # noqa: E731
+                out = self._refine_all(query_ids, queries, every, strategies, show_progress, k)
+                out.exact = [True] * len(queries)
+                return out
         if self.centroid is not None:
-            return self._run_centroid(query_ids, queries, strategies, show_progress, k)
-        find = lambda ids, batch: self.token_search(batch)  # noqa: E731
+            return self._run_centroid(
+                query_ids, queries, strategies, show_progress, k, allowed, subset
+            )
+        if subset is None:
+            find = lambda ids, batch: self.token_search(batch)  # noqa: E731
+        else:
+
+            def find(ids, batch):  # candidates that pass; all of them when fewer than k pass
+                found = []
+                for cands, s, d in self.token_search(batch):
+                    kept = cands[allowed[cands]]
+                    found.append((kept if len(kept) >= k else subset, s, d))
+                return found
+
         return self._refine_all(query_ids, queries, find, strategies, show_progress, k)
 
     def rerank(
@@ -396,22 +710,28 @@ class Searcher:
             bar.update(len(batch))
         bar.close()
         wall = time.perf_counter() - start_all
-        return SearchOutput(results, token_ms, refine_ms, num_candidates, costs, wall)
+        exact = [False] * len(queries)
+        return SearchOutput(results, token_ms, refine_ms, num_candidates, costs, wall, exact)
 
-    def _run_centroid(self, query_ids, queries, strategies, show_progress, k) -> SearchOutput:
+    def _run_centroid(
+        self, query_ids, queries, strategies, show_progress, k, allowed=None, subset=None
+    ) -> SearchOutput:
         """One query at a time through the four stages of :mod:`centroid_search` (or its
-        WARP-style XTR scorer with ``refine='xtr'``)."""
+        WARP-style XTR scorer with ``refine='xtr'``). With ``allowed`` only those documents are
+        candidates; when fewer than ``k`` of them are reached, all of ``subset`` (the allowed
+        documents) are refined from the float store instead (exact)."""
         xtr_mode = self.config.refine == "xtr"
         names = ["xtr"] if xtr_mode else [str(s) for s in strategies]
         fast = strategies in ((scoring.AlignmentStrategy.parse("top_k:1"),),)
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
-        search_ms, num_candidates, costs = [], [], []
+        search_ms, num_candidates, costs, exact = [], [], [], []
         ids = self.store.doc_ids
         bar = progress.Progress(len(queries), "search", "query", enabled=show_progress)
         start_all = time.perf_counter()
         for qid, q in zip(query_ids, queries, strict=True):
             t0 = time.perf_counter()
             kept = prune_query_tokens(q, self.config.beta_q)
+            exact.append(False)
             if xtr_mode:
                 ranking, reached = self.centroid.xtr(q.vectors, kept, k)
                 rankings, refined = [ranking], reached
@@ -422,8 +742,14 @@ class Searcher:
                         [q], self.refiner.config.query_bucket(len(q.token_ids))
                     )
                     refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
-                rankings, counts = self.centroid.search(q.vectors, q.salience, kept, k, refine_fn)
+                rankings, counts = self.centroid.search(
+                    q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
+                )
                 reached, refined = counts.candidates, counts.refined
+                if subset is not None and len(rankings[0][0]) < min(k, len(subset)):
+                    rankings = self._refine_subset(q, subset, strategies, k)
+                    reached = refined = len(subset)
+                    exact[-1] = True
             search_ms.append(1000.0 * (time.perf_counter() - t0))
             for name, (docs, scores) in zip(names, rankings, strict=True):
                 results[name][qid] = {
@@ -443,8 +769,21 @@ class Searcher:
         bar.close()
         wall = time.perf_counter() - start_all
         return SearchOutput(
-            results, [0.0] * len(search_ms), search_ms, num_candidates, costs, wall
+            results, [0.0] * len(search_ms), search_ms, num_candidates, costs, wall, exact
         )  # fmt: skip
+
+    def _refine_subset(self, q: EncodedText, docs: np.ndarray, strategies, k: int):
+        """[(doc indices, scores)] per strategy: ``docs`` refined with all their stored vectors,
+        best ``k`` first."""
+        qbatch = refine_lib.QueryBatch.from_encoded(
+            [q], self.refiner.config.query_bucket(len(q.token_ids))
+        )
+        scores = self.refiner.score(qbatch, [docs], strategies)[0]
+        rankings = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            rankings.append((docs[top], row[top]))
+        return rankings
 
     def _xtr_scores(self, token_scores, token_docs, n_query_tokens):
         cands, scores = xtr.xtr_inference_scores_numpy(token_scores, token_docs)

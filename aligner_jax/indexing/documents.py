@@ -1,0 +1,300 @@
+"""The documents of an index: each one's title, text and metadata, for hits and filters.
+
+``documents.sqlite`` (SQLite, stdlib) beside the token store holds one table::
+
+    documents(shard INTEGER, slot INTEGER,   -- the document's place in the store
+              doc_id TEXT,                   -- its id
+              title TEXT,                    -- NULL with IndexingConfig.store_text = False
+              text BLOB,                     -- zlib-compressed UTF-8, NULL likewise
+              metadata TEXT,                 -- a JSON object (always kept: filters read it)
+              PRIMARY KEY (shard, slot))
+
+Rows are keyed by (shard, row in shard), not by store position: a shard's rows are replaced in
+one transaction when the shard is (re)encoded, so a re-run never duplicates them, and rows of a
+shard the manifest does not list (an interrupted ``--add``) are never read. The store position
+of a row is the number of documents of the shards before it plus its row (``DocumentTable``
+maps them with the store's manifest).
+
+Metadata of a BEIR record: every key besides ``_id``, ``title`` and ``text``; a ``metadata``
+object (BEIR's own field) is merged into the top level, so ``{"metadata": {"year": 2015}}`` and
+``{"year": 2015}`` both give ``{"year": 2015}``.
+
+Filters (``compile_filter``) are JSON-style conditions on metadata fields, compiled to SQL over
+``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}``
+(membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
+``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
+field (``"venue.name"``) and ``doc_id`` for the document id. The result is a boolean mask over
+store positions, which search applies during candidate generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sqlite3
+import threading
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+
+FILE = "documents.sqlite"
+BUSY_TIMEOUT_S = 60.0  # several indexing processes of one job may write at once
+_RESERVED = ("_id", "title", "text")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    shard INTEGER NOT NULL,
+    slot INTEGER NOT NULL,
+    doc_id TEXT NOT NULL,
+    title TEXT,
+    text BLOB,
+    metadata TEXT NOT NULL,
+    PRIMARY KEY (shard, slot)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id);
+"""
+RANGE_OPERATORS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+OPERATORS = tuple(RANGE_OPERATORS) + ("in",)
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexDocument:
+    """A document to index with its metadata (``beir.Document``'s fields plus ``metadata``)."""
+
+    doc_id: str
+    title: str
+    text: str
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+
+def metadata_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata object of a corpus record (see the module docstring)."""
+    extra = {k: v for k, v in record.items() if k not in _RESERVED and k != "metadata"}
+    nested = record.get("metadata")
+    if isinstance(nested, Mapping):
+        extra.update(nested)
+    elif nested is not None:
+        extra["metadata"] = nested
+    return extra
+
+
+def _metadata(doc) -> dict[str, Any]:
+    """A document's metadata: its ``metadata`` attribute (``beir.Document`` or ``IndexDocument``)
+    or nothing."""
+    meta = getattr(doc, "metadata", None)
+    return dict(meta) if meta else {}
+
+
+def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    if read_only:
+        db = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+        )
+    else:
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+        db.executescript(_SCHEMA)
+    return db
+
+
+def write_shard(
+    directory: str | Path, shard_index: int, docs: Sequence, store_text: bool = True
+) -> None:
+    """Replaces shard ``shard_index``'s rows by ``docs`` (objects with ``doc_id``, ``title``,
+    ``text`` and optionally ``metadata``), in one transaction."""
+    rows = []
+    for row, doc in enumerate(docs):
+        meta = json.dumps(_metadata(doc), ensure_ascii=False, allow_nan=False, default=str)
+        title = doc.title if store_text else None
+        text = zlib.compress(doc.text.encode("utf-8")) if store_text else None
+        rows.append((shard_index, row, doc.doc_id, title, text, meta))
+    db = _connect(Path(directory) / FILE)
+    try:
+        with db:  # one transaction: the old rows of the shard go, the new ones come
+            db.execute("DELETE FROM documents WHERE shard = ?", (shard_index,))
+            db.executemany("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?)", rows)
+    finally:
+        db.close()
+
+
+def shard_is_written(directory: str | Path, shard_index: int, doc_ids: Sequence[str]) -> bool:
+    """Whether the rows of shard ``shard_index`` hold exactly ``doc_ids`` in order."""
+    path = Path(directory) / FILE
+    if not path.exists():
+        return False
+    db = _connect(path, read_only=True)
+    try:
+        got = db.execute(
+            "SELECT doc_id FROM documents WHERE shard = ? ORDER BY slot", (shard_index,)
+        ).fetchall()
+    finally:
+        db.close()
+    return [g[0] for g in got] == list(doc_ids)
+
+
+def ensure_shard(
+    directory: str | Path, shard_index: int, docs: Sequence, store_text: bool = True
+) -> bool:
+    """Writes the rows of a shard written earlier without them (an index built before the
+    documents table existed, or a job killed between the two writes); returns whether it
+    wrote."""
+    if shard_is_written(directory, shard_index, [d.doc_id for d in docs]):
+        return False
+    write_shard(directory, shard_index, docs, store_text)
+    return True
+
+
+# -- filters ------------------------------------------------------------------------------------
+def _json_path(field: str) -> str:
+    parts = field.split(".")
+    if not all(parts):
+        raise ConfigError(f"filter: field {field!r} has an empty part (write e.g. 'venue.name')")
+    return "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
+
+
+def _check_value(field: str, op: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"filter: {field!r} {op} {value!r}: give a finite number")
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ConfigError(
+            f"filter: {field!r} {op} {value!r}: expected a string, number, boolean or null "
+            f"(a list goes in {{'in': [...]}})"
+        )
+
+
+def _sql_value(value):
+    return int(value) if isinstance(value, bool) else value  # JSON true is 1 in SQLite
+
+
+def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
+    """``(where clause, parameters)`` of a filter (see the module docstring). A malformed filter
+    is a ``ConfigError`` naming the field and the operators that exist."""
+    if not isinstance(filter, Mapping):
+        raise ConfigError(
+            f"filter={filter!r}: expected a dict of field conditions, e.g. "
+            '{"year": {"gte": 2015}, "source": {"in": ["a", "b"]}}'
+        )
+    clauses, params = [], []
+    for field, condition in filter.items():
+        if not isinstance(field, str) or not field:
+            raise ConfigError(f"filter: field names are non-empty strings, got {field!r}")
+        column = "doc_id" if field == "doc_id" else "json_extract(metadata, ?)"
+        column_params = [] if field == "doc_id" else [_json_path(field)]
+        if not isinstance(condition, Mapping):
+            condition = {"eq": condition}
+        if not condition:
+            raise ConfigError(f"filter: {field!r} has an empty condition; use one of {OPERATORS}")
+        for op, value in condition.items():
+            if op == "in":
+                if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                    raise ConfigError(f"filter: {field!r} in {value!r}: expected a list of values")
+                values = list(value)
+                for v in values:
+                    _check_value(field, "in", v)
+                if not values:
+                    clauses.append("0")
+                    continue
+                marks = ", ".join("?" * len(values))
+                clauses.append(f"{column} IN ({marks})")
+                params += column_params + [_sql_value(v) for v in values]
+            elif op in RANGE_OPERATORS:
+                _check_value(field, op, value)
+                if value is None:
+                    if op not in ("eq", "ne"):
+                        raise ConfigError(f"filter: {field!r} {op} null: null is not ordered")
+                    clauses.append(f"{column} IS {'NOT ' if op == 'ne' else ''}NULL")
+                    params += column_params
+                else:
+                    clauses.append(f"{column} {RANGE_OPERATORS[op]} ?")
+                    params += column_params + [_sql_value(value)]
+            else:
+                raise ConfigError(
+                    f"filter: {field!r} has an unknown operator {op!r}; use one of {OPERATORS}"
+                )
+    return (" AND ".join(clauses) or "1"), params
+
+
+class DocumentTable:
+    """Read access to ``documents.sqlite`` for the documents of one token store: contents of
+    given store positions, and the mask of a filter. One connection per thread (searchers are
+    shared by server threads)."""
+
+    def __init__(self, directory: str | Path, shards: Sequence[Mapping[str, Any]]):
+        """``shards``: the store manifest's entries (``index``, ``num_docs``) in store order."""
+        self.path = Path(directory) / FILE
+        if not self.path.exists():
+            raise IndexIntegrityError(
+                f"{self.path} does not exist: this index keeps no document contents (built "
+                "before they were stored); re-run the aligner-index command that built it "
+                "(same --corpus and --index_dir) to add them"
+            )
+        indices = np.array([s["index"] for s in shards], np.int64)
+        counts = np.array([s["num_docs"] for s in shards], np.int64)
+        self.num_docs = int(counts.sum())
+        self._start = np.full(int(indices.max()) + 1 if len(indices) else 0, -1, np.int64)
+        self._start[indices] = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self._shard_starts = self._start[indices]
+        self._shard_indices = indices
+        self._local = threading.local()
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = _connect(self.path, read_only=True)
+        return db
+
+    def _positions(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Store positions of (shard, row) pairs; -1 for shards the store does not list."""
+        known = shards < len(self._start)
+        start = np.where(known, self._start[np.where(known, shards, 0)], -1)
+        return np.where(start >= 0, start + rows, -1)
+
+    def fetch(self, positions: Sequence[int]) -> list[dict[str, Any] | None]:
+        """``{"doc_id", "title", "text", "metadata"}`` of each store position (None for a
+        position without a row). ``title``/``text`` are None in an index without text."""
+        positions = np.asarray(positions, np.int64)
+        if not len(positions):
+            return []
+        which = np.searchsorted(self._shard_starts, positions, side="right") - 1
+        shards, rows = self._shard_indices[which], positions - self._shard_starts[which]
+        pairs = list(zip(shards.tolist(), rows.tolist(), strict=True))
+        found = {}
+        for lo in range(0, len(pairs), 400):  # SQLite's parameter limit
+            chunk = pairs[lo : lo + 400]
+            marks = ", ".join("(?, ?)" for _ in chunk)
+            cursor = self._db().execute(
+                "SELECT shard, slot, doc_id, title, text, metadata FROM documents "
+                f"WHERE (shard, slot) IN (VALUES {marks})",
+                [v for pair in chunk for v in pair],
+            )
+            for shard, row, doc_id, title, text, meta in cursor:
+                found[(shard, row)] = {
+                    "doc_id": doc_id,
+                    "title": title,
+                    "text": None if text is None else zlib.decompress(text).decode("utf-8"),
+                    "metadata": json.loads(meta),
+                }
+        return [found.get(pair) for pair in pairs]
+
+    def mask(self, filter: Mapping[str, Any]) -> np.ndarray:
+        """Boolean ``[num_docs]``: the store positions whose document passes ``filter``."""
+        where, params = compile_filter(filter)
+        try:
+            rows = self._db().execute(f"SELECT shard, slot FROM documents WHERE {where}", params)
+            pairs = np.array(rows.fetchall(), np.int64).reshape(-1, 2)
+        except sqlite3.OperationalError as e:
+            raise ConfigError(f"filter={dict(filter)!r}: {e}") from None
+        positions = self._positions(pairs[:, 0], pairs[:, 1])
+        out = np.zeros(self.num_docs, bool)
+        out[positions[(positions >= 0) & (positions < self.num_docs)]] = True
+        return out
+
+    def count(self) -> int:
+        """Rows of the store's shards."""
+        marks = ", ".join("?" * len(self._shard_indices))
+        query = f"SELECT COUNT(*) FROM documents WHERE shard IN ({marks})"
+        return int(self._db().execute(query, self._shard_indices.tolist()).fetchone()[0])

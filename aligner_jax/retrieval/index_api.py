@@ -1,0 +1,274 @@
+"""A Python-first index (``aligner_jax.Index``): create, add documents, delete them, search — no JSONL file needed.
+
+::
+
+    import aligner_jax
+
+    index = aligner_jax.Index.create("outputs/my_index")  # bundled all-MiniLM-L6-v2, zero-shot
+    index.add([{"id": "d1", "title": "Bees", "text": "Bees make honey.", "metadata": {"year": 2019}}])
+    hits = index.searcher().search("honey", k=10, filter={"year": {"gte": 2015}})
+
+The index directory is the one ``aligner-index`` writes (token store, manifest, checksums,
+``encoder.json``, ``documents.sqlite``, ``search_index/``), through the same functions: the
+first ``add`` runs the indexing job's ``indexer.build_token_store`` and builds the search index;
+later ones are ``aligner-index --add`` (``updates.add_documents``), ``delete`` is
+``aligner-index --delete`` (``updates.delete_documents``), each under the directory's writer
+lock. ``aligner-index --index_dir=DIR --add=more.jsonl`` and ``Searcher.load(DIR)`` work on an
+index made here, and ``Index.open`` on one made by ``aligner-index``.
+
+Documents: an iterable of dicts (or ``beir.Document``-like objects), a pandas ``DataFrame`` or a
+Hugging Face ``datasets.Dataset``, each record with ``id`` (or BEIR's ``_id``), ``text``,
+optional ``title`` and ``metadata`` (a dict); other keys join the metadata, as in a BEIR
+corpus (``documents.metadata_of``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from aligner_jax.common import fileio
+from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder, EncoderBundle, EncodingConfig
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import documents as documents_lib
+from aligner_jax.indexing import indexer, updates
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import searcher as search_lib
+
+#: Recorded as the corpus of an index made from Python (``index_config.json``).
+PYTHON_SOURCE = {"source": "aligner_jax.Index"}
+ZERO_SHOT = "minilm"
+
+
+def zero_shot_bundle(backbone_weights: str = ZERO_SHOT) -> EncoderBundle:
+    """The zero-shot encoder of ``models/minilm_identity.gin`` (the backbone's own token vectors,
+    L2-normalised, no salience) without gin: the bundled all-MiniLM-L6-v2, or an ``hf:DIR``
+    BERT/T5 folder."""
+    from aligner_jax.models import aligner as aligner_lib
+
+    config = aligner_lib.AlignerConfig(
+        backbone=loading.minilm_backbone(), projection="identity", salience="none"
+    )
+    return loading.load_encoder(config=config, backbone_weights=backbone_weights)
+
+
+def _bundle(model) -> EncoderBundle:
+    if model is None or model == ZERO_SHOT:
+        return zero_shot_bundle()
+    if isinstance(model, Encoder):
+        return model.bundle
+    if isinstance(model, EncoderBundle):
+        return model
+    if isinstance(model, str) and model.startswith("hf:"):
+        return zero_shot_bundle(model)
+    raise ConfigError(
+        f"Index.create: model={model!r:.80}: give None or 'minilm' (the bundled all-MiniLM-L6-v2, "
+        "zero-shot), 'hf:/path/to/model_folder', or an aligner_jax.Encoder (e.g. of a trained "
+        "checkpoint: aligner_jax.Encoder(aligner_jax.load_encoder(checkpoint=DIR)))"
+    )
+
+
+def _records(docs) -> Iterable:
+    """Rows of a pandas frame, a ``datasets.Dataset`` (iterates as dicts) or an iterable."""
+    if isinstance(docs, (str, bytes, Mapping)):
+        raise ConfigError(
+            "Index.add: expected several documents (a list of dicts, a pandas DataFrame or a "
+            f"datasets.Dataset), got {type(docs).__name__}; wrap one document in a list"
+        )
+    if hasattr(docs, "to_dict") and hasattr(docs, "columns"):  # pandas.DataFrame
+        return docs.to_dict("records")
+    if not isinstance(docs, Iterable):
+        raise ConfigError(
+            f"Index.add: expected an iterable of documents, got {type(docs).__name__}"
+        )
+    return docs
+
+
+def _missing(value) -> bool:
+    """None, or pandas' NaN for an absent cell."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _clean(value):
+    """JSON-ready metadata: numpy scalars as Python numbers, NaN cells as null."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return None if _missing(value) else value
+
+
+def to_documents(docs) -> list[documents_lib.IndexDocument]:
+    """Validated documents (see the module docstring); a bad record is a one-line
+    ``ConfigError`` naming its position and field."""
+    out, seen = [], {}
+    for i, record in enumerate(_records(docs)):
+        where = f"Index.add: document {i}"
+        if not isinstance(record, Mapping):
+            if all(hasattr(record, a) for a in ("doc_id", "title", "text")):  # beir.Document
+                record = {
+                    "id": record.doc_id,
+                    "title": record.title,
+                    "text": record.text,
+                    "metadata": getattr(record, "metadata", None) or {},
+                }
+            else:
+                raise ConfigError(
+                    f"{where}: expected a dict with 'id' and 'text', got {type(record).__name__}"
+                )
+        record = dict(record)
+        key = "id" if "id" in record else "_id"
+        doc_id = record.pop(key, None)
+        if hasattr(doc_id, "item"):
+            doc_id = doc_id.item()
+        if (
+            isinstance(doc_id, bool)
+            or not isinstance(doc_id, (str, int))
+            or not str(doc_id).strip()
+        ):
+            raise ConfigError(
+                f"{where}: 'id' must be a non-empty string or integer, got {doc_id!r}"
+            )
+        doc_id = str(doc_id).strip()
+        where = f"Index.add: document {i} (id {doc_id!r})"
+        if doc_id in seen:
+            raise ConfigError(
+                f"{where}: the id repeats document {seen[doc_id]}; ids must be unique"
+            )
+        seen[doc_id] = i
+        text = record.pop("text", None)
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: 'text' must be a string, got {type(text).__name__}")
+        title = record.pop("title", None)
+        title = "" if _missing(title) else title
+        if not isinstance(title, str):
+            raise ConfigError(f"{where}: 'title' must be a string, got {type(title).__name__}")
+        if not (title + text).strip():
+            raise ConfigError(f"{where}: title and text are both empty: nothing to index")
+        meta = record.get("metadata")
+        if not _missing(meta) and not isinstance(meta, Mapping):
+            raise ConfigError(f"{where}: 'metadata' must be a dict, got {type(meta).__name__}")
+        if _missing(meta):
+            record.pop("metadata", None)
+        metadata = _clean(documents_lib.metadata_of(record))
+        out.append(documents_lib.IndexDocument(doc_id, title, text, metadata))
+    if not out:
+        raise ConfigError("Index.add: no documents given")
+    return out
+
+
+class Index:
+    """An index directory opened for writing from Python (see the module docstring)."""
+
+    def __init__(
+        self, directory: str | os.PathLike, encoder: Encoder, config: indexer.IndexingConfig
+    ):
+        self.directory = Path(directory)
+        self.encoder = encoder
+        self.config = config
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | os.PathLike,
+        model=None,
+        config: indexer.IndexingConfig | None = None,
+    ) -> Index:
+        """A new, empty index at ``directory`` (created; it must not hold an index already) with
+        ``model``: None / ``'minilm'`` (the bundled all-MiniLM-L6-v2, zero-shot, as
+        ``aligner-index`` without ``--gin_file``), ``'hf:DIR'``, or an :class:`Encoder`.
+        ``config``: :class:`IndexingConfig` (shard size, ``store_text``, ...)."""
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ConfigError(
+                f"Index.create: directory must be a path, got {type(directory).__name__}"
+            )
+        directory = Path(directory)
+        if config is not None and not isinstance(config, indexer.IndexingConfig):
+            raise ConfigError(
+                f"Index.create: config must be an IndexingConfig, got {type(config).__name__}"
+            )
+        fileio.check_output_dir(directory, "Index.create: directory")
+        if (directory / indexer.CONFIG_FILE).exists() or (directory / ts.MANIFEST).exists():
+            raise ConfigError(
+                f"Index.create: {directory} already holds an index; open it with "
+                "aligner_jax.Index.open, or choose a new directory"
+            )
+        bundle = _bundle(model)
+        config = config or indexer.IndexingConfig()
+        directory.mkdir(parents=True, exist_ok=True)
+        with indexer.writer_lock(directory):
+            indexer.write_encoder_spec(directory, bundle)
+            indexer.check_or_write_config(directory, cls._settings(bundle, config))
+        return cls(directory, Encoder(bundle, EncodingConfig()), config)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, encoder: Encoder | None = None) -> Index:
+        """An index made by :meth:`create` or ``aligner-index`` (its model from
+        ``encoder.json`` unless ``encoder`` is given)."""
+        directory = Path(directory)
+        config_path = directory / indexer.CONFIG_FILE
+        if not config_path.exists():
+            raise IndexIntegrityError(
+                f"{config_path} does not exist: {directory} is not an index (make one with "
+                "aligner_jax.Index.create or aligner-index)"
+            )
+        settings = ts.read_json(config_path, "delete the index directory and index again")
+        if encoder is None:
+            spec = ts.read_json(directory / indexer.ENCODER_FILE, "rebuild this index")
+            encoder = Encoder(loading.encoder_from_spec(spec), EncodingConfig())
+        ts.check_model_matches(settings, encoder.bundle.info(), directory)
+        return cls(directory, encoder, indexer.IndexingConfig(**settings["indexing"]))
+
+    @staticmethod
+    def _settings(bundle: EncoderBundle, config: indexer.IndexingConfig) -> dict:
+        return {"model": bundle.info(), "indexing": config.settings(), "corpus": PYTHON_SOURCE}
+
+    @property
+    def num_docs(self) -> int:
+        """Documents stored, deleted ones included (0 before the first ``add``)."""
+        if not (self.directory / ts.MANIFEST).exists():
+            return 0
+        return int(ts.read_manifest(self.directory)["counts"]["num_docs"])
+
+    def add(self, docs) -> dict:
+        """Encodes and stores ``docs`` (see the module docstring); returns a summary. Ids must
+        be new to the index."""
+        docs = to_documents(docs)
+        if not (self.directory / ts.MANIFEST).exists():
+            settings = ts.read_json(self.directory / indexer.CONFIG_FILE)
+            summary = indexer.build_token_store(
+                docs, self.encoder, self.directory, self.config, corpus_info=settings["corpus"]
+            )
+            with indexer.writer_lock(self.directory):
+                ci.CentroidIndex.build(ts.TokenStore(self.directory))
+            return {"added_docs": summary.num_docs, "num_tokens": summary.num_tokens}
+        with indexer.writer_lock(self.directory):
+            return updates.add_documents(str(self.directory), docs, self.encoder)
+
+    def delete(self, ids: Iterable[str]) -> dict:
+        """Deletes documents by id (``aligner-index --delete``: never returned again)."""
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise ConfigError(f"Index.delete: expected a list of document ids, got {ids!r:.60}")
+        ids = list(ids)
+        if not ids or not all(isinstance(d, str) for d in ids):
+            raise ConfigError(
+                f"Index.delete: expected a non-empty list of string ids, got {ids!r:.60}"
+            )
+        with indexer.writer_lock(self.directory):
+            return updates.delete_documents(str(self.directory), ids)
+
+    def searcher(self, mode: str = "fast", **options):
+        """A :class:`Searcher` over the index as it is now (``Searcher.load`` options)."""
+        if not (self.directory / ts.MANIFEST).exists():
+            raise ConfigError(f"Index.searcher: {self.directory} holds no documents yet; add some")
+        encoder = search_lib.whole_query_encoder(self.encoder.bundle)
+        return search_lib.Searcher.load(str(self.directory), mode=mode, encoder=encoder, **options)
