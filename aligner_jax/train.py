@@ -9,31 +9,32 @@ A run has no default: ``--gin_file`` names it (a run file includes a model file 
 time, final loss and the checkpoint written.
 
 Flags: ``--gin_file`` (repeatable; the repository's ``gin/`` folder is on the search path),
-``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--gin_search_paths``, and ``--multiprocess`` to call
-``jax.distributed.initialize()`` first (TPU pods, SLURM GPU clusters: see ``launch/``).
+``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--gin_search_paths``. Many processes
+(``common/distributed.py``): ``--coordinator_address``, ``--num_processes``, ``--process_id``, or
+``--multiprocess`` on a TPU pod / SLURM cluster; the job is data-parallel across them and its
+losses are those of one process with as many devices. On this machine:
+
+  launch/local_processes.sh 2 train --gin_file=runs/scifact_minilm.gin \
+    --gin.MODEL_DIR="'/tmp/aligner_scifact'" --gin.TRAIN_STEPS=600
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
 from absl import app, flags
 
-from aligner_jax.common import cli
+from aligner_jax.common import cli, distributed
 from aligner_jax.training import trainer
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool(
-    "multiprocess", False, "Call jax.distributed.initialize() (TPU pods, SLURM GPU clusters)."
-)
+distributed.declare_key_flags()
 
 
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if FLAGS.multiprocess:
-        jax.distributed.initialize()
+    cli.call_or_exit("aligner-train", distributed.initialize_from_flags)
     cli.run_job(
         "aligner-train",
         trainer.train,
