@@ -159,10 +159,10 @@ def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
     from aligner_jax.indexing import token_store as ts
 
     other = ts.TokenStore(copy)
-    residuals = copy / ci.SUBDIR / "shard-00000.residuals.npy"
+    residuals = copy / ci.SUBDIR / "segment-00000.residuals.npy"
     with residuals.open("ab") as f:
         f.write(b"\0")
-    with pytest.raises(errors.IndexIntegrityError, match="shard-00000.residuals.npy"):
+    with pytest.raises(errors.IndexIntegrityError, match="segment-00000.residuals.npy"):
         ci.CentroidIndex.load(other)
     residuals.write_bytes(residuals.read_bytes()[:-1])
     ci.CentroidIndex.load(other)  # intact again: verified once, recorded
@@ -170,7 +170,7 @@ def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
     raw[-1] ^= 0xFF
     residuals.write_bytes(bytes(raw))
     # flipped bytes (same size) are caught by default: the record no longer matches the file
-    with pytest.raises(errors.IndexIntegrityError, match="shard-00000.residuals.npy: sha256"):
+    with pytest.raises(errors.IndexIntegrityError, match="segment-00000.residuals.npy: sha256"):
         ci.CentroidIndex.load(other)
     with pytest.raises(errors.IndexIntegrityError, match="sha256"):
         ci.CentroidIndex.load(other, verify_checksums=True)
@@ -271,7 +271,9 @@ def test_config_ranges_are_checked():
 
 
 def _decoded(store, index):
-    return index.centroids[index.codes.astype(np.int64)] + index.codec.decode(index.residuals)
+    return index.centroids[np.asarray(index.codes, np.int64)] + index.codec.decode(
+        np.asarray(index.residuals)
+    )
 
 
 def test_xtr_probing_every_centroid_is_mean_of_token_maxima_over_decoded_vectors(store, index):

@@ -175,7 +175,7 @@ def test_first_load_after_aligner_index_does_not_hash_and_still_refuses_altered_
     searcher, hashed = _load_counting_hashes(monkeypatch, index_dir)
     assert hashed == []
     assert searcher.search("beekeeper smoke veil", k=1)[0][0] == "d10"
-    for victim in ("shard-00000.vectors.npy", f"{ci.SUBDIR}/shard-00000.residuals.npy"):
+    for victim in ("shard-00000.vectors.npy", f"{ci.SUBDIR}/segment-00000.residuals.npy"):
         path = index_dir / victim
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF

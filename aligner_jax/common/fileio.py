@@ -91,6 +91,83 @@ def storage_error(path: Any, code: int, partial: str = "") -> errors.OutputWrite
     return errors.OutputWriteError(f"{path}: not written ({os.strerror(code)}); {kept}: {fix}")
 
 
+class NpyStream:
+    """A ``.npy`` file of known shape written chunk by chunk, atomically: the rows go to a
+    temporary file beside ``path`` (nothing is mapped, so a streaming job's resident memory does
+    not grow with the file), and ``close()`` checks that every row came, fsyncs and renames it
+    into place. Its sha256 is computed while writing and remembered as ``sha256_tracked``'s
+    (the job that wrote it need not read it again). Used as a context manager: an exception
+    removes the temporary file."""
+
+    def __init__(self, path: str | os.PathLike, shape: tuple, dtype):
+        self.path = Path(path)
+        self.shape, self.dtype = tuple(int(x) for x in shape), np.dtype(dtype)
+        self._rows = 0
+        self._hash = hashlib.sha256()
+        fd, self._tmp = _create_temporary(self.path)
+        self._file = os.fdopen(fd, "wb")
+        fields = np.lib.format.header_data_from_array_1_0(np.empty((0,) + self.shape[1:], dtype))
+        header = _BytesSink()
+        np.lib.format.write_array_header_1_0(header, fields | {"shape": self.shape})
+        self._put(header.data)
+
+    def _put(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+        except OSError as e:
+            if e.errno in STORAGE_ERRNOS:
+                raise storage_error(self.path, e.errno, "nothing partial is left and ") from e
+            raise
+        self._hash.update(data)
+
+    def write(self, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows, self.dtype)
+        if rows.shape[1:] != self.shape[1:] or self._rows + len(rows) > self.shape[0]:
+            raise ValueError(f"{self.path}: rows of shape {rows.shape} do not fit {self.shape}")
+        self._put(rows.tobytes())
+        self._rows += len(rows)
+
+    def close(self) -> str:
+        """Commits the file; returns its sha256."""
+        if self._rows != self.shape[0]:
+            raise ValueError(f"{self.path}: {self._rows} rows written, expected {self.shape[0]}")
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.path)
+            fsync_dir(self.path.parent)
+        except OSError as e:
+            if e.errno in STORAGE_ERRNOS:
+                raise storage_error(self.path, e.errno, "nothing partial is left and ") from e
+            raise
+        digest = self._hash.hexdigest()
+        _remember(self.path, _file_state(self.path), digest)
+        return digest
+
+    def abort(self) -> None:
+        self._file.close()
+        if os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+
+    def __enter__(self) -> NpyStream:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class _BytesSink:
+    def __init__(self):
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, lambda f: f.write(data))
 

@@ -4,6 +4,13 @@ Document token vectors are L2-normalised, so centroids are too and assignment is
 (the maximum inner product equals the nearest centroid). Every step is a jitted fixed-shape kernel
 over chunks of points; the centroid update is a segment sum. Empty clusters are re-seeded with the
 points worst served by their centroid, so every centroid owns points.
+
+Two levels (``fit_two_level``, ``assign_two_level``): k-means into ``cells`` coarse clusters,
+then k-means inside each cell; a point goes to its best cell, then to the best centroid of that
+cell. Assigning T tokens to C centroids then costs T·(cells + C/cells)·D instead of T·C·D (at
+C = 2^15 and 128 cells, 85× less): what makes the build of a 100M-token index hours, not days.
+The price is that a point near a cell boundary may miss its globally nearest centroid
+(measured in ``benchmarks/results/scale.md``).
 """
 
 from __future__ import annotations
@@ -70,7 +77,9 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int = 0) -> np.ndarray:
+def fit(
+    sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int = 0, log: bool = True
+) -> np.ndarray:
     """Spherical k-means on ``sample [N, D]``: ``[min(num_centroids, N), D]`` float32 centroids.
 
     Initialised from distinct random sample points; each iteration assigns every point (chunked
@@ -80,7 +89,7 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
     k = min(num_centroids, len(sample))
     rng = np.random.default_rng(seed)
     centroids = _normalise(sample[rng.choice(len(sample), k, replace=False)])
-    bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter")
+    bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter", enabled=log)
     for it in range(iterations):
         codes, best = assign(sample, centroids)
         sums, counts = _sums(jnp.asarray(sample), jnp.asarray(codes), k)
@@ -101,3 +110,59 @@ def fit(sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int =
         )
     bar.close()
     return centroids.astype(np.float32)
+
+
+def default_cells(num_centroids: int) -> int:
+    """Coarse cells of the two-level k-means: 2^⌊log2(C)/2⌋ (C = 2^15 → 128 cells of 256)."""
+    return 1 << max(0, int(math.log2(max(num_centroids, 1))) // 2)
+
+
+def fit_two_level(
+    sample: np.ndarray, num_centroids: int, cells: int, iterations: int = 8, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two-level spherical k-means: (centroids ``[cells·⌈C/cells⌉, D]`` ordered by cell, cell
+    centroids ``[cells, D]``). ``cells = 1`` is ``fit`` (one level). A cell with fewer sample
+    points than centroids repeats its last centroid (the copies never win an assignment)."""
+    sample = np.asarray(sample, np.float32)
+    if cells <= 1:
+        centroids = fit(sample, num_centroids, iterations, seed)
+        return centroids, _normalise(centroids.mean(0, keepdims=True))
+    coarse = fit(sample, cells, iterations, seed)
+    per_cell = -(-num_centroids // len(coarse))
+    owner, _ = assign(sample, coarse)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(len(coarse) + 1))
+    out = np.empty((len(coarse) * per_cell, sample.shape[1]), np.float32)
+    bar = progress.Progress(len(coarse), f"k-means: {per_cell} centroids in each cell", "cell")
+    for j in range(len(coarse)):
+        points = sample[order[bounds[j] : bounds[j + 1]]]
+        block = fit(points, per_cell, iterations, seed + 1 + j, log=False) if len(points) else None
+        block = coarse[j : j + 1] if block is None else block
+        out[j * per_cell : j * per_cell + len(block)] = block
+        out[j * per_cell + len(block) : (j + 1) * per_cell] = block[-1]
+        bar.update(1)
+    bar.close()
+    return out, coarse
+
+
+def assign_two_level(
+    points: np.ndarray, centroids: np.ndarray, cells: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Best cell of every point, then its best centroid in that cell (one BLAS product per cell):
+    (codes [N] int32, scores [N] float32). One cell is ``assign``."""
+    if len(cells) <= 1:
+        return assign(points, centroids)
+    points = np.asarray(points, np.float32)
+    per_cell = len(centroids) // len(cells)
+    owner, _ = assign(points, cells)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(len(cells) + 1))
+    codes = np.empty(len(points), np.int32)
+    best = np.empty(len(points), np.float32)
+    for j in np.nonzero(np.diff(bounds))[0]:
+        rows = order[bounds[j] : bounds[j + 1]]
+        scores = points[rows] @ centroids[j * per_cell : (j + 1) * per_cell].T
+        local = np.argmax(scores, axis=1)
+        codes[rows] = j * per_cell + local
+        best[rows] = scores[np.arange(len(rows)), local]
+    return codes, best

@@ -24,7 +24,9 @@ file from the bytes it wrote (or verified it), so the first open after indexing 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -203,7 +205,14 @@ class TokenStore:
 
     Documents are numbered 0..N-1 in corpus order across shards (``doc_ids[i]``); the tokens of
     document ``i`` are the global rows ``offsets[i]:offsets[i+1]``.
+
+    Shard files are mapped when first read and kept in a small least-recently-used cache
+    (``MAX_OPEN_ARRAYS`` maps, one open file each): a store of any number of shards holds at
+    most that many files open, so a 100M-token store (thousands of shards) searches and builds
+    under ``ulimit -n 1024``. Opening reads only the offsets and document ids of every shard.
     """
+
+    MAX_OPEN_ARRAYS = 96
 
     def __init__(self, directory: str | os.PathLike, verify_checksums: bool = False):
         """Opens a complete store; every file's sha256 is checked on the first open (and on
@@ -219,27 +228,33 @@ class TokenStore:
             )
         self.checksums_verified = verify_files(self.directory, shards, verify_checksums)
         self._shards = shards
-        self._vectors, self._salience, self._token_ids = [], [], []
+        self._open: collections.OrderedDict = collections.OrderedDict()
+        self.dim = int(self.manifest["model"]["dim"])
         offsets, self.doc_ids = [np.zeros(1, np.int64)], []
         base_tokens = 0
         for shard in shards:
             files = shard["files"]
-            self._vectors.append(self._load(files["vectors"], shard))
-            self._salience.append(self._load(files["salience"], shard))
-            self._token_ids.append(self._load(files["token_ids"], shard))
-            local = self._load(files["offsets"], shard)
+            local = self._map(files["offsets"])
+            local = np.array(local)  # small: read, not mapped
             ids = read_json(self.directory / files["doc_ids"]["path"])
             if len(ids) != shard["num_docs"] or len(local) != shard["num_docs"] + 1:
                 raise errors.IndexIntegrityError(
                     f"{self.directory / files['doc_ids']['path']}: {len(ids)} documents, the "
                     f"manifest says {shard['num_docs']}"
                 )
-            if int(local[-1]) != shard["num_tokens"] or len(self._vectors[-1]) != local[-1]:
+            expected = {
+                "vectors": _npy_bytes((int(local[-1]), self.dim), VECTOR_DTYPE),
+                "salience": _npy_bytes((int(local[-1]),), VECTOR_DTYPE),
+                "token_ids": _npy_bytes((int(local[-1]),), np.int32),
+            }
+            if int(local[-1]) != shard["num_tokens"] or any(
+                files[k]["bytes"] != v for k, v in expected.items()
+            ):
                 raise errors.IndexIntegrityError(
                     f"{self.directory / files['offsets']['path']}: token counts disagree with "
                     "the manifest"
                 )
-            offsets.append(np.asarray(local[1:]) + base_tokens)
+            offsets.append(local[1:] + base_tokens)
             base_tokens += int(local[-1])
             self.doc_ids.extend(ids)
         self.offsets = np.concatenate(offsets)
@@ -252,20 +267,47 @@ class TokenStore:
         self._shard_token_starts = np.array(
             [0] + list(np.cumsum([s["num_tokens"] for s in shards])), dtype=np.int64
         )
-        self.dim = int(self.manifest["model"]["dim"])
+        self._shard_doc_starts = np.array(
+            [0] + list(np.cumsum([s["num_docs"] for s in shards])), dtype=np.int64
+        )
         # Documents deleted by ``aligner-index --delete``: stored, never returned by search.
         self.deleted = np.zeros(self.num_docs, bool)
         tombstones = self.manifest.get("tombstones", [])
         if tombstones:
             position = {d: i for i, d in enumerate(self.doc_ids)}
+            unknown = [d for d in tombstones if d not in position]
+            if unknown:
+                raise errors.IndexIntegrityError(
+                    f"{self.directory / MANIFEST}: tombstones name {len(unknown)} document(s) "
+                    f"the store does not hold (first: {unknown[0]!r}); the manifest was altered, "
+                    "rebuild this index"
+                )
             self.deleted[[position[d] for d in tombstones]] = True
 
-    def _load(self, meta: dict, shard: dict) -> np.ndarray:
+    def _map(self, meta: dict) -> np.ndarray:
         path = self.directory / meta["path"]
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
             raise errors.IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
+
+    def _array(self, kind: str, s: int) -> np.ndarray:
+        """Shard ``s``'s ``kind`` array (vectors, salience, token_ids), mapped through the
+        least-recently-used cache of open maps."""
+        key = (kind, s)
+        array = self._open.get(key)
+        if array is None:
+            array = self._map(self._shards[s]["files"][kind])
+            self._open[key] = array
+            while len(self._open) > self.MAX_OPEN_ARRAYS:
+                self._open.popitem(last=False)  # unmapped (and its file closed) when collected
+        else:
+            self._open.move_to_end(key)
+        return array
+
+    def close(self) -> None:
+        """Unmaps every open shard file (they are mapped again on the next read)."""
+        self._open.clear()
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -277,6 +319,10 @@ class TokenStore:
         return int(self.offsets[-1])
 
     @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    @property
     def doc_lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
@@ -284,31 +330,60 @@ class TokenStore:
         """Bytes on disk of the refinement store (all shard files)."""
         return sum(m["bytes"] for s in self._shards for m in s["files"].values())
 
+    # -- shard by shard --------------------------------------------------------------------------
+    def shard_spans(self) -> list[tuple[dict, int, int]]:
+        """(manifest entry, first global token, first global document) of every shard."""
+        return [
+            (shard, int(self._shard_token_starts[i]), int(self._shard_doc_starts[i]))
+            for i, shard in enumerate(self._shards)
+        ]
+
+    def shard_arrays(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(vectors, salience, local offsets ``[n+1]``) of shard ``s``, mapped outside the cache:
+        dropping them unmaps the shard (what streaming jobs do to bound their resident memory)."""
+        files = self._shards[s]["files"]
+        lo, hi = self._shard_doc_starts[s], self._shard_doc_starts[s + 1]
+        local = self.offsets[lo : hi + 1] - self.offsets[lo]
+        return self._map(files["vectors"]), self._map(files["salience"]), local
+
     # -- access --------------------------------------------------------------------------------
-    def _rows(self, arrays: list[np.ndarray], start: int, stop: int) -> np.ndarray:
+    def _rows(self, kind: str, start: int, stop: int) -> np.ndarray:
         """Global rows [start, stop) gathered across shards."""
         parts = []
         first = int(np.searchsorted(self._shard_token_starts, start, side="right") - 1)
-        for s in range(first, len(arrays)):
+        for s in range(max(first, 0), len(self._shards)):
             lo = self._shard_token_starts[s]
             if lo >= stop:
                 break
+            n = self._shard_token_starts[s + 1] - lo
             a = max(start - lo, 0)
-            b = min(stop - lo, len(arrays[s]))
+            b = min(stop - lo, n)
             if b > a:
-                parts.append(arrays[s][a:b])
+                parts.append(self._array(kind, s)[a:b])
         if not parts:
-            return np.asarray(arrays[0][:0])
+            return np.asarray(self._array(kind, 0)[:0]) if self._shards else np.zeros(0)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def vectors(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._rows(self._vectors, start, self.num_tokens if stop is None else stop)
+        return self._rows("vectors", start, self.num_tokens if stop is None else stop)
 
     def salience(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._rows(self._salience, start, self.num_tokens if stop is None else stop)
+        return self._rows("salience", start, self.num_tokens if stop is None else stop)
 
     def token_ids(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._rows(self._token_ids, start, self.num_tokens if stop is None else stop)
+        return self._rows("token_ids", start, self.num_tokens if stop is None else stop)
+
+    def take(self, kind: str, rows: np.ndarray) -> np.ndarray:
+        """Global ``rows`` (any order) of ``kind`` (vectors, salience, token_ids), read shard by
+        shard: one fancy index per touched shard."""
+        rows = np.asarray(rows, np.int64)
+        shard_of_row = np.searchsorted(self._shard_token_starts, rows, side="right") - 1
+        first = self._array(kind, 0)
+        out = np.empty((len(rows),) + first.shape[1:], first.dtype)
+        for s in np.unique(shard_of_row):
+            sel = shard_of_row == s
+            out[sel] = self._array(kind, int(s))[rows[sel] - self._shard_token_starts[s]]
+        return out
 
     def document(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(vectors [m, D] float16, salience [m], token ids [m]) of document ``i``."""
@@ -335,16 +410,116 @@ class TokenStore:
         mask = np.arange(length)[None, :] < lengths[:, None]
         # Documents are contiguous runs of rows: read shard by shard in one fancy-index per array.
         rows = (starts[:, None] + np.arange(length)[None, :])[mask]
-        shard_of_row = np.searchsorted(self._shard_token_starts, rows, side="right") - 1
         where_c, where_l = np.nonzero(mask)
-        for s in np.unique(shard_of_row):
-            sel = shard_of_row == s
-            local = rows[sel] - self._shard_token_starts[s]
-            ci, li = where_c[sel], where_l[sel]
-            vectors[ci, li] = self._vectors[s][local]
-            salience[ci, li] = self._salience[s][local]
-            token_ids[ci, li] = self._token_ids[s][local]
+        vectors[where_c, where_l] = self.take("vectors", rows)
+        salience[where_c, where_l] = self.take("salience", rows)
+        token_ids[where_c, where_l] = self.take("token_ids", rows)
         return vectors, mask, salience, token_ids
+
+
+def _npy_bytes(shape: tuple, dtype) -> int:
+    """Size of a ``.npy`` file of this shape and dtype as ``np.save`` writes it."""
+    header = io.BytesIO()
+    fields = np.lib.format.header_data_from_array_1_0(np.empty((0,), dtype))
+    np.lib.format.write_array_header_1_0(header, fields | {"shape": tuple(shape)})
+    return header.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
+class TokenStoreWriter:
+    """Writes a token store from vectors computed elsewhere: the same shard files, manifest and
+    checksums as ``aligner-index``, so every reader, ``aligner-index --index_dir=DIR
+    --search_index`` and ``aligner-search`` take it as it is::
+
+        with TokenStoreWriter(dir, model={"name": "mine", "fingerprint": "...", "dim": 128}) as w:
+            for doc_id, vectors, salience in my_documents():
+                w.add(doc_id, vectors, salience)
+        store = w.store  # the finished TokenStore
+
+    ``model`` needs ``name``, ``fingerprint`` and ``dim`` (``salience: "none"`` for a model
+    without saliences; ``encoder.json`` is the caller's to write when queries are to be encoded
+    by the project). Documents are cut into shards of ``shard_size``; a shard is written (and its
+    memory released) as soon as it is full, so memory is bounded by one shard. The manifest is
+    written by ``close()``; a directory that already holds one is refused.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        model: dict,
+        shard_size: int = 500,
+        corpus: dict | None = None,
+    ):
+        self.directory = Path(directory)
+        missing = [k for k in ("name", "fingerprint", "dim") if k not in model]
+        if missing:
+            raise errors.ConfigError(f"TokenStoreWriter: model lacks {missing}")
+        if (self.directory / MANIFEST).exists():
+            raise errors.ConfigError(
+                f"{self.directory / MANIFEST} exists: write a new store into an empty folder"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.model, self.dim, self.shard_size = dict(model), int(model["dim"]), int(shard_size)
+        self.corpus = corpus or {}
+        self._pending: list[EncodedDocument] = []
+        self._entries: list[dict] = []
+        self._ids: set[str] = set()
+        self.store: TokenStore | None = None
+
+    def add(self, doc_id: str, vectors, salience=None, token_ids=None) -> None:
+        """One document: ``vectors [m, dim]`` (float16 on disk), ``salience [m]`` (default 1),
+        ``token_ids [m]`` (default 0)."""
+        doc_id = str(doc_id)
+        if doc_id in self._ids:
+            raise errors.ConfigError(f"TokenStoreWriter: document id {doc_id!r} added twice")
+        vectors = np.asarray(vectors)
+        m = len(vectors)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise errors.ConfigError(
+                f"TokenStoreWriter: document {doc_id!r}: vectors of shape {vectors.shape}, "
+                f"expected [m, {self.dim}]"
+            )
+        salience = np.ones(m, np.float32) if salience is None else np.asarray(salience)
+        token_ids = np.zeros(m, np.int32) if token_ids is None else np.asarray(token_ids)
+        self._ids.add(doc_id)
+        self._pending.append(EncodedDocument(doc_id, vectors, salience, token_ids))
+        if len(self._pending) == self.shard_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._entries.append(
+                write_shard(self.directory, len(self._entries), self._pending, self.dim)
+            )
+            self._pending = []
+
+    def close(self) -> TokenStore:
+        """Writes the last shard and the manifest; returns the store."""
+        if self.store is None:
+            self._flush()
+            if not self._entries:
+                raise errors.ConfigError(f"TokenStoreWriter: no documents for {self.directory}")
+            manifest = {
+                "model": self.model,
+                "indexing": {"shard_size": self.shard_size, "store_beta_d": 1.0},
+                "corpus": self.corpus,
+                "counts": {
+                    "num_docs": sum(e["num_docs"] for e in self._entries),
+                    "num_tokens": sum(e["num_tokens"] for e in self._entries),
+                    "num_shards": len(self._entries),
+                },
+                "stats": {"truncated_docs": 0, "empty_docs": 0},
+                "shards": self._entries,
+            }
+            write_manifest(self.directory, manifest)
+            self.store = TokenStore(self.directory)
+        return self.store
+
+    def __enter__(self) -> TokenStoreWriter:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
 
 
 def check_model_matches(manifest: dict, model_info: dict, directory: Path) -> None:

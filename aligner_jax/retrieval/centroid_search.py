@@ -49,7 +49,6 @@ import gin
 import numpy as np
 
 from aligner_jax.common import checks
-from aligner_jax.core import pruning
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
@@ -132,7 +131,9 @@ class CentroidSearcher:
         self.alive = ~store.deleted
         self._token_lists = None
         self.uniform_salience = not salience or store.manifest["model"].get("salience") == "none"
-        self.salience = None if self.uniform_salience else np.asarray(store.salience(), np.float32)
+        if not self.uniform_salience and index.salience is None:
+            raise ValueError(f"{index.directory}: the index holds no saliences; rebuild it")
+        self.salience = None if self.uniform_salience else index.salience
 
     # -- stages ----------------------------------------------------------------------------------
     def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None):
@@ -193,7 +194,7 @@ class CentroidSearcher:
         if self.salience is None:
             return (best @ u_q) / max(float(u_q.sum()), 1e-12)
         # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
-        u_d = self.salience[rows]
+        u_d = np.asarray(self.salience[rows], np.float32)
         at_max = sims == np.repeat(best, lengths, axis=0)
         u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, axis=0)
         a = u_sel * u_q[None, :]
@@ -205,8 +206,8 @@ class CentroidSearcher:
         use (one sort of the codes) for the XTR scorer."""
         if self._token_lists is None:
             beta_d = self.index.meta["config"]["beta_d"]
-            kept = pruning.top_fraction_segments(self.store.salience(), self.store.offsets, beta_d)
-            codes = self.index.codes[kept]
+            kept = ci.kept_rows(self.store, beta_d)
+            codes = np.asarray(self.index.codes[kept], np.int64)
             order = np.argsort(codes, kind="stable")
             offsets = np.zeros(self.index.num_centroids + 1, np.int64)
             np.cumsum(np.bincount(codes, minlength=self.index.num_centroids), out=offsets[1:])

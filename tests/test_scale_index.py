@@ -1,0 +1,204 @@
+"""The search index at scale: streamed build (bounded memory), mapped load, few open files, the
+public store writer, 2-bit residuals (issue 23)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import numpy as np
+import pytest
+
+from aligner_jax.common import errors
+from aligner_jax.core import pruning
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import codec as codec_lib
+from aligner_jax.indexing import kmeans
+from aligner_jax.indexing import token_store as ts
+from tests import index_utils
+
+
+def _store(tmp_path, num_docs=60, dim=16, shard_size=7, seed=0):
+    docs = index_utils.random_documents(num_docs, dim, seed=seed)
+    return index_utils.write_store(tmp_path / "idx", docs, dim, shard_size=shard_size)
+
+
+def _reference(store: ts.TokenStore, config: ci.CentroidIndexConfig):
+    """The same index computed in memory from the whole store at once (what the streamed build
+    must reproduce exactly)."""
+    vectors = np.asarray(store.vectors(), np.float32)
+    salience = np.asarray(store.salience(), np.float32)
+    kept = pruning.top_fraction_segments(salience, store.offsets, config.beta_d)
+    c = config.num_centroids
+    rng = np.random.default_rng(config.seed)
+    sample = vectors[np.sort(rng.choice(kept, config.sample_per_centroid * c, replace=False))]
+    centroids, cells = kmeans.fit_two_level(
+        sample, c, config.cells, config.kmeans_iterations, config.seed
+    )
+    codes, _ = kmeans.assign_two_level(vectors, centroids, cells)
+    s_codes, _ = kmeans.assign_two_level(sample, centroids, cells)
+    codec = codec_lib.ResidualCodec.fit(sample - centroids[s_codes], config.residual_bits)
+    residuals = codec.encode(vectors - centroids[codes])
+    docs = np.searchsorted(store.offsets, np.arange(store.num_tokens), side="right") - 1
+    ivf = [sorted({int(d) for d in docs[kept][codes[kept] == j]}) for j in range(len(centroids))]
+    doc_codes = [sorted(set(codes[docs == i].tolist())) for i in range(store.num_docs)]
+    return centroids, codes, residuals, ivf, doc_codes
+
+
+@pytest.mark.parametrize("beta_d", [1.0, 0.5])
+def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d):
+    store = _store(tmp_path)
+    config = ci.CentroidIndexConfig(
+        num_centroids=16, cells=4, sample_per_centroid=8, residual_bits=4, beta_d=beta_d
+    )
+    index = ci.CentroidIndex.build(store, config)
+    centroids, codes, residuals, ivf, doc_codes = _reference(store, config)
+    np.testing.assert_array_equal(index.centroids, centroids)
+    np.testing.assert_array_equal(np.asarray(index.codes), codes)
+    np.testing.assert_array_equal(np.asarray(index.residuals), residuals)
+    for j, docs in enumerate(ivf):
+        lo, hi = index.ivf_offsets[j], index.ivf_offsets[j + 1]
+        assert index.ivf_docs[lo:hi].tolist() == docs
+    for i, cs in enumerate(doc_codes):
+        lo, hi = index.doc_code_offsets[i], index.doc_code_offsets[i + 1]
+        assert index.doc_codes[lo:hi].tolist() == cs
+    np.testing.assert_array_equal(
+        np.asarray(index.salience, np.float32), np.asarray(store.salience(), np.float32)
+    )
+
+
+def test_build_never_reads_more_than_one_shard_at_a_time(tmp_path, monkeypatch):
+    """The build touches token rows only through one shard's maps at a time: no read spans
+    shards (the old build concatenated every shard to draw its k-means sample), and every
+    shard's vectors are unmapped before the next shard's are mapped."""
+    store = _store(tmp_path, num_docs=80, shard_size=6)
+    largest = max(s["num_tokens"] for s, _, _ in store.shard_spans())
+    rows = ts.TokenStore._rows
+
+    def one_shard_rows(self, kind, start, stop):
+        assert stop - start <= largest, f"read {stop - start} rows of {kind} across shards"
+        return rows(self, kind, start, stop)
+
+    live: list[weakref.ref] = []
+    most_live = [0]
+    arrays = ts.TokenStore.shard_arrays
+
+    def tracked(self, s):
+        out = arrays(self, s)
+        live[:] = [r for r in live if r() is not None]
+        live.append(weakref.ref(out[0]))
+        most_live[0] = max(most_live[0], len(live))
+        return out
+
+    monkeypatch.setattr(ts.TokenStore, "_rows", one_shard_rows)
+    monkeypatch.setattr(ts.TokenStore, "shard_arrays", tracked)
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16, beta_d=0.5))
+    assert most_live[0] == 1
+
+
+def test_load_maps_the_large_arrays_instead_of_reading_them(tmp_path):
+    store = _store(tmp_path)
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16))
+    index = ci.CentroidIndex.load(ts.TokenStore(store.directory))
+    for array in (*index.codes.arrays, *index.residuals.arrays, *index.salience.arrays):
+        assert isinstance(array, np.memmap)
+    assert isinstance(index.ivf_docs, np.memmap) and isinstance(index.doc_codes, np.memmap)
+
+
+def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_path):
+    """``--add`` writes a second segment; codes and residuals read across both segments equal
+    those the build computes for the same tokens with the same centroids."""
+    docs = index_utils.random_documents(50, 16, seed=3)
+    store = index_utils.write_store(tmp_path / "a", docs[:30], 16, shard_size=7)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8, cells=2))
+    manifest = ts.read_manifest(store.directory)
+    extra = [
+        ts.write_shard(store.directory, 5 + i, docs[30 + 10 * i : 40 + 10 * i], 16)
+        for i in range(2)
+    ]
+    manifest["shards"] += extra
+    manifest["counts"]["num_docs"] += 20
+    manifest["counts"]["num_tokens"] += sum(e["num_tokens"] for e in extra)
+    manifest["counts"]["num_shards"] += 2
+    ts.write_manifest(store.directory, manifest)
+    grown = ts.TokenStore(store.directory)
+    updated = index.update(grown, "add", num_docs=20)
+    assert [g["name"] for g in updated.meta["segments"]] == ["segment-00000", "segment-00001"]
+    vectors = np.asarray(grown.vectors(), np.float32)
+    codes, _ = kmeans.assign_two_level(vectors, updated.centroids, updated.cells)
+    np.testing.assert_array_equal(np.asarray(updated.codes), codes)
+    rows = np.array([0, 5, grown.num_tokens - 1, int(grown.offsets[30]) + 2])
+    np.testing.assert_array_equal(updated.residuals[rows], np.asarray(updated.residuals)[rows])
+    reloaded = ci.CentroidIndex.load(ts.TokenStore(store.directory))
+    assert len(reloaded.codes) == grown.num_tokens
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_residual_codec_round_trip(bits):
+    rng = np.random.default_rng(0)
+    residuals = rng.normal(scale=0.05, size=(4000, 24)).astype(np.float32)
+    codec = codec_lib.ResidualCodec.fit(residuals, bits)
+    packed = codec.encode(residuals)
+    assert packed.shape == (4000, 24 * bits // 8)
+    decoded = codec.decode(packed)
+    inside = (residuals >= codec.lower) & (residuals < codec.lower + codec.step * (1 << bits))
+    error = np.abs(decoded - residuals)
+    assert inside.mean() > 0.95
+    assert np.all(error[inside] <= np.broadcast_to(codec.step / 2, error.shape)[inside] + 1e-6)
+    q = rng.normal(size=(3, 24)).astype(np.float32)
+    np.testing.assert_allclose(
+        codec.residual_scores(q, packed), q @ decoded.T, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_a_store_of_many_shards_builds_and_searches_with_few_open_files(tmp_path):
+    """120 shards (360 shard arrays) build and search under a limit of 64 open files."""
+    store = _store(tmp_path, num_docs=240, shard_size=2, dim=8)
+    script = textwrap.dedent(
+        f"""
+        import resource, numpy as np
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        from aligner_jax.indexing import centroid_index as ci, token_store as ts
+        from aligner_jax.retrieval import centroid_search as cs
+        ts.TokenStore.MAX_OPEN_ARRAYS = 16
+        store = ts.TokenStore({str(store.directory)!r})
+        index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8))
+        searcher = cs.CentroidSearcher(store, index)
+        q = np.asarray(store.document(5)[0], np.float32)
+        (ranking,), _ = searcher.search(q, np.ones(len(q), np.float32), np.arange(len(q)), 3)
+        import os
+        print(len(os.listdir("/proc/self/fd")), int(ranking[0][0]))
+        """
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    fds, best = map(int, out.stdout.split()[-2:])
+    assert fds < 64
+    assert best == 5
+
+
+def test_token_store_writer_writes_a_store_the_readers_take(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = {f"d{i}": rng.normal(size=(3 + i, 8)).astype(np.float32) for i in range(11)}
+    model = {"name": "elsewhere", "fingerprint": "abc", "dim": 8, "salience": "none"}
+    with ts.TokenStoreWriter(tmp_path / "w", model, shard_size=4) as writer:
+        for doc_id, vectors in docs.items():
+            writer.add(doc_id, vectors)
+    store = writer.store
+    assert store.num_docs == 11 and store.num_shards == 3
+    assert store.doc_ids == list(docs)
+    np.testing.assert_allclose(np.asarray(store.document(7)[0], np.float32), docs["d7"], atol=1e-3)
+    manifest = json.loads((tmp_path / "w" / ts.MANIFEST).read_text())
+    assert manifest["counts"]["num_tokens"] == sum(len(v) for v in docs.values())
+    ts.TokenStore(tmp_path / "w", verify_checksums=True)  # checksums match the bytes
+    with pytest.raises(errors.ConfigError, match="exists"):
+        ts.TokenStoreWriter(tmp_path / "w", model)
+    with pytest.raises(errors.ConfigError, match="expected \\[m, 8\\]"):
+        ts.TokenStoreWriter(tmp_path / "v", model).add("x", np.zeros((2, 3)))
