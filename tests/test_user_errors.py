@@ -151,7 +151,6 @@ def test_lone_surrogate_in_an_id_is_refused_naming_file_and_line(tmp_path, file_
 def _broken_json_readers(directory):
     """Each reader of a JSON file of an index and the file it reads (made invalid below)."""
     from aligner_jax.indexing import ann, updates
-    from aligner_jax.indexing import centroid_index as ci
     from aligner_jax.lexical import minicoil
     from aligner_jax.retrieval import searcher
 
@@ -164,10 +163,6 @@ def _broken_json_readers(directory):
         "add encoder.json": (
             store / "encoder.json",
             lambda: updates.add_documents(str(store), str(directory / "corpus.jsonl")),
-        ),
-        "compact meta": (
-            store / ci.SUBDIR / ci.META,
-            lambda: updates.compact(str(store), force=True),
         ),
         "minicoil.json": (
             directory / "minicoil" / "minicoil.json",
@@ -185,7 +180,6 @@ def _broken_json_readers(directory):
     [
         "searcher encoder.json",
         "add encoder.json",
-        "compact meta",
         "minicoil.json",
         "token_index.json",
     ],
@@ -288,3 +282,237 @@ def test_ctrl_c_around_the_job_is_one_line_saying_what_was_kept(monkeypatch, cap
         cli.run(lambda argv: None)
     assert exit_info.value.code == 130
     assert capsys.readouterr().err == f"aligner-search: interrupted: {said}\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 24 items 4 and 6: no silent answers, no tracebacks (a real MiniLM index of the toy
+# collection, built once in-process; the jobs are called as their binaries call them).
+
+
+@pytest.fixture(scope="module")
+def toy_index(tmp_path_factory):
+    """``aligner-index`` (zero-shot bundled MiniLM) on the toy corpus, search index included."""
+    import gin
+
+    from aligner_jax.indexing import indexer
+
+    root = tmp_path_factory.mktemp("toy_index")
+    data = write_toy_beir(root)
+    cli.parse_gin(["models/minilm_identity.gin", "index/default.gin"])
+    try:
+        indexer.index_corpus(str(data / "corpus.jsonl"), str(root / "index"), search_index=True)
+    finally:
+        gin.clear_config()
+    return root / "index", data
+
+
+def _copy_index(toy_index, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(toy_index[0], tmp_path / "index"))
+
+
+def _search(index_dir, **kwargs) -> str:
+    from aligner_jax.retrieval import search_job
+
+    return search_job.search_job(str(index_dir), **kwargs)
+
+
+def _write_queries(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_search_refuses_a_corpus_file_as_queries(toy_index, tmp_path):
+    index_dir, data = toy_index
+    with pytest.raises(
+        errors.BeirFormatError, match=r'corpus\.jsonl:1: record has a "title" field'
+    ):
+        _search(index_dir, queries=str(data / "corpus.jsonl"), output=str(tmp_path / "run"))
+    # the same ids without titles: every document id is a query id
+    records = [{"_id": d.doc_id, "text": d.text} for d in beir.iter_corpus(data / "corpus.jsonl")]
+    queries = _write_queries(tmp_path / "q.jsonl", records)
+    with pytest.raises(errors.BeirFormatError, match="this is the corpus, not queries"):
+        _search(index_dir, queries=str(queries), output=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_refuses_a_corpus_file_as_queries_even_when_ids_match(tmp_path):
+    """CISI-like numeric ids: the corpus given as queries.jsonl matches the qrels' query ids."""
+    docs = {str(i): {"title": "", "text": f"document number {i}"} for i in range(1, 6)}
+    data = write_toy_beir(tmp_path)
+    (data / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, **d}) + "\n" for i, d in docs.items())
+    )
+    _write_queries(data / "queries.jsonl", [{"_id": i, "text": d["text"]} for i, d in docs.items()])
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\t2\t1\n")
+    with pytest.raises(errors.BeirFormatError, match=r"queries\.jsonl: its ids include every one"):
+        beir.load_beir(data)
+
+
+@pytest.mark.parametrize("text", ["", "   \t "])
+def test_empty_and_blank_queries_are_refused_naming_the_line(tmp_path, text):
+    path = _write_queries(
+        tmp_path / "queries.jsonl", [{"_id": "q1", "text": "bees"}, {"_id": "q2", "text": text}]
+    )
+    with pytest.raises(errors.BeirFormatError, match=r"queries\.jsonl:2: query 'q2' has an empty"):
+        beir.load_queries(path)
+
+
+def test_empty_or_blank_query_text_in_search(toy_index):
+    with pytest.raises(errors.ConfigError, match="--query is empty"):
+        _search(toy_index[0], query="  ")
+
+
+def test_an_empty_queries_file_is_one_line(toy_index, tmp_path, capsys):
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit(
+            "aligner-search",
+            _search,
+            index_dir=toy_index[0],
+            queries=str(queries),
+            output=str(tmp_path / "run.trec"),
+        )
+    assert str(exit_info.value.code) == (
+        f"aligner-search: error: {queries}: the query set is empty (no records). Add one "
+        '{"_id": ..., "text": ...} object per line.'
+    )
+
+
+def test_output_in_a_missing_folder_is_created_and_a_folder_refused_before_search(
+    toy_index, tmp_path, monkeypatch
+):
+    index_dir, data = toy_index
+    run = tmp_path / "new" / "sub" / "run.trec"
+    summary = _search(index_dir, queries=str(data / "queries.jsonl"), output=str(run), k=2)
+    assert run.is_file() and f"wrote {run}" in summary
+    assert len(run.read_text().splitlines()) == 2 * len(beir.load_queries(data / "queries.jsonl"))
+
+    from aligner_jax.retrieval import searcher
+
+    def never(*args, **kwargs):
+        raise AssertionError("the index was opened before --output was checked")
+
+    monkeypatch.setattr(searcher.Searcher, "load", never)
+    with pytest.raises(errors.ConfigError, match=r"--output=.*: is a folder; give a file"):
+        _search(index_dir, queries=str(data / "queries.jsonl"), output=str(tmp_path))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(errors.ConfigError, match="is a file, not a folder"):
+        _search(index_dir, queries=str(data / "queries.jsonl"), output=str(a_file / "run.trec"))
+
+
+def test_search_says_when_a_query_was_truncated(toy_index, tmp_path):
+    long_query = " ".join(["honey bees"] * 400)  # > 512 word pieces
+    out = _search(toy_index[0], query=long_query, k=1)
+    assert out.splitlines()[-1] == "note: the query was cut at 512 tokens"
+    assert "note:" not in _search(toy_index[0], query="honey bees", k=1)
+    queries = _write_queries(
+        tmp_path / "q.jsonl", [{"_id": "a", "text": long_query}, {"_id": "b", "text": "bees"}]
+    )
+    out = _search(toy_index[0], queries=str(queries), output=str(tmp_path / "run"), k=1)
+    assert "truncated: 1 of 2 queries were cut at 512 tokens;" in out
+
+
+def test_search_after_every_document_was_deleted_is_one_line(toy_index, tmp_path):
+    from aligner_jax.indexing import updates
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    ids = ts.TokenStore(index_dir).doc_ids
+    updates.update_index(str(index_dir), delete=",".join(ids))
+    with pytest.raises(errors.ConfigError, match=r"no live documents \(all 12 were deleted"):
+        _search(index_dir, query="honey bees")
+    assert updates.update_index(str(index_dir), force_compact=True)["rebuilt"]
+
+
+def test_delete_names_no_id(toy_index, tmp_path):
+    from aligner_jax.indexing import updates
+
+    with pytest.raises(errors.ConfigError, match="--delete=,: names no document id"):
+        updates.update_index(str(toy_index[0]), delete=",")
+
+
+def test_an_empty_corpus_is_refused_naming_it_before_anything_is_written(tmp_path):
+    from aligner_jax.data import corpus_sources
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n\n")
+    with pytest.raises(errors.BeirFormatError, match=f"--corpus={corpus}: the corpus holds no"):
+        corpus_sources.open_corpus(str(corpus))
+
+
+def test_full_disk_during_add_is_one_line_and_loses_nothing(toy_index, tmp_path, monkeypatch):
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import updates
+    from aligner_jax.retrieval import searcher
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    committed = [index_dir / ts.MANIFEST, index_dir / ci.SUBDIR / ci.META]
+    before = [p.read_bytes() for p in committed]
+    ranked = searcher.Searcher.load(str(index_dir)).search("bees make honey", k=12)
+    new = _write_queries(
+        tmp_path / "more.jsonl", [{"_id": "n1", "title": "", "text": "bees make honey"}]
+    )
+    real = fileio.atomic_write
+
+    def full(path, write):
+        if str(path).endswith(".npy"):
+            raise fileio.storage_error(path, errno.ENOSPC)
+        return real(path, write)
+
+    monkeypatch.setattr(fileio, "atomic_write", full)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit(
+            "aligner-index", updates.update_index, index_dir=str(index_dir), add=str(new)
+        )
+    message = str(exit_info.value.code)
+    assert message.startswith(f"aligner-index: error: {index_dir}/") and "\n" not in message
+    assert "No space left on device" in message
+    assert [p.read_bytes() for p in committed] == before  # the index is the one before
+    assert searcher.Searcher.load(str(index_dir)).search("bees make honey", k=12) == ranked
+    monkeypatch.setattr(fileio, "atomic_write", real)
+    assert updates.update_index(str(index_dir), add=str(new))["added_docs"] == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "repair"),
+    [
+        ("missing", "search_index"),
+        ("flipped byte", "search_index"),
+        ("another store's", "search_index"),
+        ("flipped byte", "force_compact"),
+    ],
+)
+def test_search_index_rebuild_repairs_a_missing_damaged_or_foreign_search_index(
+    toy_index, tmp_path, damage, repair
+):
+    """``aligner-index --index_dir=DIR --search_index`` (what the messages suggest) rebuilds it
+    with its recorded settings (the defaults when they cannot be read): the same rankings."""
+    import shutil
+
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import updates
+    from aligner_jax.retrieval import searcher
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    expected = searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5)
+    meta = index_dir / ci.SUBDIR / ci.META
+    if damage == "missing":
+        shutil.rmtree(index_dir / ci.SUBDIR)
+    elif damage == "flipped byte":
+        data = bytearray(meta.read_bytes())
+        data[len(data) // 2] ^= 0x20
+        meta.write_bytes(bytes(data))
+    else:
+        other = tmp_path / "other"
+        shutil.copytree(index_dir, other)
+        updates.update_index(str(other), delete="d0")
+        shutil.rmtree(index_dir / ci.SUBDIR)
+        shutil.copytree(other / ci.SUBDIR, index_dir / ci.SUBDIR)
+    with pytest.raises(errors.UserError):
+        searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5)
+    summary = updates.update_index(str(index_dir), **{repair: True})
+    assert summary.get("search_index_rebuilt") or summary.get("rebuilt")
+    assert searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5) == expected

@@ -17,7 +17,7 @@ queries that have judgments in the requested split.
 Command line (``aligner_jax/beir.py``, the ``aligner-beir`` binary):
 
     python -m aligner_jax.beir --download=scifact --to=data/beir
-    python -m aligner_jax.beir --stats=../shared/data/beir/scifact --split=test
+    python -m aligner_jax.beir --dataset_dir=../shared/data/beir/scifact --split=test
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,6 @@ class DatasetStats:
     num_queries_in_file: int = 0
     num_queries: int = 0  # queries kept: those with at least one judgment in the split
     queries_without_qrels: int = 0  # dropped (BEIR convention)
-    empty_queries: int = 0
     mean_query_words: float = 0.0
     max_query_words: int = 0
     num_qrels: int = 0  # (query, document) judgments kept
@@ -372,13 +371,29 @@ def load_corpus(path: str | os.PathLike) -> dict[str, Document]:
 
 
 def iter_queries(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """Streams `(query_id, text)` from a queries.jsonl in file order."""
+    """Streams `(query_id, text)` from a queries.jsonl in file order.
+
+    A record with a ``title`` field (a corpus.jsonl given as the queries) and a query whose text
+    is empty or whitespace (nothing to search with) are refused, naming the file and line.
+    """
     path = Path(path)
     seen: dict[str, int] = {}
     for line_number, record in iter_jsonl_records(path):
         query_id = _record_id(path, line_number, record)
         _check_duplicate(path, line_number, query_id, seen, "query")
-        yield query_id, _record_text(path, line_number, record, "text", required=True)
+        if "title" in record:
+            raise BeirFormatError(
+                f'{path}:{line_number}: record has a "title" field: this is a corpus file '
+                f"(corpus.jsonl), not queries. Give a queries.jsonl, one "
+                f'{{"_id": ..., "text": ...}} object per line.'
+            )
+        text = _record_text(path, line_number, record, "text", required=True)
+        if not text.strip():
+            raise BeirFormatError(
+                f"{path}:{line_number}: query {query_id!r} has an empty text (nothing to search "
+                f"with). Give it a text or remove the line."
+            )
+        yield query_id, text
 
 
 def load_queries(path: str | os.PathLike) -> dict[str, str]:
@@ -391,6 +406,20 @@ def load_queries(path: str | os.PathLike) -> dict[str, str]:
             f'{{"_id": ..., "text": ...}} object per line.'
         )
     return queries
+
+
+def check_not_a_corpus(
+    path: str | os.PathLike, query_ids: Iterable[str], doc_ids: Iterable[str], corpus: str
+) -> None:
+    """Refuses a queries file whose ids cover every document id of ``corpus`` (and are more
+    than one): the corpus itself given as the queries, every document becoming a query. Queries
+    that share some ids with documents (ArguAna, Quora) pass."""
+    docs = set(doc_ids)
+    if len(docs) > 1 and docs <= set(query_ids):
+        raise BeirFormatError(
+            f"{path}: its ids include every one of the {len(docs):,} document ids of {corpus}: "
+            f"this is the corpus, not queries. Give the queries file (queries.jsonl)."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,6 +589,7 @@ def load_beir(
     stats = DatasetStats()
     corpus = load_corpus(corpus_path)
     all_queries = load_queries(queries_path)
+    check_not_a_corpus(queries_path, all_queries, corpus, str(corpus_path))
     stats.blank_lines = sum(_count_blank_lines(p) for p in (corpus_path, queries_path, qrels_path))
 
     known: list[_QrelRow] = []
@@ -608,7 +638,6 @@ def load_beir(
     stats.num_queries_in_file = len(all_queries)
     stats.num_queries = len(queries)
     stats.queries_without_qrels = len(all_queries) - len(queries)
-    stats.empty_queries = sum(1 for t in queries.values() if not t.strip())
     stats.mean_query_words, stats.max_query_words = _word_stats(list(queries.values()))
     stats.num_qrels = sum(len(j) for j in qrels.values())
     stats.num_relevant_qrels = sum(1 for j in qrels.values() for s in j.values() if s > 0)
@@ -741,7 +770,7 @@ def format_stats(dataset: BeirDataset) -> str:
         f"  documents        {s.num_documents:,} (empty: {s.empty_documents:,}; words mean "
         f"{s.mean_document_words:.1f}, max {s.max_document_words:,})",
         f"  queries          {s.num_queries:,} judged of {s.num_queries_in_file:,} in file "
-        f"(dropped without qrels: {s.queries_without_qrels:,}; empty: {s.empty_queries:,}; "
+        f"(dropped without qrels: {s.queries_without_qrels:,}; "
         f"words mean {s.mean_query_words:.1f}, max {s.max_query_words:,})",
         f"  qrels            {s.num_qrels:,} pairs ({s.num_relevant_qrels:,} with score > 0; "
         f"{s.num_qrels / max(s.num_queries, 1):.2f} per query; duplicates: {s.duplicate_qrels:,})",

@@ -15,6 +15,7 @@ a gin ``import my_project.tasks`` line or ``--gin.import`` of the module that ad
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,12 +117,14 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
     """The document stream named by ``--corpus`` and its fingerprint (kept in the index config).
 
     A JSONL file is fingerprinted by size and sha256; a seqio/TFDS source by its name, split and
-    feature names (its records are not hashed up front: that would read the corpus twice).
+    feature names (its records are not hashed up front: that would read the corpus twice). A
+    corpus without any document is refused here, naming it, before anything is written.
     """
     if spec.startswith((SEQIO_PREFIX, TFDS_PREFIX)):
         features = CorpusFeatures()
         info = {"source": spec, "split": split, "features": dataclasses.asdict(features)}
-        return iter_dataset_documents(spec, split, features), info
+        documents = iter_dataset_documents(spec, split, features)
+        return _non_empty(documents, f"--corpus={spec} (split {split!r})"), info
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(
@@ -132,4 +135,15 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
         "bytes": path.stat().st_size,
         "sha256": fileio.sha256_file(path),
     }
-    return beir.iter_corpus(path), info
+    return _non_empty(beir.iter_corpus(path), f"--corpus={spec}"), info
+
+
+def _non_empty(documents: Iterator[beir.Document], name: str) -> Iterator[beir.Document]:
+    """``documents`` unchanged, after checking (by reading the first) that there is one."""
+    first = next(documents, None)
+    if first is None:
+        raise errors.BeirFormatError(
+            f"{name}: the corpus holds no documents; give a corpus with at least one "
+            '{"_id": ..., "title": ..., "text": ...} record'
+        )
+    return itertools.chain([first], documents)

@@ -3,7 +3,9 @@
 One query (``--query``) prints a ranked list with the documents' titles (read from the corpus the
 index records in its manifest, when it is still there); a file of queries (``--queries``, BEIR
 ``queries.jsonl``: ``{"_id", "text"}`` per line) is searched one query at a time, with progress,
-and written as a TREC run (``--output``).
+and written as a TREC run (``--output``). Bad input is refused before anything is searched
+(:func:`search_job`); queries and documents cut at the encoder's token budget are counted in what
+it prints.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import threadpoolctl
+from absl import logging
 
-from aligner_jax.common import checks, progress
+from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
@@ -43,6 +46,44 @@ def format_ranking(query: str, ranked: list[tuple[str, float]], titles: dict[str
     return "\n".join(lines)
 
 
+def check_output(output: str) -> Path:
+    """Refuses, before anything is searched, a ``--output`` that could not be written: a folder,
+    or a path under a file or in a folder without write permission (a missing folder is created
+    when the run is written)."""
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"--output={output}: is a folder; give a file, e.g. {path / 'run.trec'}")
+    fileio.check_output_dir(path.parent, "--output")
+    return path
+
+
+def live_documents(searcher: search_lib.Searcher, index_dir: str) -> None:
+    """Refuses an index whose every document was deleted (nothing could be returned)."""
+    store = searcher.store
+    if store.num_docs and store.deleted.all():
+        raise ConfigError(
+            f"--index_dir={index_dir}: no live documents (all {store.num_docs} were deleted with "
+            f"--delete); add some with aligner-index --index_dir={index_dir} --add=CORPUS.jsonl"
+        )
+
+
+def truncation_note(searcher: search_lib.Searcher, texts: list[str]) -> str:
+    """How many of ``texts`` the query encoder cut (``""`` when none), and the documents the
+    index cut when it was built."""
+    encoder = searcher.encoder
+    cut = encoder.count_truncated(texts, encoder.tokenize(texts, "query"), "query")
+    docs = int(searcher.store.manifest.get("stats", {}).get("truncated_docs", 0))
+    parts = []
+    if cut:
+        what = "the query was" if len(texts) == 1 else f"{cut} of {len(texts)} queries were"
+        parts.append(f"{what} cut at {encoder.maxlen('query')} tokens")
+    if docs:
+        parts.append(f"the index cut {docs} documents at {encoder.maxlen('doc')} tokens")
+    if parts:
+        logging.warning("aligner-search: %s", "; ".join(parts))
+    return "; ".join(parts)
+
+
 def search_job(
     index_dir: str,
     query: str | None = None,
@@ -54,13 +95,24 @@ def search_job(
     checkpoint: str | None = None,
     alignment: str = "top_k:1",
 ) -> str:
-    """Runs ``aligner-search``; returns what it prints."""
+    """Runs ``aligner-search``; returns what it prints.
+
+    Everything a user gives is checked before the index is searched: the queries file (a corpus
+    file, an empty or blank query, an empty file are refused naming the file and line), the
+    ``--output`` path, an index without live documents. Truncated queries are counted and said.
+    """
     if (query is None) == (queries is None):
         raise ConfigError("give exactly one of --query=TEXT or --queries=FILE.jsonl")
     if queries is not None and not output:
         raise ConfigError("--queries needs --output=RUN_FILE (a TREC run)")
+    if query is not None and not query.strip():
+        raise ConfigError("--query is empty: give a text to search for")
     if threads < 1:
         raise ConfigError(f"--threads={threads}: must be >= 1")
+    if k < 1:
+        raise ConfigError(f"--k={k}: must be >= 1")
+    items = beir.load_queries(queries) if queries is not None else {}
+    output_path = check_output(output) if queries is not None else None
     threadpoolctl.threadpool_limits(threads)
     t0 = time.perf_counter()
     encoder = None
@@ -71,21 +123,25 @@ def search_job(
         index_dir, mode=mode, checkpoint=checkpoint, encoder=encoder, alignment=alignment
     )
     load_s = time.perf_counter() - t0
+    live_documents(searcher, index_dir)
     if query is not None:
         ranked = searcher.search(query, k=k)
         titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
-        return format_ranking(query, ranked, titles)
-    items = list(beir.iter_queries(queries))
+        note = truncation_note(searcher, [query])
+        return format_ranking(query, ranked, titles) + (f"\nnote: {note}" if note else "")
+    beir.check_not_a_corpus(queries, items, searcher.store.doc_ids, f"--index_dir={index_dir}")
     results, latency = {}, []
     with progress.Progress(len(items), "aligner-search", "query") as bar:
-        for qid, text in items:
+        for qid, text in items.items():
             t = time.perf_counter()
             results[qid] = dict(searcher.search(text, k=k))
             latency.append(1000.0 * (time.perf_counter() - t))
             bar.update(1)
-    runs.write_run(output, results, tag=f"aligner_jax-{mode}")
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_run(output_path, results, tag=f"aligner_jax-{mode}")
+    note = truncation_note(searcher, list(items.values()))
     return (
         f"aligner-search: {len(items)} queries ({mode}, k={k}, {threads} threads), index loaded "
         f"in {load_s:.2f}s, p50 {np.percentile(latency, 50):.1f} ms/query with query encoding; "
-        f"wrote {output}"
+        f"truncated: {note or 'none'}; wrote {output}"
     )
