@@ -332,13 +332,13 @@ def test_cli_download_error_is_one_line(tmp_path):
 
 def test_cli_stats(tmp_path):
     folder = write_toy_beir(tmp_path)
-    proc = _beir_binary(f"--stats={folder}", "--json")
+    proc = _beir_binary(f"--dataset_dir={folder}", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     stats = json.loads(proc.stdout)
     assert stats["name"] == "toy" and stats["num_documents"] == 12 and stats["num_queries"] == 4
-    proc = _beir_binary(f"--stats={folder}")
+    proc = _beir_binary(f"--dataset_dir={folder}")
     assert "documents        12" in proc.stdout and "queries          4 judged of 4" in proc.stdout
-    proc = _beir_binary(f"--stats={folder}", "--split=dev")
+    proc = _beir_binary(f"--dataset_dir={folder}", "--split=dev")
     assert proc.returncode == 1 and "missing qrels/dev.tsv" in proc.stderr.strip().splitlines()[-1]
 
 
