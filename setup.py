@@ -69,6 +69,7 @@ setuptools.setup(
             "aligner-sweep=aligner_jax.sweep:console_entry",
             "aligner-export=aligner_jax.export:console_entry",
             "aligner-publish=aligner_jax.publish:console_entry",
+            "aligner-serve=aligner_jax.serve:console_entry",
             "aligner-beir=aligner_jax.beir:console_entry",
         ]
     },

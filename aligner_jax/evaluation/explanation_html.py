@@ -49,7 +49,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}"
 
 
-_CSS = """
+CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
        max-width: 60em; color: #222; line-height: 1.5; padding: 0 1em; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
@@ -154,14 +154,29 @@ def _piece_label(words: Sequence[Word], word_index: int, position: int, tokens) 
 
 def render_html(ex: Explanation) -> str:
     """A self-contained HTML page (inline CSS, no scripts or external assets) for ``ex``."""
+    return (
+        "\n".join(
+            [
+                "<!DOCTYPE html>",
+                '<html lang="en"><head><meta charset="utf-8">',
+                f"<title>ALIGNER explanation: {_esc(ex.query.text[:80])}</title>",
+                f"<style>{CSS}</style></head><body>",
+                "<h1>ALIGNER: pairwise alignment and unary salience</h1>",
+                render_fragment(ex),
+                "</body></html>",
+            ]
+        )
+        + "\n"
+    )
+
+
+def render_fragment(ex: Explanation, id_prefix: str = "") -> str:
+    """The body of :func:`render_html` (settings, texts, alignment tables) as an HTML fragment
+    styled by ``CSS``; ``id_prefix`` keeps element ids unique when a page holds several (the
+    search page of ``aligner-serve``)."""
     query_color, doc_marks = _word_links(ex)
     n, m = ex.similarity.shape
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>ALIGNER explanation: {_esc(ex.query.text[:80])}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        "<h1>ALIGNER: pairwise alignment and unary salience</h1>",
         "<table>",
         f"<tr><th>model</th><td>{_esc(ex.model_name)}</td></tr>",
         f"<tr><th>alignment Ã</th><td>{_esc(ex.alignment)}</td></tr>",
@@ -187,16 +202,16 @@ def render_html(ex: Explanation) -> str:
         "Coloured bold: the most salient query words and the document words they align with"
         + ", with the alignment rank as superscript (1), (2), … (Table 5). [CLS]/[SEP] are greyed; they still count in the score. Hover a word for u.</p>",
         "<h2>Query</h2>",
-        f'<div class="text" id="query">'
+        f'<div class="text" id="{id_prefix}query">'
         f"{_render_text(ex.query, ex.query_words, query_color, {}, False, 'query')}</div>",
         "<h2>Document</h2>",
-        f'<div class="text" id="document">'
+        f'<div class="text" id="{id_prefix}document">'
         f"{_render_text(ex.doc, ex.doc_words, {}, doc_marks, True, 'doc')}</div>",
     ]
 
     parts += [
         f"<h2>Alignments of the {len(ex.top_query_words)} most salient query words</h2>",
-        '<table id="top-alignments"><tr><th>query word</th><th>u<sup>q</sup></th>'
+        f'<table id="{id_prefix}top-alignments"><tr><th>query word</th><th>u<sup>q</sup></th>'
         "<th>rank</th><th>document word</th><th>S<sub>ij</sub></th><th>u<sub>j</sub>"
         "<sup>d</sup></th></tr>",
     ]
@@ -229,7 +244,7 @@ def render_html(ex: Explanation) -> str:
         f"<details><summary>All {len(ex.alignments)} token alignments (nonzero Ã<sub>ij</sub>"
         f" of {_esc(ex.alignment)}); "
         "sim(Q, D) = Σ S<sub>ij</sub>A<sub>ij</sub> / Σ A<sub>ij</sub> over these rows</summary>",
-        '<table id="all-alignments"><tr><th>query token</th><th>document token</th>'
+        f'<table id="{id_prefix}all-alignments"><tr><th>query token</th><th>document token</th>'
         "<th>rank</th><th>S<sub>ij</sub></th><th>Ã<sub>ij</sub></th><th>u<sup>q</sup>"
         "<sub>i</sub></th><th>u<sup>d</sup><sub>j</sub></th><th>A<sub>ij</sub></th></tr>",
     ]
@@ -246,9 +261,8 @@ def render_html(ex: Explanation) -> str:
     parts += [
         f"<tr><th colspan='7'>Σ A<sub>ij</sub></th><td class='num'>{_fmt(total)}</td></tr>",
         "</table></details>",
-        "</body></html>",
     ]
-    return "\n".join(parts) + "\n"
+    return "\n".join(parts)
 
 
 def format_summary(ex: Explanation, top_alignments: int = 4) -> str:

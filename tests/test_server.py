@@ -1,0 +1,445 @@
+"""aligner-serve (issue 25 items 4-5): the HTTP API over a real (bundled MiniLM) index of the toy
+collection — every endpoint, the write token, request bounds, snapshots under concurrent writes,
+the search page and its live alignments."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+
+import gin
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from fixtures import TOY_DOCS, TOY_QUERIES, run_module
+
+import aligner_jax
+from aligner_jax.common import cli, errors
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig
+from aligner_jax.evaluation import live_explanation
+from aligner_jax.indexing.indexer import IndexingConfig
+from aligner_jax.retrieval import searcher as search_lib
+from aligner_jax.serving import http_app, index_service, serve_job
+
+TOKEN = "test-write-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LATER = ("d9", "d10", "d11")  # added through the API
+TOPICS = {"d1": "insects", "d10": "insects", "d2": "games", "d7": "medicine"}
+FIRST = {
+    k: {**v, "metadata": {"topic": TOPICS.get(k, "other"), "n": i}}
+    for i, (k, v) in enumerate(TOY_DOCS.items())
+    if k not in LATER
+}
+BEES = TOY_QUERIES["q1"]  # "honey bees in the hive"
+EXPLAINER = http_app.Explainer(live_explanation.explain_hit, live_explanation.CSS)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """The toy collection less d9-d11 indexed with the bundled MiniLM (search index included)."""
+    root = tmp_path_factory.mktemp("serve")
+    gin.clear_config()
+    cli.parse_gin(["models/minilm_identity.gin"])
+    encoder = Encoder(loading.load_encoder(), EncodingConfig())
+    gin.clear_config()
+    index_dir = root / "index"
+    index = aligner_jax.Index.create(index_dir, model=encoder, config=IndexingConfig(shard_size=4))
+    index.add([{"id": k, **v} for k, v in FIRST.items()])
+    return index_dir
+
+
+@pytest.fixture(scope="module")
+def query_encoder(pristine):
+    return search_lib.Searcher.load(str(pristine)).encoder
+
+
+def _service(index_dir, query_encoder, **limits):
+    def loader(directory, encoder):
+        return search_lib.Searcher.load(directory, encoder=encoder or query_encoder)
+
+    limits = index_service.ServeLimits(**limits) if limits else None
+    return index_service.IndexService(index_dir, loader=loader, limits=limits)
+
+
+@pytest.fixture
+def index_copy(pristine, tmp_path):
+    """A copy of the index that a test may write to."""
+    return shutil.copytree(pristine, tmp_path / "index")
+
+
+@pytest.fixture
+def client(index_copy, query_encoder):
+    service = _service(index_copy, query_encoder, max_k=50, max_query_chars=200)
+    app = http_app.create_app(service, write_token=TOKEN, explainer=EXPLAINER)
+    with TestClient(app) as c:
+        yield c
+    service.close()
+
+
+@pytest.fixture(scope="module")
+def read_only(pristine, query_encoder):
+    """A server without a write token over the pristine index (tests here never write)."""
+    service = _service(pristine, query_encoder, max_request_bytes=2048)
+    with TestClient(http_app.create_app(service, explainer=EXPLAINER)) as c:
+        yield c
+    service.close()
+
+
+def _ids(response) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [h["doc_id"] for h in response.json()["hits"]]
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def test_search_returns_ranked_hits_with_title_text_and_metadata(read_only, pristine):
+    r = read_only.post("/search", json={"query": BEES, "k": 3})
+    body = r.json()
+    assert r.status_code == 200 and body["generation"] == 0 and body["took_ms"] > 0
+    hits = body["hits"]
+    assert [h["rank"] for h in hits] == [1, 2, 3] and hits[0]["doc_id"] == "d1"
+    assert hits[0]["title"] == "Honey bees" and hits[0]["text"] == TOY_DOCS["d1"]["text"]
+    assert hits[0]["metadata"]["topic"] == "insects"
+    assert all(a["score"] >= b["score"] for a, b in zip(hits, hits[1:], strict=False))
+    # the same ranking and scores as the Python API
+    direct = search_lib.Searcher.load(str(pristine)).search(BEES, k=3)
+    assert [(h["doc_id"], pytest.approx(h["score"], abs=1e-6)) for h in hits] == [
+        (h.doc_id, h.score) for h in direct
+    ]
+    assert body["query_tokens"] > 0 and body["truncated_tokens"] == 0
+
+
+def test_pages_are_slices_of_one_ranking(read_only):
+    whole = read_only.post("/search", json={"query": BEES, "k": 6}).json()["hits"]
+    page = read_only.post("/search", json={"query": BEES, "k": 2, "offset": 2}).json()["hits"]
+    assert [(h["doc_id"], h["rank"]) for h in page] == [
+        (h["doc_id"], h["rank"]) for h in whole[2:4]
+    ]
+    assert [h["rank"] for h in page] == [3, 4]
+
+
+def test_filter_restricts_the_candidates(read_only):
+    r = read_only.post("/search", json={"query": BEES, "k": 5, "filter": {"topic": "insects"}})
+    assert _ids(r) == ["d1"] and r.json()["filtered_docs"] == 1
+    r = read_only.post("/search", json={"query": BEES, "k": 3, "filter": {"n": {"gte": 7}}})
+    assert set(_ids(r)) <= {"d7", "d8"} and len(_ids(r)) == 2
+    bad = read_only.post("/search", json={"query": BEES, "filter": {"topic": {"near": 1}}})
+    assert bad.status_code == 422 and "near" in bad.json()["detail"]
+
+
+def test_concurrent_queries_are_batched_and_each_gets_its_own_answer(read_only):
+    """Requests arriving together are encoded in one batch (grouped by page and filter); each
+    answer is the one a lone request gets."""
+    alone = {
+        q: _ids(read_only.post("/search", json={"query": q, "k": 3})) for q in TOY_QUERIES.values()
+    }
+    service = read_only.app.state.service
+    futures = [service.submit(q, 3) for q in TOY_QUERIES.values() for _ in range(3)]
+    futures.append(service.submit(BEES, 2, 1))  # another page, same batch
+    for future, q in zip(
+        futures, [q for q in TOY_QUERIES.values() for _ in range(3)], strict=False
+    ):
+        _, hits = future.result(timeout=60)
+        assert [h.doc_id for h in hits] == alone[q]
+    _, page = futures[-1].result(timeout=60)
+    assert [h.doc_id for h in page] == alone[BEES][1:3]
+
+
+# -- bounds and bad requests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"query": BEES, "k": 0}, 422, "body.k: Input should be greater than or equal to 1"),
+        ({"query": BEES, "k": 51}, 422, "k=51: at most 50 (the server's --max_k)"),
+        ({"query": BEES, "offset": -1}, 422, "body.offset"),
+        ({"query": BEES, "offset": 10_001}, 422, "--max_offset"),
+        ({"query": "x" * 201}, 422, "201 characters, more than the server's --max_query_chars=200"),
+        ({"query": "   "}, 422, "query: empty"),
+        ({"query": None}, 422, "body.query: Input should be a valid string"),
+        ({"k": 3}, 422, "body.query: Field required"),
+        ({"query": BEES, "kk": 3}, 422, "body.kk: Extra inputs are not permitted"),
+        ({"query": BEES, "filter": ["topic"]}, 422, "body.filter"),
+    ],
+)
+def test_bad_searches_get_a_4xx_naming_the_field(client, body, status, message):
+    r = client.post("/search", json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["detail"]
+
+
+def test_oversized_and_malformed_bodies_are_refused(read_only):
+    big = json.dumps({"query": "bees " * 1000})
+    r = read_only.post("/search", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert (
+        r.json()["detail"]
+        == "request body: larger than 2048 bytes (the server's --max_request_bytes)"
+    )
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(10):
+            yield b" " * 500
+
+    r = read_only.post("/search", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = read_only.post(
+        "/search", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422 and "JSON" in r.json()["detail"]
+
+
+def test_limits_are_checked_when_the_server_starts():
+    with pytest.raises(errors.ConfigError, match="--max_k=0: must be an int >= 1"):
+        index_service.ServeLimits(max_k=0)
+    with pytest.raises(errors.ConfigError, match="--write_token: 5 characters; use at least 16"):
+        serve_job.write_token_from("short")
+
+
+# -- health, stats, OpenAPI --------------------------------------------------------------------
+
+
+def test_health_stats_and_openapi(read_only):
+    health = read_only.get("/health").json()
+    assert health == {"status": "ok", "generation": 0, "num_docs": 9}
+    read_only.post("/search", json={"query": BEES, "k": 2})
+    stats = read_only.get("/stats").json()
+    assert stats["num_docs"] == 9 and stats["num_tokens"] > 9 and stats["backend"] == "centroid"
+    assert stats["model"]["name"] == "minilm/identity/none" and stats["counts"]["searches"] >= 1
+    assert 0 < stats["search_latency_ms"]["p50"] <= stats["search_latency_ms"]["p99"]
+    assert stats["limits"]["max_request_bytes"] == 2048
+    schema = read_only.get("/openapi.json").json()
+    assert {"/search", "/explain", "/health", "/stats", "/documents"} <= set(schema["paths"])
+    assert {"post", "delete"} <= set(schema["paths"]["/documents"])
+    assert read_only.get("/docs").status_code == 200
+
+
+# -- writes ------------------------------------------------------------------------------------
+
+
+def test_writes_need_the_token(client, read_only):
+    doc = {"documents": [{"id": "d10", "text": TOY_DOCS["d10"]["text"]}]}
+    r = read_only.post("/documents", json=doc, headers=AUTH)
+    assert r.status_code == 403 and "--write_token" in r.json()["detail"]
+    r = client.post("/documents", json=doc)
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+    r = client.post("/documents", json=doc, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 403 and "not the server's write token" in r.json()["detail"]
+    r = client.request(
+        "DELETE", "/documents", json={"ids": ["d1"]}, headers={"Authorization": TOKEN}
+    )
+    assert r.status_code == 401
+    assert client.get("/health").json()["generation"] == 0  # nothing was written
+
+
+def test_add_and_delete_publish_new_snapshots(client):
+    before = _ids(client.post("/search", json={"query": BEES, "k": 3}))
+    docs = [
+        {
+            "id": d,
+            "title": TOY_DOCS[d]["title"],
+            "text": TOY_DOCS[d]["text"],
+            "metadata": {"topic": "insects"},
+        }
+        for d in LATER
+    ]
+    r = client.post("/documents", json={"documents": docs}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["added"] == 3 and r.json()["generation"] == 1
+    after = client.post("/search", json={"query": BEES, "k": 3}).json()
+    assert after["generation"] == 1 and [h["doc_id"] for h in after["hits"]][:2] == ["d1", "d10"]
+    assert after["hits"][1]["title"] == "Beekeeping"
+    assert client.get("/health").json()["num_docs"] == 12
+    # the same ids again: a conflict, nothing written
+    r = client.post("/documents", json={"documents": docs[:1]}, headers=AUTH)
+    assert r.status_code == 409 and "already in the index" in r.json()["detail"]
+    r = client.request("DELETE", "/documents", json={"ids": ["d1", "nope"]}, headers=AUTH)
+    assert r.status_code == 404 and "'nope'" in r.json()["detail"]
+    r = client.request("DELETE", "/documents", json={"ids": ["d1"]}, headers=AUTH)
+    assert r.status_code == 200 and r.json() == {**r.json(), "deleted": 1, "generation": 2}
+    now = _ids(client.post("/search", json={"query": BEES, "k": 3}))
+    assert "d1" not in now and now[0] == "d10" and before[0] == "d1"
+    r = client.post("/explain", json={"query": BEES, "doc_id": "d1"})
+    assert r.status_code == 404 and "deleted" in r.json()["detail"]
+    # the index on disk holds the writes: a fresh searcher agrees
+    fresh = search_lib.Searcher.load(client.app.state.service.index_dir)
+    assert [h.doc_id for h in fresh.search(BEES, k=3)] == now
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"documents": []}, "documents: empty list"),
+        (
+            {"documents": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]},
+            "repeated in the request: ['a']",
+        ),
+        ({"documents": [{"id": "a", "text": "  "}]}, "empty title and text for ids ['a']"),
+        ({"documents": [{"id": "", "text": "x"}]}, "body.documents.0.id"),
+        ({"documents": [{"text": "x"}]}, "body.documents.0.id: Field required"),
+        ({"documents": [{"id": "a", "text": "x", "body": "y"}]}, "Extra inputs"),
+    ],
+)
+def test_bad_writes_get_a_422_naming_the_field(client, body, message):
+    r = client.post("/documents", json=body, headers=AUTH)
+    assert r.status_code == 422 and message in r.json()["detail"], r.text
+
+
+def test_a_write_during_searches_never_shows_half_an_update(index_copy, query_encoder):
+    """Real uvicorn, 4 client threads searching while 3 documents are added then one deleted:
+    0 failures, every answer equal to the answer of the snapshot (generation) it names, and each
+    client sees the generations in order."""
+    service = _service(index_copy, query_encoder)
+    app = http_app.create_app(service, write_token=TOKEN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    while not server.started:
+        time.sleep(0.05)
+    queries = list(TOY_QUERIES.values())
+    seen, failures, stop = [], [], threading.Event()
+
+    def reader():
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while not stop.is_set():
+                for q in queries:
+                    r = http.post("/search", json={"query": q, "k": 4})
+                    if r.status_code != 200:
+                        failures.append(r.text)
+                        continue
+                    body = r.json()
+                    hits = tuple((h["doc_id"], h["score"]) for h in body["hits"])
+                    seen.append((threading.get_ident(), body["generation"], q, hits))
+
+    readers = [threading.Thread(target=reader) for _ in range(4)]
+    for t in readers:
+        t.start()
+    expected = {}
+
+    def wait_for(generation):  # until the readers have answers from this snapshot
+        deadline = time.time() + 60
+        while not any(g == generation for _, g, *_ in list(seen)) and time.time() < deadline:
+            time.sleep(0.05)
+
+    with httpx.Client(base_url=url, timeout=120) as http:
+        wait_for(0)
+        docs = [{"id": d, **TOY_DOCS[d]} for d in LATER]
+        assert http.post("/documents", json={"documents": docs}, headers=AUTH).status_code == 200
+        wait_for(1)
+        r = http.request("DELETE", "/documents", json={"ids": ["d1"]}, headers=AUTH)
+        assert r.status_code == 200
+        wait_for(2)
+    stop.set()
+    for t in readers:
+        t.join()
+    server.should_exit = True
+    thread.join(timeout=10)
+    service.close()
+    assert not failures
+    # Each generation answers each query one way: the same ranking, the same scores (up to the
+    # float rounding of encoding a query in batches of other sizes).
+    for _, generation, q, hits in seen:
+        expected.setdefault((generation, q), []).append(hits)
+    assert {g for g, _ in expected} == {0, 1, 2}
+    for (generation, q), answers in expected.items():
+        for hits in answers:
+            assert [d for d, _ in hits] == [d for d, _ in answers[0]], (generation, q)
+            assert [s for _, s in hits] == pytest.approx([s for _, s in answers[0]], abs=1e-4)
+    assert [d for d, _ in expected[(0, BEES)][0]][:2] == ["d1", "d3"]
+    assert [d for d, _ in expected[(1, BEES)][0]][:2] == ["d1", "d10"]
+    assert [d for d, _ in expected[(2, BEES)][0]][:1] == ["d10"]
+    for ident in {i for i, *_ in seen}:
+        gens = [g for i, g, *_ in seen if i == ident]
+        assert gens == sorted(gens)
+
+
+# -- the page and the explanations -------------------------------------------------------------
+
+
+def test_explain_gives_the_alignment_of_a_hit(read_only):
+    r = read_only.post("/explain", json={"query": BEES, "doc_id": "d1"})
+    assert r.status_code == 200, r.text
+    ex = r.json()
+    assert ex["doc_id"] == "d1" and ex["alignment"] == "top_k:1" and ex["uniform_salience"]
+    words = {w["query_word"]: [a["doc_word"] for a in w["aligned"]] for w in ex["query_words"]}
+    assert words["bees"] == ["bees"] and words["hive"] == ["hive"] and words["honey"] == ["Honey"]
+    assert 'id="d1-query"' in ex["html"] and 'id="d1-top-alignments"' in ex["html"]
+    assert "<html" not in ex["html"]  # a fragment for the page
+    assert read_only.post("/explain", json={"query": BEES, "doc_id": "zz"}).status_code == 404
+
+
+def test_explain_without_an_explainer_is_501(index_copy, query_encoder):
+    service = _service(index_copy, query_encoder)
+    with TestClient(http_app.create_app(service)) as c:
+        r = c.post("/explain", json={"query": BEES, "doc_id": "d1"})
+    service.close()
+    assert r.status_code == 501
+
+
+def test_search_page_is_served(read_only):
+    r = read_only.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    for part in (
+        '<form id="form">',
+        'id="q"',
+        '"/search"',
+        '"/explain"',
+        "sup.rank",
+        ".hit .snippet",
+    ):
+        assert part in page
+    assert "innerHTML = ex.html" in page and "textContent" in page  # index texts as text
+
+
+# -- the binary --------------------------------------------------------------------------------
+
+
+def test_serve_binary_answers_on_localhost(pristine, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from fixtures import start_python
+
+    proc = start_python(
+        "-m", "aligner_jax.serve", f"--index_dir={pristine}", f"--port={port}", capture=True
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1][-2000:]
+                time.sleep(0.5)
+        assert health["num_docs"] == 9
+        r = httpx.post(f"http://127.0.0.1:{port}/search", json={"query": BEES, "k": 1}, timeout=60)
+        assert r.json()["hits"][0]["doc_id"] == "d1"
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/explain", json={"query": BEES, "doc_id": "d1"}, timeout=60
+        )
+        assert r.status_code == 200 and r.json()["score"] > 0.5
+        r = httpx.post(f"http://127.0.0.1:{port}/documents", json={"documents": []}, timeout=10)
+        assert r.status_code == 403  # no --write_token
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_binary_refuses_a_missing_index_in_one_line(tmp_path):
+    r = run_module("aligner_jax.serve", f"--index_dir={tmp_path / 'nope'}")
+    assert r.returncode == 1
+    (last,) = r.stderr.strip().splitlines()[-1:]
+    assert last.startswith("aligner-serve: error: ") and "nope" in last
