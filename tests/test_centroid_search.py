@@ -262,12 +262,21 @@ def test_config_ranges_are_checked():
         cs.CentroidSearchConfig(probes=0)
     with pytest.raises(errors.ConfigError, match="residual_bits"):
         ci.CentroidIndexConfig(residual_bits=3)
-    # probes follow the token count, not the (possibly capped) centroid count
-    assert cs.CentroidSearchConfig().resolved(5183, 1_242_251, 16384) == (8, 216, 54)
-    assert cs.CentroidSearchConfig().resolved(5183, 1_242_251, 8192) == (8, 216, 54)
-    assert cs.CentroidSearchConfig().resolved(1460, 219_115, 4096) == (2, 160, 40)
-    assert cs.CentroidSearchConfig().resolved(100, 3000, 64) == (2, 160, 40)
-    assert cs.CentroidSearchConfig(probes=3).resolved(100, 3000, 64) == (3, 160, 40)
+    # probes follow the built index's list lengths (a query token reaches ~320 documents),
+    # between 2 and 8; refinement follows k up to 128
+    resolved = cs.CentroidSearchConfig().resolved
+    assert resolved(5183, 16384, 40.0) == (8, 216, 54)
+    assert resolved(5183, 16384, 40.0, k=100) == (8, 400, 100)
+    assert resolved(5183, 16384, 40.0, k=1000) == (8, 512, 128)
+    assert resolved(518_300, 65536, 950.0) == (2, 512, 128)  # 100x SciFact: long lists
+    assert resolved(1460, 4096, 80.0) == (4, 160, 40)
+    assert resolved(100, 64, 10.0) == (8, 160, 40)
+    assert resolved(100, 4, 10.0) == (4, 160, 40)  # never more probes than centroids
+    assert cs.CentroidSearchConfig(probes=3, refine_docs=7).resolved(100, 64, 10.0, 50) == (
+        3,
+        28,
+        7,
+    )
 
 
 def _decoded(store, index):

@@ -76,8 +76,9 @@ class CentroidIndexConfig:
         and top-10 agreement with exhaustive search 92.4 % vs 91.1 %, at the same probes and
         refinement counts, for +0.2 ms per query and a 3× longer k-means.
       max_centroid_product: at most the largest power of two C with C·D ≤ this (D: the vector
-        dimension), a cap on the query–centroid product per query token: 2^22 (16,384
-        centroids at 128-d, 8,192 at 384-d).
+        dimension), a cap on the query–centroid product per query token: 2^23 (65,536
+        centroids at 128-d, from 16.8M tokens; 16,384 at 384-d). Past the cap the inverted
+        lists lengthen with the corpus and the probes fall to 2 (``centroid_search``).
       centroid_bytes_per_token: and with 4·C·D ≤ this × T, a cap on the float32 centroid
         table's share of the index size. 16 bytes per token holds 384-d stores at the count
         their size affords (SciFact zero-shot, 1.24M tokens: 8,192 rather than 16,384, whose
@@ -98,7 +99,7 @@ class CentroidIndexConfig:
 
     num_centroids: int | None = None
     centroids_per_sqrt_token: float = 16.0
-    max_centroid_product: int = 1 << 22
+    max_centroid_product: int = 1 << 23
     centroid_bytes_per_token: float = 16.0
     cells: int | None = None
     kmeans_iterations: int = 8

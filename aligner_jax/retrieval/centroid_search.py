@@ -33,25 +33,29 @@ The ranking lists the refined documents by their score, then the other interacti
 then the other candidates, each block by its own estimate, shifted below the block before it
 (so that any evaluator that sorts by score keeps this order).
 
-Defaults scale with the index: ``probes = max(2, C₁₆/2048)`` for C₁₆ = 2^⌊log2(16·√T)⌋, PLAID's
-centroid count for T stored tokens (8 probes on SciFact's 1.24M tokens, 2 on CISI's 219k),
-whatever caps ``CentroidIndexConfig`` puts on the centroids actually built; ``refine_docs =
-clip(⌈0.75·√N⌉, 40, 128)`` and ``interaction_docs = 4·refine_docs`` for N documents;
-``xtr_probes = 4·probes``.
+Defaults follow the index actually built, so that the work per query stays nearly flat as the
+corpus grows: ``probes = clip(round(320 / L), 2, 8)`` for L the mean number of documents in an
+inverted list (a query token reaches about 320 documents: 8 probes on SciFact, whose lists hold
+about 40; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs = max(clip(⌈0.75·√N⌉,
+40, 128), min(k, 128))`` for N documents and k requested (Recall@100 needs the 100 best
+refined), ``interaction_docs = 4·refine_docs``; ``xtr_probes = 4·probes``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 
 import gin
 import numpy as np
 
 from aligner_jax.common import checks
 from aligner_jax.indexing import centroid_index as ci
-from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
+
+PROBE_DOCS = 320  # documents a query token reaches (8 probes of SciFact's 40-document lists)
+MAX_REFINE = 128  # refined documents follow k up to this
 
 
 @gin.configurable
@@ -71,10 +75,15 @@ class CentroidSearchConfig:
         for field in ("probes", "interaction_docs", "refine_docs", "xtr_probes"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
 
-    def resolved(self, num_docs: int, num_tokens: int, num_centroids: int) -> tuple[int, int, int]:
-        """(probes, interaction_docs, refine_docs) for an index of these sizes."""
-        probes = self.probes or max(2, kmeans.default_num_centroids(num_tokens) // 2048)
-        refine = self.refine_docs or int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), 40, 128))
+    def resolved(
+        self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
+    ) -> tuple[int, int, int]:
+        """(probes, interaction_docs, refine_docs) for an index of these sizes (``list_docs``:
+        the mean number of documents in an inverted list) and ``k`` requested documents."""
+        probes = self.probes or int(np.clip(round(PROBE_DOCS / max(list_docs, 1e-9)), 2, 8))
+        refine = self.refine_docs or max(
+            int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), 40, 128)), min(k, MAX_REFINE)
+        )
         interaction = self.interaction_docs or 4 * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
 
@@ -124,9 +133,11 @@ class CentroidSearcher:
         self.store = store
         self.index = index
         self.config = config or CentroidSearchConfig()
+        self.list_docs = len(index.ivf_docs) / max(index.num_centroids, 1)
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
-            store.num_docs, store.num_tokens, index.num_centroids
+            store.num_docs, index.num_centroids, self.list_docs
         )
+        self._scratch = threading.local()
         self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
         self._token_lists = None
@@ -138,7 +149,13 @@ class CentroidSearcher:
     # -- stages ----------------------------------------------------------------------------------
     def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None):
         """Stage 2: (candidate docs, approximate scores) from the probed inverted lists; only
-        documents with ``alive[doc]`` (default: not deleted) are kept."""
+        documents with ``alive[doc]`` (default: not deleted) are kept.
+
+        One vectorised step per query token over the concatenation of its probed lists (best
+        probe first): a document's best probed score is written last-wins in reverse order, and
+        Σ_i w_i·(best_i − imputed_i) is accumulated once per document (a fancy ``+=`` adds once
+        per distinct index) in per-thread scratch arrays that are reset where touched. The work
+        is the number of list entries read, never a sort of them or an array per candidate."""
         idx = self.index
         sp = s[probe_rows]  # [n', C]
         p = self.probes
@@ -149,18 +166,31 @@ class CentroidSearcher:
         top = np.take_along_axis(top, order, axis=1)
         top_scores = np.take_along_axis(top_scores, order, axis=1)
         imputed = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
-        probed, probed_scores = top[:, :p], top_scores[:, :p]
-        rows, lengths = concatenated_ranges(idx.ivf_offsets, probed.ravel())
-        docs = idx.ivf_docs[rows]
-        values = np.repeat(probed_scores.ravel(), lengths)
-        token = np.repeat(np.repeat(np.arange(len(probe_rows)), probed.shape[1]), lengths)
-        cands, where = np.unique(docs, return_inverse=True)
-        m = np.repeat(imputed[:, None], len(cands), axis=1)
-        np.maximum.at(m, (token, where), values)
-        w = weights[probe_rows]
-        approx = (w @ m) / max(float(w.sum()), 1e-12)
+        w = np.asarray(weights[probe_rows], np.float32)
+        best, acc, seen = self._buffers()
+        for i in range(len(probe_rows)):
+            rows, lengths = concatenated_ranges(idx.ivf_offsets, top[i, :p])
+            docs = np.asarray(idx.ivf_docs[rows])
+            values = np.repeat(top_scores[i, :p], lengths)
+            best[docs[::-1]] = values[::-1]  # the best probe's score wins
+            acc[docs] += w[i] * (best[docs] - imputed[i])
+            seen[docs] = True
+        cands = np.flatnonzero(seen)
+        approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
+        acc[cands] = 0.0
+        seen[cands] = False
         keep = (self.alive if alive is None else alive)[cands]
         return cands[keep], approx[keep]
+
+    def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-thread scratch of stage 2 (best score, accumulated score, reached), one entry
+        per document, allocated once; stage 2 leaves them zeroed where it touched them."""
+        buffers = getattr(self._scratch, "buffers", None)
+        if buffers is None or len(buffers[0]) != self.store.num_docs:
+            n = self.store.num_docs
+            buffers = (np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, bool))
+            self._scratch.buffers = buffers
+        return buffers
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
@@ -274,9 +304,12 @@ class CentroidSearcher:
         s = q @ self.index.centroids.T
         s_t = np.ascontiguousarray(s.T)
         cands, approx = self.candidates(s, probe_rows, u_q, alive)
-        first = cands[_top(approx, min(self.interaction_docs, len(cands)))]
+        _, interaction_docs, refine_docs = self.config.resolved(
+            self.store.num_docs, self.index.num_centroids, self.list_docs, k
+        )
+        first = cands[_top(approx, min(interaction_docs, len(cands)))]
         inter = self.interaction(s_t, first, u_q)
-        order = _top(inter, min(self.refine_docs, len(first)))
+        order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
             exact = self.refine(q, s_t, refined, u_q)[None, :]
