@@ -202,3 +202,12 @@ def test_token_store_writer_writes_a_store_the_readers_take(tmp_path):
         ts.TokenStoreWriter(tmp_path / "w", model)
     with pytest.raises(errors.ConfigError, match="expected \\[m, 8\\]"):
         ts.TokenStoreWriter(tmp_path / "v", model).add("x", np.zeros((2, 3)))
+
+
+def test_scann_beyond_its_measured_limit_is_refused_in_one_line(tmp_path):
+    from aligner_jax.indexing import ann
+
+    store = _store(tmp_path, num_docs=20)
+    config = ann.ScannConfig(max_token_dims=store.num_tokens * store.dim - 1)
+    with pytest.raises(errors.ConfigError, match="measured limit.*backend='centroid'"):
+        ann.TokenIndex.build(store, "scann", scann_config=config)

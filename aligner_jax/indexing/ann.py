@@ -57,6 +57,10 @@ class ScannConfig:
     peaks near 1.7 KiB per 128-d token (float32 copies inside ScaNN: 7.7 GiB at 4M tokens,
     benchmarks/scaling.py), so the 4M default keeps a build within a 24 GiB machine at any size.
     ``reorder_dtype`` stores the reordering vectors in float32, bfloat16 or int8.
+    Every part stays resident at search time, so memory grows with the tokens (16M tokens at
+    128-d searched at a peak RSS of 16.8 GiB): an index of more than ``max_token_dims`` tokens ×
+    dimensions is refused in one line naming the compressed, memory-mapped centroid index
+    (``indexing.centroid_index``), which has no such limit.
     """
 
     num_leaves: int | None = None
@@ -70,6 +74,7 @@ class ScannConfig:
     reorder_dtype: str = "float32"
     training_threads: int = 0
     max_tokens_per_part: int = 4_000_000
+    max_token_dims: int = 16_000_000 * 128
 
     def __post_init__(self):
         name = type(self).__name__
@@ -90,6 +95,7 @@ class ScannConfig:
         checks.choice(f"{name}.reorder_dtype", self.reorder_dtype, REORDER_DTYPES)
         checks.integer(f"{name}.training_threads", self.training_threads, minimum=0)
         checks.integer(f"{name}.max_tokens_per_part", self.max_tokens_per_part, minimum=1)
+        checks.integer(f"{name}.max_token_dims", self.max_token_dims, minimum=1)
 
     def leaves(self, num_tokens: int) -> int:
         if self.num_leaves is not None:
@@ -266,6 +272,15 @@ class TokenIndex:
         config = scann_config or ScannConfig()
         searchers, bounds = [], [slice(0, len(rows))]
         if backend == "scann":
+            if len(rows) * store.dim > config.max_token_dims:
+                raise ConfigError(
+                    f"{store.directory}: the ScaNN token index of {len(rows):,} tokens × "
+                    f"{store.dim} dimensions exceeds its measured limit (ScannConfig."
+                    f"max_token_dims={config.max_token_dims:,}: 16M tokens at 128-d peaked at "
+                    "16.8 GiB, every token resident in memory); search this store with the "
+                    "compressed index (--gin.SearchConfig.backend='centroid', memory-mapped), or "
+                    "raise the limit on a larger machine"
+                )
             bounds = _part_bounds(store, rows, config.max_tokens_per_part)
             desc = "ScaNN token index: build parts"
             if len(bounds) == 1:  # no rate (it starts after the first part): time logged at the end
