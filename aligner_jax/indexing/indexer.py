@@ -26,7 +26,8 @@ from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
-from aligner_jax.indexing import centroid_index, documents
+from aligner_jax.indexing import centroid_index
+from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 
 CONFIG_FILE = "index_config.json"
@@ -158,7 +159,7 @@ def encode_shard(
 
     The documents' rows (``documents.sqlite``) are written first, the shard's files after, its
     marker last: a committed shard always has its rows."""
-    documents.write_shard(directory, shard_index, docs, config.store_text)
+    documents_lib.write_shard(directory, shard_index, docs, config.store_text)
     texts = [beir.document_text(d) for d in docs]
     token_ids = encoder.tokenize(texts, "doc")
     encoded = [None] * len(docs)
@@ -233,7 +234,7 @@ def _build_token_store(
             continue
         marker = ts.read_shard_marker(directory, shard_index)
         if marker is not None and marker["num_docs"] == len(docs):
-            documents.ensure_shard(directory, shard_index, docs, config.store_text)
+            documents_lib.ensure_shard(directory, shard_index, docs, config.store_text)
             entries.append(marker)
             skipped += 1
             total_tokens += marker["num_tokens"]

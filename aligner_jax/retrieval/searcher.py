@@ -360,7 +360,7 @@ class Searcher:
         candidate generation (not the cut top-k): whenever ``k + offset`` documents pass, that
         many are ranked (see ``SearchConfig.filter_exact_docs``).
         """
-        return self.search_batch([text], k, offset, filter, subset)[0]
+        return self.search_batch([_check_query(text)], k, offset, filter, subset)[0]
 
     def search_batch(
         self,

@@ -1,0 +1,356 @@
+"""Search as a product (issue 25 items 1-3, 7; issue 24 item 6): hits with content, filters and
+pagination, the Python indexing API (``aligner_jax.Index``), exhaustive search without a search
+index, and API misuse refused in one clear line."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from fixtures import TOY_DOCS
+from index_utils import random_documents, write_store
+
+import aligner_jax
+from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import documents as documents_lib
+from aligner_jax.indexing import indexer
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import searcher as search_lib
+
+DIM = 16
+NUM_DOCS = 300
+
+
+def _toy_records():
+    return [
+        {
+            "id": doc_id,
+            "title": doc["title"],
+            "text": doc["text"],
+            "metadata": {"year": 2000 + i, "kind": "odd" if i % 2 else "even"},
+        }
+        for i, (doc_id, doc) in enumerate(TOY_DOCS.items())
+    ]
+
+
+@pytest.fixture(scope="module")
+def toy_index(tmp_path_factory):
+    """An index made from Python with the bundled MiniLM: 9 documents, then 3 more."""
+    records = _toy_records()
+    index = aligner_jax.Index.create(tmp_path_factory.mktemp("py") / "index")
+    index.add(records[:9])
+    index.add(records[9:])
+    return index
+
+
+@pytest.fixture(scope="module")
+def toy_searcher(toy_index):
+    return toy_index.searcher()
+
+
+# -- synthetic store: 300 documents with metadata, a centroid index, exact references ---------
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("filters") / "idx"
+    docs = random_documents(NUM_DOCS, DIM, seed=3, max_len=20)
+    store = write_store(directory, docs, DIM, shard_size=64)
+    for shard, start in enumerate(range(0, NUM_DOCS, 64)):
+        rows = [
+            documents_lib.IndexDocument(
+                d.doc_id,
+                f"title {d.doc_id}",
+                f"text of {d.doc_id}",
+                {"group": i % 100, "year": 1990 + i % 30, "venue": {"name": f"v{i % 3}"}},
+            )
+            for i, d in enumerate(docs[start : start + 64], start=start)
+        ]
+        documents_lib.write_shard(directory, shard, rows)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8))
+    fast = search_lib.Searcher(
+        store,
+        search_lib.SearchConfig(backend="centroid", k_prime=1),
+        centroid_index=index,
+    )
+    exhaustive = search_lib.Searcher(store, search_lib.SearchConfig(backend="exact", k_prime=0))
+    return store, fast, exhaustive
+
+
+def _query(seed, n=6):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(n, DIM)).astype(np.float32)
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def _restricted(exhaustive, q, keep, k=10):
+    """Exhaustive search of every document, then only those in ``keep``: the reference."""
+    ranked = exhaustive.search_vectors(q, k=NUM_DOCS)
+    return [(h.doc_id, h.score) for h in ranked if h.doc_id in keep][:k]
+
+
+def test_a_one_percent_filter_returns_the_exhaustive_restricted_top_k(synthetic):
+    store, fast, exhaustive = synthetic
+    keep = {d for i, d in enumerate(store.doc_ids) if i % 100 == 7}  # group 7: 3 docs, 1 %
+    for seed in range(4):
+        q = _query(seed)
+        hits = fast.search_vectors(q, k=10, filter={"group": 7})
+        assert hits.filtered_docs == 3 and hits.exact
+        want = _restricted(exhaustive, q, keep)
+        assert [h.doc_id for h in hits] == [d for d, _ in want]
+        np.testing.assert_allclose([h.score for h in hits], [s for _, s in want], atol=1e-5)
+        assert all(h.metadata["group"] == 7 for h in hits)
+
+
+def test_a_large_filter_restricts_candidate_generation_and_still_fills_k(synthetic):
+    """With the filter applied in candidate generation, the 50 documents refined are all ones
+    that pass (a filter applied after the cut would keep about 50 / 6 of them: fewer than k)."""
+    store, fast, exhaustive = synthetic
+    index = fast.centroid.index
+    searcher = search_lib.Searcher(
+        store,
+        search_lib.SearchConfig(backend="centroid", k_prime=1, filter_exact_docs=0),
+        centroid_index=index,
+        centroid_config=cs.CentroidSearchConfig(
+            probes=index.num_centroids, interaction_docs=50, refine_docs=50
+        ),
+    )
+    flt = {"year": {"gte": 2010, "lt": 2015}}  # 5 of 30 years: 50 documents
+    keep = {d for i, d in enumerate(store.doc_ids) if 2010 <= 1990 + i % 30 < 2015}
+    for seed in range(4):
+        q = _query(10 + seed)
+        hits = searcher.search_vectors(q, k=10, filter=flt)
+        assert len(hits) == 10 and hits.filtered_docs == 50 and not hits.exact
+        assert {h.doc_id for h in hits} <= keep
+        assert all(2010 <= h.metadata["year"] < 2015 for h in hits)
+        want = [d for d, _ in _restricted(exhaustive, q, keep)]
+        assert len(set(want) & {h.doc_id for h in hits}) >= 9  # compressed scores
+    # default stages (2 probes of 512 centroids) reach fewer passing documents than asked for:
+    # then every document that passes is refined (exact)
+    narrow = search_lib.Searcher(
+        store,
+        search_lib.SearchConfig(backend="centroid", k_prime=1, filter_exact_docs=0),
+        centroid_index=index,
+    )
+    hits = narrow.search_vectors(_query(20), k=60, filter=flt)
+    assert len(hits) == 50 and hits.exact
+    assert {h.doc_id for h in hits} == keep
+
+
+def test_filters_compose_equality_membership_ranges_nested_fields_and_subsets(synthetic):
+    store, _, exhaustive = synthetic
+    ids = store.doc_ids
+    q = _query(1)
+
+    def kept(**kw):
+        return {h.doc_id for h in exhaustive.search_vectors(q, k=NUM_DOCS, **kw)}
+
+    assert kept(filter={"group": {"in": [1, 2]}}) == {
+        ids[i] for i in range(NUM_DOCS) if i % 100 in (1, 2)
+    }
+    assert kept(filter={"venue.name": "v1", "year": {"gt": 2015}}) == {
+        ids[i] for i in range(NUM_DOCS) if i % 3 == 1 and 1990 + i % 30 > 2015
+    }
+    assert kept(filter={"doc_id": {"in": ["doc3", "doc4"]}}) == {"doc3", "doc4"}
+    assert kept(subset=["doc5", "doc9"], filter={"group": 5}) == {"doc5"}
+    assert kept(filter={"group": {"in": []}}) == set()
+    assert kept(filter={}) == set(ids)
+
+
+def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
+    _, fast, exhaustive = synthetic
+    q = _query(2)
+    for searcher in (fast, exhaustive):
+        whole = searcher.search_vectors(q, k=30)
+        pages = [searcher.search_vectors(q, k=10, offset=o) for o in (0, 10, 20)]
+        assert [h.doc_id for p in pages for h in p] == [h.doc_id for h in whole]
+        assert [h.rank for p in pages for h in p] == list(range(1, 31))
+    assert len(exhaustive.search_vectors(q, k=10, offset=NUM_DOCS - 4)) == 4
+
+
+def test_hits_carry_content_and_still_unpack_as_pairs(toy_searcher):
+    hits = toy_searcher.search("honey bees in the hive", k=3)
+    top = hits[0]
+    assert (top.doc_id, top.rank, top.title) == ("d1", 1, "Honey bees")
+    assert top.text == TOY_DOCS["d1"]["text"] and top.metadata == {"year": 2001, "kind": "odd"}
+    doc_id, score = top
+    assert (doc_id, score) == (top[0], top[1]) == (top.doc_id, top.score)
+    assert list(dict(hits)) == [h.doc_id for h in hits]
+    assert top.as_dict()["title"] == "Honey bees"
+    assert hits.query_tokens > 0 and hits.truncated_tokens == 0 and hits.filtered_docs is None
+
+
+def test_filter_on_the_python_index(toy_searcher):
+    hits = toy_searcher.search("honey bees in the hive", k=5, filter={"kind": "even"})
+    assert len(hits) == 5 and all(h.metadata["kind"] == "even" for h in hits)
+    assert hits[0].doc_id == "d10"  # the beekeeping document, d1 (odd) filtered out
+    years = toy_searcher.search("bees", k=10, filter={"year": {"lte": 2002}})
+    assert sorted(h.doc_id for h in years) == ["d0", "d1", "d2"]
+
+
+def test_python_index_is_the_cli_index(toy_index, tmp_path):
+    """Same files as aligner-index: manifest, checksums, encoder.json, a search index; a
+    delete hides the document; Index.open reopens it."""
+    directory = toy_index.directory
+    store = ts.TokenStore(directory, verify_checksums=True)
+    assert store.num_docs == 12 and len(store.manifest["shards"]) == 2
+    assert (directory / indexer.ENCODER_FILE).exists() and (directory / ci.SUBDIR).is_dir()
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    reopened = aligner_jax.Index.open(copy)
+    assert reopened.num_docs == 12
+    reopened.delete(["d1"])
+    hits = reopened.searcher().search("honey bees in the hive", k=3)
+    assert "d1" not in [h.doc_id for h in hits] and hits[0].doc_id == "d10"
+    with pytest.raises(ConfigError, match="already in"):
+        reopened.add([{"id": "d2", "text": "again"}])
+
+
+def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
+    config = indexer.IndexingConfig(store_text=False)
+    index = aligner_jax.Index.create(tmp_path / "notext", config=config)
+    index.add(
+        [
+            {"id": "a", "title": "Bees", "text": "Bees make honey.", "year": 2020},
+            {"_id": 7, "text": "Chess is a board game.", "metadata": {"year": 2010}},
+        ]
+    )
+    hits = index.searcher(mode="exhaustive").search("honey", k=2, filter={"year": 2020})
+    assert [h.doc_id for h in hits] == ["a"]
+    assert hits[0].title is None and hits[0].text is None  # store_text=False
+    assert hits[0].metadata == {"year": 2020}
+    assert ts.read_manifest(index.directory)["indexing"]["store_text"] is False
+    for bad, match in [
+        ([{"text": "no id"}], "document 0: 'id' must be"),
+        ([{"id": "x"}], r"document 0 \(id 'x'\): 'text' must be a string"),
+        ([{"id": "x", "text": "a"}, {"id": "x", "text": "b"}], "repeats document 0"),
+        ([{"id": "x", "text": "a", "metadata": [1]}], "'metadata' must be a dict"),
+        ({"id": "x", "text": "a"}, "wrap one document in a list"),
+        ([], "no documents"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            index.add(bad)
+    with pytest.raises(ConfigError, match="already holds an index"):
+        aligner_jax.Index.create(tmp_path / "notext")
+    with pytest.raises(ConfigError, match="model="):
+        aligner_jax.Index.create(tmp_path / "other", model=42)
+
+
+def test_index_add_takes_a_pandas_frame(tmp_path):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(
+        {
+            "id": ["a", "b"],
+            "title": ["Bees", None],
+            "text": ["Bees make honey.", "Chess is a board game."],
+            "year": [2020, 2010],
+        }
+    )
+    index = aligner_jax.Index.create(tmp_path / "frame")
+    index.add(frame)
+    hits = index.searcher(mode="exhaustive").search("honey", k=2, filter={"year": {"lt": 2015}})
+    assert [(h.doc_id, h.title, h.metadata) for h in hits] == [("b", "", {"year": 2010})]
+
+
+def test_exhaustive_mode_needs_no_search_index(toy_index, tmp_path):
+    copy = tmp_path / "no_search_index"
+    shutil.copytree(toy_index.directory, copy)
+    shutil.rmtree(copy / ci.SUBDIR)
+    searcher = search_lib.Searcher.load(str(copy), mode="exhaustive")
+    hits = searcher.search("Sicilian defence chess", k=2)
+    assert hits[0].doc_id == "d2" and hits[0].title == "Chess openings" and hits.exact
+
+
+def test_documents_are_written_once_per_shard_and_refilled_on_rerun(toy_index, tmp_path):
+    """Re-running the indexing job never duplicates rows; an index that lost (or never had)
+    documents.sqlite gets it back from a re-run."""
+    copy = tmp_path / "rerun"
+    shutil.copytree(toy_index.directory, copy)
+    records = aligner_jax.retrieval.index_api.to_documents(_toy_records()[:9])
+    table = lambda: documents_lib.DocumentTable(copy, ts.read_manifest(copy)["shards"])  # noqa: E731
+    assert table().count() == 12
+    (copy / documents_lib.FILE).unlink()
+    with pytest.raises(IndexIntegrityError, match="documents.sqlite does not exist"):
+        search_lib.Searcher.load(str(copy), mode="exhaustive").search(
+            "bees", filter={"kind": "odd"}
+        )
+    encoder = aligner_jax.Index.open(copy).encoder
+    settings = ts.read_json(copy / indexer.CONFIG_FILE)
+    for _ in range(2):
+        summary = indexer.build_token_store(
+            records, encoder, copy, indexer.IndexingConfig(), corpus_info=settings["corpus"]
+        )
+        assert summary.shards_skipped == 1 and summary.shards_written == 0
+    assert table().count() == 9  # shard 0's rows are back (shard 1 came from an --add)
+    assert table().fetch([3])[0]["title"] == TOY_DOCS["d3"]["title"]
+
+
+def test_no_live_document_is_an_empty_answer_not_a_crash(synthetic):
+    _, fast, exhaustive = synthetic
+    for searcher in (fast, exhaustive):
+        assert list(searcher.search_vectors(_query(0), k=5, filter={"group": 1000})) == []
+
+
+def test_a_long_query_reports_the_tokens_it_dropped(toy_searcher):
+    budget = toy_searcher.encoder.maxlen("query")
+    hits = toy_searcher.search("bees " * (budget + 50), k=1)
+    assert hits.query_tokens == budget and hits.truncated_tokens >= 50
+
+
+# -- misuse: one clear line each (each of these was a TypeError, a traceback or 5 results) ----
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((None,), {}, "query: expected a string, got NoneType"),
+        (("",), {}, "query is empty or whitespace"),
+        ((" \t\n",), {}, "query is empty or whitespace"),
+        ((42,), {}, "query: expected a string, got int"),
+        (("bees",), {"k": 0}, "k=0: must be >= 1"),
+        (("bees",), {"k": "3"}, "k='3': expected an integer"),
+        (("bees",), {"k": True}, "k=True: expected an integer"),
+        (("bees",), {"offset": -1}, "offset=-1: must be >= 0"),
+        (("bees",), {"offset": 1.5}, "offset=1.5: expected an integer"),
+        (("bees",), {"filter": "year"}, "expected a dict of field conditions"),
+        (("bees",), {"filter": {"year": {"after": 2000}}}, "unknown operator 'after'"),
+        (("bees",), {"filter": {"year": {"in": 2000}}}, "expected a list of values"),
+        (("bees",), {"filter": {"year": [2000]}}, "a list goes in"),
+        (("bees",), {"filter": {"year": {"gt": None}}}, "null is not ordered"),
+        (("bees",), {"subset": "d1"}, "expected a list of document ids"),
+        (("bees",), {"subset": ["d1", "nope"]}, "1 id\\(s\\) are not documents"),
+    ],
+)
+def test_search_misuse_is_one_clear_line(toy_searcher, args, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        toy_searcher.search(*args, **kwargs)
+
+
+def test_batch_vectors_and_load_misuse(toy_index, toy_searcher, synthetic):
+    with pytest.raises(ConfigError, match="expected a list of query strings"):
+        toy_searcher.search_batch("bees")
+    with pytest.raises(ConfigError, match="query 1 is empty"):
+        toy_searcher.search_batch(["bees", ""])
+    _, fast, _ = synthetic
+    with pytest.raises(ConfigError, match=r"expected \[tokens, 16\]"):
+        fast.search_vectors(np.zeros((3, 8)))
+    with pytest.raises(ConfigError, match="NaN"):
+        fast.search_vectors(np.full((2, DIM), np.nan))
+    with pytest.raises(ConfigError, match="salience of shape"):
+        fast.search_vectors(_query(0), salience=[1.0])
+    directory = str(toy_index.directory)
+    with pytest.raises(ConfigError, match="unknown option 'topk'.*SearchConfig fields"):
+        search_lib.Searcher.load(directory, topk=5)
+    with pytest.raises(ConfigError, match="index_dir must be a folder path, got NoneType"):
+        search_lib.Searcher.load(None)
+    with pytest.raises(ConfigError, match="mode='quick'"):
+        search_lib.Searcher.load(directory, mode="quick")
+    with pytest.raises(ConfigError, match="encoder must be an aligner_jax.Encoder"):
+        search_lib.Searcher.load(directory, encoder="minilm")
+    with pytest.raises(ConfigError, match="SearchConfig.top_k=0"):
+        search_lib.Searcher.load(directory, top_k=0)
+
+
+def test_corpus_metadata_merges_beir_metadata_and_extra_keys():
+    record = {"_id": "1", "title": "t", "text": "x", "metadata": {"year": 2015}, "source": "pubmed"}
+    assert documents_lib.metadata_of(record) == {"year": 2015, "source": "pubmed"}
+    assert documents_lib.metadata_of({"_id": "1", "text": "x"}) == {}
