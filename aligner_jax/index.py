@@ -53,8 +53,8 @@ def main(argv: Sequence[str]) -> None:
     if FLAGS.index_dir and any(updates_asked):
         summary = cli.run_job(
             "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, add=FLAGS.add,
-            delete=FLAGS.delete, compact_index=FLAGS.compact, force_compact=FLAGS.force_compact,
-            search_index=rebuild,
+            on_interrupt=updates.interrupted(FLAGS.index_dir), delete=FLAGS.delete,
+            search_index=rebuild, compact_index=FLAGS.compact, force_compact=FLAGS.force_compact,
         )  # fmt: skip
         print(json.dumps(summary))
         return

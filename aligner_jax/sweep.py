@@ -46,6 +46,8 @@ def main(argv: Sequence[str]) -> None:
         "aligner-sweep",
         pruning_sweep.sweep,
         default_gin_files=DEFAULT_GIN_FILES,
+        on_interrupt=f"no sweep.json written in {FLAGS.output_dir}; the complete shards of "
+        f"{FLAGS.index_dir or FLAGS.output_dir + '/index'} are kept and reused by a re-run",
         dataset_dir=FLAGS.dataset_dir,
         output_dir=FLAGS.output_dir,
         split=FLAGS.split,

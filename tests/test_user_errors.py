@@ -516,3 +516,42 @@ def test_search_index_rebuild_repairs_a_missing_damaged_or_foreign_search_index(
     summary = updates.update_index(str(index_dir), **{repair: True})
     assert summary.get("search_index_rebuilt") or summary.get("rebuilt")
     assert searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5) == expected
+
+
+def test_following_the_search_index_message_repairs_the_index(toy_index, tmp_path, run_binary):
+    """The command a refused search index suggests, run as written, repairs it (issue 24
+    item 5: a message is true when following it repairs the case it was given for)."""
+    import shlex
+    import shutil
+
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import updates
+    from aligner_jax.retrieval import searcher
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    expected = searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5)
+    other = Path(shutil.copytree(index_dir, tmp_path / "other"))
+    updates.update_index(str(other), delete="d0")
+    shutil.rmtree(index_dir / ci.SUBDIR)  # a search index from another store dropped in
+    shutil.copytree(other / ci.SUBDIR, index_dir / ci.SUBDIR)
+    with pytest.raises(errors.IndexIntegrityError) as info:
+        searcher.Searcher.load(str(index_dir))
+    suggested = re.search(r"aligner-(\w+)((?: --\S+)+)", str(info.value))
+    assert suggested, str(info.value)
+    binary = {"eval": "evaluate"}.get(suggested.group(1), suggested.group(1))
+    proc = run_binary(binary, *shlex.split(suggested.group(2)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["search_index_rebuilt"]
+    assert searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5) == expected
+
+
+def test_ctrl_c_during_an_update_says_what_to_run(toy_index, capsys):
+    from aligner_jax.indexing import updates
+
+    def job():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        cli.call_or_exit("aligner-index", job, on_interrupt=updates.interrupted("IDX"))
+    err = capsys.readouterr().err
+    assert "nothing" not in err and "aligner-index --index_dir=IDX --search_index" in err

@@ -204,7 +204,7 @@ def prepare(
     }
     if truncation["queries_truncated"]:
         logging.warning(
-            "%d of %d queries are longer than --query_maxlen=%d tokens and were cut",
+            "%d of %d queries are longer than the query budget of %d tokens and were cut",
             truncation["queries_truncated"],
             len(qids),
             query_maxlen,

@@ -174,6 +174,15 @@ def rebuild_search_index(index_dir: str) -> dict:
     return {"search_index_rebuilt": True, "build_s": round(time.perf_counter() - start, 3)}
 
 
+def interrupted(index_dir: str) -> str:
+    """What a Ctrl-C during an update leaves (``aligner-index: interrupted: ...``)."""
+    return (
+        f"the update of {index_dir} may be partly written: re-run the same command (if it is "
+        f"refused as done already, rebuild the search index: aligner-index "
+        f"--index_dir={index_dir} --search_index)"
+    )
+
+
 def update_index(
     index_dir: str,
     add: str | None = None,
