@@ -37,6 +37,7 @@ from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer, updates
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import searcher as search_lib
 
 #: Recorded as the corpus of an index made from Python (``index_config.json``).
@@ -48,8 +49,6 @@ def zero_shot_bundle(backbone_weights: str = ZERO_SHOT) -> EncoderBundle:
     """The zero-shot encoder of ``models/minilm_identity.gin`` (the backbone's own token vectors,
     L2-normalised, no salience) without gin: the bundled all-MiniLM-L6-v2, or an ``hf:DIR``
     BERT/T5 folder."""
-    from aligner_jax.models import aligner as aligner_lib
-
     config = aligner_lib.AlignerConfig(
         backbone=loading.minilm_backbone(), projection="identity", salience="none"
     )
