@@ -4,6 +4,7 @@ index, and API misuse refused in one clear line."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -13,6 +14,7 @@ from index_utils import random_documents, write_store
 
 import aligner_jax
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+from aligner_jax.data import beir
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer
@@ -284,6 +286,31 @@ def test_documents_are_written_once_per_shard_and_refilled_on_rerun(toy_index, t
         assert summary.shards_skipped == 1 and summary.shards_written == 0
     assert table().count() == 9  # shard 0's rows are back (shard 1 came from an --add)
     assert table().fetch([3])[0]["title"] == TOY_DOCS["d3"]["title"]
+    # aligner-eval reusing an index older than documents.sqlite fills it from the corpus
+    corpus = {d.doc_id: d for d in aligner_jax.retrieval.index_api.to_documents(_toy_records())}
+    assert documents_lib.fill_missing(copy, ts.read_manifest(copy), corpus) == 1
+    assert documents_lib.fill_missing(copy, ts.read_manifest(copy), corpus) == 0
+    assert table().count() == 12
+    assert table().fetch([11])[0]["metadata"] == {"year": 2011, "kind": "odd"}
+
+
+def test_beir_corpus_fields_become_filterable_metadata(toy_index, tmp_path):
+    """A corpus.jsonl's extra keys and BEIR's metadata object, through the indexing job."""
+    corpus = tmp_path / "corpus.jsonl"
+    lines = [
+        {"_id": "a", "title": "Bees", "text": "Bees make honey.", "metadata": {"year": 2019}},
+        {"_id": "b", "title": "Chess", "text": "A chess opening.", "year": 2001, "lang": "en"},
+    ]
+    corpus.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    directory = tmp_path / "beir_index"
+    indexer.build_token_store(beir.iter_corpus(corpus), toy_index.encoder, directory)
+    searcher = search_lib.Searcher.load(str(directory), mode="exhaustive")
+    hits = searcher.search("bees", k=2, filter={"year": {"gte": 2000}})
+    assert {h.doc_id: h.metadata for h in hits} == {
+        "a": {"year": 2019},
+        "b": {"year": 2001, "lang": "en"},
+    }
+    assert [h.doc_id for h in searcher.search("bees", filter={"lang": "en"})] == ["b"]
 
 
 def test_no_live_document_is_an_empty_answer_not_a_crash(synthetic):

@@ -52,11 +52,26 @@ _LAYOUT_HELP = (
 
 @dataclasses.dataclass(frozen=True)
 class Document:
-    """One corpus entry. `title` is "" when the record has none."""
+    """One corpus entry. `title` is "" when the record has none; `metadata` holds the record's
+    other fields (`record_metadata`)."""
 
     doc_id: str
     title: str
     text: str
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+
+def record_metadata(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A corpus record's metadata: every key besides `_id`, `title` and `text`, with BEIR's own
+    `metadata` object merged into the top level (`{"metadata": {"year": 2015}}` and
+    `{"year": 2015}` both give `{"year": 2015}`)."""
+    meta = {k: v for k, v in record.items() if k not in ("_id", "title", "text", "metadata")}
+    nested = record.get("metadata")
+    if isinstance(nested, Mapping):
+        meta.update(nested)
+    elif nested is not None:
+        meta["metadata"] = nested
+    return meta
 
 
 @dataclasses.dataclass
@@ -355,7 +370,7 @@ def iter_corpus(path: str | os.PathLike, check_duplicates: bool = True) -> Itera
             _check_duplicate(path, line_number, doc_id, seen, "document")
         title = _record_text(path, line_number, record, "title", required=False)
         text = _record_text(path, line_number, record, "text", required=True)
-        yield Document(doc_id=doc_id, title=title, text=text)
+        yield Document(doc_id=doc_id, title=title, text=text, metadata=record_metadata(record))
 
 
 def load_corpus(path: str | os.PathLike) -> dict[str, Document]:

@@ -32,7 +32,7 @@ from aligner_jax.evaluation import adaptation as adaptation_lib
 from aligner_jax.evaluation import fusion_weights, metrics
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import centroid_index as ci
-from aligner_jax.indexing import indexer
+from aligner_jax.indexing import documents, indexer
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import hybrid as hybrid_lib
@@ -80,6 +80,7 @@ def ensure_token_store(
             )
         reused = True
         indexer.write_encoder_spec(index_dir, encoder.bundle)
+        documents.fill_missing(index_dir, manifest, dataset.corpus)  # an index older than them
         logging.info("Reusing the token store in %s", index_dir)
     else:
         summary = indexer.build_token_store(

@@ -41,11 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+from aligner_jax.data import beir
 
 FILE = "documents.sqlite"
 BUSY_TIMEOUT_S = 60.0  # several indexing processes of one job may write at once
-_RESERVED = ("_id", "title", "text")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
     shard INTEGER NOT NULL,
@@ -72,15 +73,8 @@ class IndexDocument:
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
-def metadata_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The metadata object of a corpus record (see the module docstring)."""
-    extra = {k: v for k, v in record.items() if k not in _RESERVED and k != "metadata"}
-    nested = record.get("metadata")
-    if isinstance(nested, Mapping):
-        extra.update(nested)
-    elif nested is not None:
-        extra["metadata"] = nested
-    return extra
+#: The metadata object of a corpus record (see the module docstring).
+metadata_of = beir.record_metadata
 
 
 def _metadata(doc) -> dict[str, Any]:
@@ -146,6 +140,27 @@ def ensure_shard(
         return False
     write_shard(directory, shard_index, docs, store_text)
     return True
+
+
+def fill_missing(
+    directory: str | Path, manifest: Mapping[str, Any], corpus: Mapping[str, Any]
+) -> int:
+    """Writes the rows of every shard of the store (its ``manifest``) that lacks them, its
+    documents looked up by id in ``corpus`` (``{doc_id: Document}``): an index built before
+    documents were stored gets them from its corpus. Returns how many shards were written."""
+    directory = Path(directory)
+    store_text = manifest.get("indexing", {}).get("store_text", True)
+    written = 0
+    for shard in manifest["shards"]:
+        ids = fileio.read_json(directory / shard["files"]["doc_ids"]["path"])
+        missing = [d for d in ids if d not in corpus]
+        if missing:
+            raise ConfigError(
+                f"{directory}: shard {shard['name']} holds document {missing[0]!r}, which the "
+                "corpus does not; give the corpus this index was built from"
+            )
+        written += ensure_shard(directory, shard["index"], [corpus[d] for d in ids], store_text)
+    return written
 
 
 # -- filters ------------------------------------------------------------------------------------
@@ -229,8 +244,9 @@ class DocumentTable:
         if not self.path.exists():
             raise IndexIntegrityError(
                 f"{self.path} does not exist: this index keeps no document contents (built "
-                "before they were stored); re-run the aligner-index command that built it "
-                "(same --corpus and --index_dir) to add them"
+                "before they were stored); re-run the command that built it to add them "
+                "(aligner-index with the same --corpus and --index_dir, or aligner-eval with the "
+                "same --dataset_dir and --index_dir)"
             )
         indices = np.array([s["index"] for s in shards], np.int64)
         counts = np.array([s["num_docs"] for s in shards], np.int64)
