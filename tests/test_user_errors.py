@@ -555,3 +555,15 @@ def test_ctrl_c_during_an_update_says_what_to_run(toy_index, capsys):
         cli.call_or_exit("aligner-index", job, on_interrupt=updates.interrupted("IDX"))
     err = capsys.readouterr().err
     assert "nothing" not in err and "aligner-index --index_dir=IDX --search_index" in err
+
+
+def test_an_index_dir_that_is_no_folder_is_one_line(tmp_path):
+    from aligner_jax.indexing import updates
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for path, what in ((tmp_path / "missing", "no such folder"), (a_file, "is a file, not a")):
+        with pytest.raises(errors.MissingPathError, match=re.escape(f"--index_dir={path}: {what}")):
+            _search(path, query="bees")
+        with pytest.raises(errors.MissingPathError, match=re.escape(f"--index_dir={path}: not a")):
+            updates.update_index(str(path), delete="d1")

@@ -196,7 +196,7 @@ def update_index(
     (the indexing job's, process 0)."""
     if not Path(index_dir).is_dir():
         raise errors.MissingPathError(
-            f"--index_dir={index_dir}: no such folder; build an index there first with "
+            f"--index_dir={index_dir}: not a folder; build an index there first with "
             f"aligner-index --corpus=CORPUS.jsonl --index_dir={index_dir}"
         )
     summary = {}

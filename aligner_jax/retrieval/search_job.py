@@ -10,6 +10,7 @@ it prints.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import threadpoolctl
 from absl import logging
 
 from aligner_jax.common import checks, fileio, progress
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
 from aligner_jax.retrieval import searcher as search_lib
@@ -39,11 +40,48 @@ def corpus_titles(manifest: dict, doc_ids: set[str]) -> dict[str, str]:
     return titles
 
 
-def format_ranking(query: str, ranked: list[tuple[str, float]], titles: dict[str, str]) -> str:
+def format_ranking(
+    query: str, ranked: list[tuple[str, float]], titles: dict[str, str], snippet_chars: int = 0
+) -> str:
+    """The ranked list; ``snippet_chars`` > 0 adds that much of each hit's text (``--show=text``:
+    :class:`searcher.Hit` objects carry it) under its line."""
     lines = [f"query: {query}"]
-    for rank, (doc_id, score) in enumerate(ranked, start=1):
+    for rank, hit in enumerate(ranked, start=1):
+        doc_id, score = hit
+        rank = getattr(hit, "rank", rank)
         lines.append(f"{rank:>4}  {score:8.4f}  {doc_id:<16}  {titles.get(doc_id, '')[:90]}")
+        text = " ".join((getattr(hit, "text", None) or "").split())
+        if snippet_chars and text:
+            cut = text[:snippet_chars] + ("…" if len(text) > snippet_chars else "")
+            lines.append(f"{'':>16}{cut}")
     return "\n".join(lines)
+
+
+def parse_filter(spec: str | None) -> dict | None:
+    """``--filter``: a JSON object of metadata conditions (``indexing.documents``)."""
+    if spec is None:
+        return None
+    try:
+        value = json.loads(spec)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--filter={spec}: not JSON ({e.msg} at column {e.colno}); write e.g. "
+            """--filter='{"year": {"gte": 2015}}'"""
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--filter={spec}: expected a JSON object of field conditions")
+    return value
+
+
+def check_index_dir(index_dir: str) -> None:
+    """Refuses an ``--index_dir`` that is no folder (missing, or a file) in one line."""
+    path = Path(index_dir)
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise MissingPathError(
+            f"--index_dir={index_dir}: {what}; give the folder of an index built by "
+            "aligner-index --corpus=CORPUS.jsonl --index_dir=DIR"
+        )
 
 
 def check_output(output: str) -> Path:
@@ -94,8 +132,12 @@ def search_job(
     threads: int = 2,
     checkpoint: str | None = None,
     alignment: str = "top_k:1",
+    show: str = "title",
+    filter: str | None = None,
+    offset: int = 0,
 ) -> str:
-    """Runs ``aligner-search``; returns what it prints.
+    """Runs ``aligner-search``; returns what it prints (``show='text'``: a snippet of each hit;
+    ``filter``: JSON metadata conditions; ``offset``: hits skipped, the page's start).
 
     Everything a user gives is checked before the index is searched: the queries file (a corpus
     file, an empty or blank query, an empty file are refused naming the file and line), the
@@ -111,6 +153,8 @@ def search_job(
         raise ConfigError(f"--threads={threads}: must be >= 1")
     if k < 1:
         raise ConfigError(f"--k={k}: must be >= 1")
+    conditions = parse_filter(filter)
+    check_index_dir(index_dir)
     items = beir.load_queries(queries) if queries is not None else {}
     output_path = check_output(output) if queries is not None else None
     threadpoolctl.threadpool_limits(threads)
@@ -125,16 +169,19 @@ def search_job(
     load_s = time.perf_counter() - t0
     live_documents(searcher, index_dir)
     if query is not None:
-        ranked = searcher.search(query, k=k)
-        titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
+        ranked = searcher.search(query, k=k, offset=offset, filter=conditions)
+        titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}
+        if not any(titles.values()):  # an index without documents.sqlite: the corpus file's
+            titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
         note = truncation_note(searcher, [query])
-        return format_ranking(query, ranked, titles) + (f"\nnote: {note}" if note else "")
+        text = format_ranking(query, ranked, titles, 240 if show == "text" else 0)
+        return text + (f"\nnote: {note}" if note else "")
     beir.check_not_a_corpus(queries, items, searcher.store.doc_ids, f"--index_dir={index_dir}")
     results, latency = {}, []
     with progress.Progress(len(items), "aligner-search", "query") as bar:
         for qid, text in items.items():
             t = time.perf_counter()
-            results[qid] = dict(searcher.search(text, k=k))
+            results[qid] = dict(searcher.search(text, k=k, offset=offset, filter=conditions))
             latency.append(1000.0 * (time.perf_counter() - t))
             bar.update(1)
     output_path.parent.mkdir(parents=True, exist_ok=True)
