@@ -6,8 +6,9 @@ flag (``--name``, ``--noname``, ``--gin.Configurable.param``) or a command (``al
 checked against the flags the binaries really define: a flag after ``aligner-X`` in the same
 string must be one of X's, a flag in a binary's own module one of that binary's, any other one of
 some binary's; a ``--gin.`` binding must name a registered configurable and one of its
-parameters. The flags are read from absl's registry after importing each binary module (in one
-subprocess: two binaries define some of the same flags).
+parameters. The command lines README.md and WORKSPACE.md show are checked the same way. The flags
+are read from absl's registry after importing each binary module (in one subprocess: two binaries
+define some of the same flags).
 """
 
 from __future__ import annotations
@@ -257,11 +258,42 @@ def test_every_suggested_flag_exists_for_its_binary(registry):
     assert not wrong, "messages suggest flags that do not exist:\n" + "\n".join(wrong)
 
 
+DOCS = ("README.md", "WORKSPACE.md", "Makefile", "launch/local_cpu.sh", "launch/tpu_pod.sh")
+COMMAND_LINE = re.compile(r"^\s*(?:\S*python -m aligner_jax\.\w+|aligner-[a-z]+)\b")
+
+
+def doc_commands() -> list[Mention]:
+    """The flags of the command lines the documentation shows (``python -m aligner_jax.X ...``
+    or ``aligner-X ...`` at the start of a line, backslash continuations joined)."""
+    found = []
+    for doc in DOCS:
+        path = REPO / doc
+        if not path.is_file():
+            continue
+        for piece in _logical_lines(path.read_text()):
+            start = COMMAND_LINE.match(piece)
+            if not start:
+                continue
+            command = COMMAND.search(start.group(0)) or MODULE.search(start.group(0))
+            name = command.group(0)
+            binary = name if name.startswith("aligner-") else _script_of_module(name)
+            for m in FLAG.finditer(piece):
+                found.append(Mention(doc, piece, m.group(1), m.group(2), binary, ""))
+    return found
+
+
+def test_every_documented_command_line_uses_flags_that_exist(registry):
+    mentions = doc_commands()
+    assert len(mentions) > 50  # README and WORKSPACE show dozens of command lines
+    wrong = false_flags(mentions, registry)
+    assert not wrong, "documented commands use flags that do not exist:\n" + "\n".join(wrong)
+
+
 def test_every_suggested_gin_binding_exists(registry):
-    """``--gin.Name.param=...``: ``Name`` is a registered configurable and ``param`` one of its
-    parameters (or a macro's name, ``--gin.MODEL_DIR``)."""
+    """``--gin.Name.param=...`` (in messages and documented command lines): ``Name`` is a
+    registered configurable and ``param`` one of its parameters (or a macro, ``--gin.MODEL_DIR``)."""
     wrong = []
-    for m in MENTIONS:
+    for m in MENTIONS + doc_commands():
         if m.flag != "gin" or not m.gin:
             continue
         parts = m.gin.lstrip(".").split(".")
