@@ -7,10 +7,10 @@ The embedded engine (qdrant_edge), then a query:
   python -m aligner_jax.publish --qdrant_path=outputs/qdrant/scifact \
     --query="statins reduce cardiovascular risk" --mode=fusion
 
-A Qdrant server or cluster:
+A Qdrant server or cluster (``--shards``, ``--replication``; ``--overwrite`` replaces):
 
   python -m aligner_jax.publish --index_dir=DIR --qdrant_url=http://qdrant:6333 \
-    --collection=scifact --record=outputs/qdrant/scifact.json
+    --collection=scifact --record=outputs/qdrant/scifact.json --shards=4 --replication=2
 
 ``--sparse=minicoil`` instead of BM25: meaning models fitted on the corpus with the index's own
 encoder (as ``eval/minicoil.gin``), or ``--minicoil_models`` saved earlier (refused if fitted on
@@ -37,7 +37,9 @@ flags.DEFINE_string("qdrant_url", None, "A Qdrant server/cluster URL (key: $QDRA
 flags.DEFINE_string("collection", "aligner", "Collection name on the server (--qdrant_url).")
 flags.DEFINE_string("record", None, "Publication record file (default: in --qdrant_path).")
 flags.DEFINE_enum("sparse", None, list(sparse.KINDS), "Lexical sparse vector (default bm25).")
-flags.DEFINE_boolean("overwrite", False, "Replace an existing server collection.")
+flags.DEFINE_boolean("overwrite", False, "Replace an existing publication (collection or shard).")
+flags.DEFINE_integer("shards", None, "Server collection's shard_number (a Qdrant cluster).")
+flags.DEFINE_integer("replication", None, "Server collection's replication_factor (cluster).")
 flags.DEFINE_string("query", None, "Query the published collection: prints a ranked list.")
 flags.DEFINE_integer("k", 10, "Documents per query.")
 flags.DEFINE_enum("mode", None, list(targets.MODES), "Query mode (default fusion).")
@@ -64,6 +66,8 @@ def main(argv: Sequence[str]) -> None:
         mode=FLAGS.mode,
         minicoil_models=FLAGS.minicoil_models,
         corpus=FLAGS.corpus,
+        shards=FLAGS.shards,
+        replication=FLAGS.replication,
     )
     print(out)
 

@@ -85,7 +85,7 @@ def main(argv):
     if reused:
         record = exporter.read_record(path / exporter.RECORD)
     else:
-        record = exporter.publish_embedded(store, path)
+        record = exporter.publish_embedded(store, path, overwrite=True)
     size = disk_bytes(path)
     logging.info("export: %s, %s", record["seconds"], size)
 

@@ -312,9 +312,75 @@ def test_a_foreign_folder_is_never_overwritten(built, tmp_path):
         exporter.publish_embedded(ts.TokenStore(built), tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     first = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")
-    again = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")  # replaces it
+    before = (tmp_path / "shard" / exporter.RECORD).read_bytes()
+    with pytest.raises(errors.ConfigError, match=r"already holds a publication; pass --overwrite"):
+        exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")
+    assert (tmp_path / "shard" / exporter.RECORD).read_bytes() == before  # untouched
+    again = exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard", overwrite=True)
     assert again["num_points"] == first["num_points"]
+    assert (tmp_path / "shard" / exporter.RECORD).read_bytes() != before  # replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "shard"]
+
+
+def test_publish_binary_refuses_to_replace_an_embedded_publication(built, tmp_path):
+    path = tmp_path / "shard"
+    first = run_module("aligner_jax.publish", f"--index_dir={built}", f"--qdrant_path={path}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_module("aligner_jax.publish", f"--index_dir={built}", f"--qdrant_path={path}")
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"aligner-publish: error: --qdrant_path={path}: already holds a publication; pass "
+        "--overwrite to replace it, or choose another folder"
+    )
+    cluster = run_module(
+        "aligner_jax.publish", f"--index_dir={built}", f"--qdrant_path={tmp_path / 'new'}",
+        "--shards=2", "--replication=2",
+    )  # fmt: skip
+    assert cluster.returncode == 1
+    assert cluster.stderr.strip().splitlines()[-1] == (
+        "aligner-publish: error: --shards and --replication: an embedded shard (--qdrant_path) "
+        "is one shard in one process; shards and replicas are a Qdrant cluster's: publish with "
+        "--qdrant_url=URL"
+    )
+    assert not (tmp_path / "new").exists()
+
+
+def test_shards_and_replication_reach_the_server_and_the_record(built, tmp_path, monkeypatch):
+    """A Qdrant cluster gets ``shard_number`` / ``replication_factor`` at collection creation
+    (client local mode accepts them but keeps no cluster, so the request itself is checked)."""
+    sent = []
+    real = targets.ClientTarget.__init__
+
+    def local_client(self, collection, url=None, location=None, **kwargs):
+        real(self, collection, location=":memory:", **kwargs)
+        self.url = url
+        create = self.client.create_collection
+        self.client.create_collection = lambda *a, **kw: sent.append(kw) or create(*a, **kw)
+
+    monkeypatch.setattr(targets.ClientTarget, "__init__", local_client)
+    record = tmp_path / "rec.json"
+    out = publish_job.publish_job(
+        str(built), qdrant_url="http://qdrant:6333", collection="c", record=str(record),
+        shards=3, replication=2,
+    )  # fmt: skip
+    assert "collection 'c' at http://qdrant:6333, 3 shard(s) x 2 replica(s)" in out
+    assert sent[0]["shard_number"] == 3 and sent[0]["replication_factor"] == 2
+    target = exporter.read_record(record)["target"]
+    assert target == {
+        "kind": "client", "url": "http://qdrant:6333", "collection": "c",
+        "shard_number": 3, "replication_factor": 2,
+    }  # fmt: skip
+    publish_job.publish_job(
+        str(built), qdrant_url="http://qdrant:6333", collection="d", record=str(record)
+    )
+    assert sent[1]["shard_number"] is None and sent[1]["replication_factor"] is None
+    with pytest.raises(errors.ConfigError, match=r"^--shards=0: must be >= 1$"):
+        publish_job.publish_job(
+            str(built), qdrant_url="http://q:6333", record=str(record), shards=0
+        )
+    with pytest.raises(errors.ConfigError, match="set when publishing"):
+        publish_job.publish_job(None, qdrant_url="http://q:6333", record=str(record),
+                                query="bees", replication=2)  # fmt: skip
 
 
 # ---------------------------------------------------------------------- --sparse=minicoil

@@ -266,15 +266,27 @@ def minicoil_folder(record: dict, record_dir: str | os.PathLike | None = None) -
     return Path(record_dir) / name
 
 
-def publish_embedded(store: ts.TokenStore, path: str | os.PathLike, config=None, **kwargs) -> dict:
+def publish_embedded(
+    store: ts.TokenStore,
+    path: str | os.PathLike,
+    config=None,
+    overwrite: bool = False,
+    **kwargs,
+) -> dict:
     """Exports to an embedded ``qdrant_edge`` shard at ``path``, atomically: built in a
-    temporary folder beside it, then renamed into place (replacing an earlier publication;
-    any other non-empty folder is refused). Returns the record (also ``path/RECORD``)."""
+    temporary folder beside it, then renamed into place. An earlier publication there is
+    replaced only with ``overwrite`` (``--overwrite``); any other non-empty folder is refused.
+    Returns the record (also ``path/RECORD``)."""
     path = Path(path)
     if path.exists() and any(path.iterdir()) and not (path / RECORD).is_file():
         raise ConfigError(
             f"--qdrant_path={path}: a non-empty folder that is not an aligner-publish shard; "
             "choose a new or empty folder"
+        )
+    if (path / RECORD).is_file() and not overwrite:
+        raise ConfigError(
+            f"--qdrant_path={path}: already holds a publication; pass --overwrite to replace "
+            "it, or choose another folder"
         )
     fileio.check_output_dir(path.parent, "--qdrant_path")
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -310,7 +322,13 @@ def publish_client(
     ``RECORD_STEM.minicoil/``)."""
     record_path = Path(record_path)
     record = export_store(store, target, config, **kwargs)
-    record["target"] = {"kind": "client", "url": target.url, "collection": target.collection}
+    record["target"] = {
+        "kind": "client",
+        "url": target.url,
+        "collection": target.collection,
+        "shard_number": target.shards,  # None: the server's default
+        "replication_factor": target.replication,
+    }
     folder = record_path.with_name(f"{record_path.stem}.minicoil")
     save_minicoil(record, kwargs.get("minicoil_index"), folder)
     fileio.atomic_write_json(record_path, record)

@@ -91,10 +91,27 @@ def publish_job(
     mode: str | None = None,
     minicoil_models: str | None = None,
     corpus: str | None = None,
+    shards: int | None = None,
+    replication: int | None = None,
 ) -> str:
-    """Runs ``aligner-publish``; returns what it prints."""
+    """Runs ``aligner-publish``; returns what it prints.
+
+    ``shards`` / ``replication`` (``--shards``, ``--replication``): the server collection's
+    ``shard_number`` / ``replication_factor`` (a Qdrant cluster spreads them over its peers),
+    recorded in the publication record; an embedded shard refuses them.
+    """
     if (qdrant_path is None) == (qdrant_url is None):
         raise ConfigError("give exactly one of --qdrant_path=DIR or --qdrant_url=URL")
+    cluster = [f"--{n}" for n, v in (("shards", shards), ("replication", replication)) if v]
+    if cluster and qdrant_path:
+        raise ConfigError(
+            f"{' and '.join(cluster)}: an embedded shard (--qdrant_path) is one shard in one "
+            "process; shards and replicas are a Qdrant cluster's: publish with --qdrant_url=URL"
+        )
+    if cluster and query is not None:
+        raise ConfigError(
+            f"{' and '.join(cluster)}: set when publishing; a query reads the collection as it is"
+        )
     if qdrant_url and not record:
         raise ConfigError("--qdrant_url needs --record=FILE.json (what the query side reads)")
     record_path = Path(record) if record else Path(qdrant_path) / exporter.RECORD
@@ -102,7 +119,9 @@ def publish_job(
     def target():
         if qdrant_path:
             return targets.EdgeTarget(qdrant_path)
-        return targets.ClientTarget(collection, url=qdrant_url, overwrite=overwrite)
+        return targets.ClientTarget(
+            collection, url=qdrant_url, overwrite=overwrite, shards=shards, replication=replication
+        )
 
     if query is not None:
         if minicoil_models is not None:
@@ -135,11 +154,12 @@ def publish_job(
         extra.update(minicoil_index=index, minicoil_rows=rows)
         sparse_note = f"minicoil ({how})"
     if qdrant_path:
-        out = exporter.publish_embedded(store, qdrant_path, config, **extra)
+        out = exporter.publish_embedded(store, qdrant_path, config, overwrite=overwrite, **extra)
         where = f"{qdrant_path} ({_du(Path(qdrant_path)) / 1e6:.1f} MB on disk)"
     else:
         out = exporter.publish_client(store, target(), record_path, config, **extra)
-        where = f"collection {collection!r} at {qdrant_url} (record {record_path})"
+        layout = f", {shards or 1} shard(s) x {replication or 1} replica(s)" if cluster else ""
+        where = f"collection {collection!r} at {qdrant_url}{layout} (record {record_path})"
     return (
         f"aligner-publish: {out['num_points']} documents ({out['deleted_skipped']} deleted "
         f"skipped), multivector {out['datatype']} β^d={out['beta_d']}, sparse "

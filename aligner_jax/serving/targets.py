@@ -5,7 +5,9 @@ interface.
   no server): one shard in a local folder.
 * ``ClientTarget(url=..., collection=...)``: ``qdrant_client.QdrantClient`` for a server or a
   cluster (``url``), or the client's local mode (``location=":memory:"``, used by the tests).
-  ``qdrant-client`` is the optional extra ``aligner_jax[qdrant]``.
+  ``qdrant-client`` is the optional extra ``aligner_jax[qdrant]``. On a cluster, ``shards`` and
+  ``replication`` set the collection's ``shard_number`` and ``replication_factor`` (Qdrant
+  distributes the shards and their replicas over the peers; a query fans out to every shard).
 
 Both make the same collection (``CollectionLayout``): a named multivector ``aligner`` (the
 document's token vectors, ``MaxSim`` comparator, dot product, no HNSW graph: m = 0, so
@@ -206,7 +208,9 @@ class EdgeTarget:
 
 class ClientTarget:
     """A collection on a Qdrant server or cluster (``url``), or in the client's local mode
-    (``location=':memory:'`` or a folder). The API key, if any, is read from ``QDRANT_API_KEY``."""
+    (``location=':memory:'`` or a folder). The API key, if any, is read from ``QDRANT_API_KEY``.
+    ``shards`` / ``replication``: the collection's ``shard_number`` / ``replication_factor`` when
+    it is created (None: the server's default, one shard, one copy)."""
 
     kind = "client"
 
@@ -216,8 +220,17 @@ class ClientTarget:
         url: str | None = None,
         location: str | None = None,
         overwrite: bool = False,
+        shards: int | None = None,
+        replication: int | None = None,
     ):
         from qdrant_client import QdrantClient  # noqa: PLC0415  optional extra aligner_jax[qdrant]
+
+        for name, value in (("--shards", shards), ("--replication", replication)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{name}={value}: expected an integer")
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}={value}: must be >= 1")
+        self.shards, self.replication = shards, replication
 
         if (url is None) == (location is None):
             raise ValueError("ClientTarget: give exactly one of url or location")
@@ -257,7 +270,11 @@ class ClientTarget:
         if layout.sparse:
             sparse[layout.sparse] = models.SparseVectorParams(modifier=models.Modifier.IDF)
         self.client.create_collection(
-            self.collection, vectors_config={MULTIVECTOR: vector}, sparse_vectors_config=sparse
+            self.collection,
+            vectors_config={MULTIVECTOR: vector},
+            sparse_vectors_config=sparse,
+            shard_number=self.shards,
+            replication_factor=self.replication,
         )
         self.sparse_name = layout.sparse
 
