@@ -9,7 +9,8 @@ r"""Search binary (``aligner-search``): free text against a persisted index.
 The index is a token store with its compressed search index (``aligner-index --search_index``,
 or any store ``aligner-eval`` has searched); the query encoder is the one recorded with it
 (``encoder.json``), or ``--checkpoint`` (refused if its fingerprint differs). ``--mode=exhaustive``
-refines every document (the quality ceiling).
+refines every document (the quality ceiling). ``--show=text`` prints a snippet of each hit,
+``--filter='{"year": {"gte": 2015}}'`` keeps documents whose metadata match, ``--offset`` pages.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive"], "Compressed index or e
 flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
 flags.DEFINE_string("checkpoint", None, "A trained model folder replacing the index's own.")
 flags.DEFINE_string("alignment", "top_k:1", "Alignment strategy of the final stage (§3.1).")
+flags.DEFINE_enum("show", "title", ["title", "text"], "Print titles, or titles and snippets.")
+flags.DEFINE_string(
+    "filter", None, """Metadata conditions (JSON), e.g. '{"year": {"gte": 2015}}'."""
+)
+flags.DEFINE_integer("offset", 0, "Hits skipped before the first printed (a page's start).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -50,6 +56,9 @@ def main(argv: Sequence[str]) -> None:
         threads=FLAGS.threads,
         checkpoint=FLAGS.checkpoint,
         alignment=FLAGS.alignment,
+        show=FLAGS.show,
+        filter=FLAGS.filter,
+        offset=FLAGS.offset,
     )
     print(out)
 

@@ -381,3 +381,22 @@ def test_corpus_metadata_merges_beir_metadata_and_extra_keys():
     record = {"_id": "1", "title": "t", "text": "x", "metadata": {"year": 2015}, "source": "pubmed"}
     assert documents_lib.metadata_of(record) == {"year": 2015, "source": "pubmed"}
     assert documents_lib.metadata_of({"_id": "1", "text": "x"}) == {}
+
+
+def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher):
+    from aligner_jax.retrieval import search_job
+
+    index_dir = str(toy_index.directory)
+    out = search_job.search_job(index_dir, query="honey bees in the hive", k=2, show="text")
+    lines = out.splitlines()
+    assert "d1" in lines[1] and "Honey bees" in lines[1]
+    assert lines[2].strip() == TOY_DOCS["d1"]["text"]  # the snippet under its hit
+    out = search_job.search_job(
+        index_dir, query="honey bees in the hive", k=1, offset=1, filter='{"kind": "even"}'
+    )
+    second = toy_searcher.search("honey bees in the hive", k=2, filter={"kind": "even"})[1]
+    first = out.splitlines()[1].split()
+    assert first[0] == "2" and first[2] == second.doc_id  # page 2 of the even documents
+    assert toy_searcher.documents.fetch([int(second.doc_id[1:])])[0]["metadata"]["kind"] == "even"
+    with pytest.raises(ConfigError, match="--filter=year: not JSON"):
+        search_job.search_job(index_dir, query="bees", filter="year")
