@@ -264,11 +264,16 @@ def test_every_gin_file_parses():
 def test_launch_scripts_are_valid_bash():
     for script in (REPO / "launch").iterdir():
         subprocess.run(["bash", "-n", str(script)], check=True)
-        assert "aligner_jax.train" in script.read_text()
-    proc = subprocess.run(
-        ["bash", str(REPO / "launch" / "local_cpu.sh")], capture_output=True, text=True
-    )
-    assert proc.returncode == 2 and "usage" in proc.stderr
+        assert "aligner_jax." in script.read_text()
+    for cluster in ("tpu_pod.sh", "slurm_gpu.sbatch"):  # a training and an indexing job
+        text = (REPO / "launch" / cluster).read_text()
+        assert "-m aligner_jax.train --multiprocess" in text, cluster
+        assert "-m aligner_jax.index --multiprocess" in text, cluster
+    for script in ("local_cpu.sh", "tpu_pod.sh", "slurm_gpu.sbatch", "local_processes.sh"):
+        proc = subprocess.run(
+            ["bash", str(REPO / "launch" / script)], capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and "usage" in proc.stderr, script
 
 
 def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):

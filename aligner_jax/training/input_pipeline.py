@@ -7,8 +7,13 @@ consumed; a restarted job skips that many batches and continues with exactly the
 uninterrupted job would have seen. (For very large tasks, cache the task with seqio's cache tool so
 that skipping reads cached records instead of re-running preprocessing.)
 
-On several processes each takes its shard of the examples (``seqio.ShardInfo``) and produces its
-local slice of the global batch.
+The stream is the same on every process of a multi-process job: each process reads every global
+batch and places the rows of its own devices (``trainer``: ``jax.make_array_from_callback``). The
+data order therefore does not depend on the number of processes: 2 processes x 1 device train on
+exactly the batches of 1 process x 2 devices, and a checkpoint's position (global batches
+consumed) resumes under any process count. The price is that each process runs the whole
+pipeline (tokenizing what other processes' devices train on); for very large tasks cache the task
+(seqio's cache tool) or replay saved batches.
 
 ``save_batches`` materialises the first N global batches of a pipeline into one ``.npz``; a run
 with ``DataConfig.cached_batches`` pointing at it replays exactly those batches without seqio or
@@ -45,7 +50,8 @@ class DataConfig:
     seed: shuffling seed (the data order is a pure function of this config).
     shuffle: shuffle the examples (with ``seed``).
     cached_batches: replay batches saved by ``save_batches`` from this ``.npz`` instead of running
-      the seqio task (one process only; the file must have been made from the same pipeline).
+      the seqio task (the file must have been made from the same pipeline; every process of a
+      multi-process job reads it).
       Not part of ``identity()``: the replayed batches are the pipeline's own.
     """
 
@@ -74,21 +80,11 @@ class DataConfig:
         return {"query": self.query_length, "doc": self.doc_length}
 
 
-def _local_batch_size(global_batch: int) -> int:
-    count = jax.process_count()
-    if global_batch % count:
-        raise ConfigError(
-            f"DataConfig.batch_size={global_batch} must be divisible by the number of processes "
-            f"({count})"
-        )
-    return global_batch // count
-
-
 def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Yields this process's slice of every global batch, from batch ``start_batch`` on.
+    """Yields every global batch, from batch ``start_batch`` on (the same on every process).
 
     Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
-    int32 (0 = padding), with b = ``batch_size / process_count``.
+    int32 (0 = padding), with b = ``batch_size``.
     """
     if config.cached_batches:
         return _replay_batches(config, start_batch)
@@ -103,9 +99,6 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
             f"DataConfig.task={config.task!r} is not a registered seqio task or mixture "
             f"(registered tasks: {sorted(seqio.TaskRegistry.names())})"
         )
-    shard = None
-    if jax.process_count() > 1:
-        shard = seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
     ds = seqio.get_dataset(
         config.task,
         config.feature_lengths,
@@ -114,11 +107,9 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
         shuffle=config.shuffle,
         seed=config.seed,
         num_epochs=None,
-        shard_info=shard,
         verbose=False,
     )
-    local = _local_batch_size(config.batch_size)
-    ds = ds.batch(local, drop_remainder=True)
+    ds = ds.batch(config.batch_size, drop_remainder=True)
     if start_batch:
         ds = ds.skip(start_batch)
     return ds.as_numpy_iterator()
@@ -149,11 +140,6 @@ def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) 
 
 def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, np.ndarray]]:
     path = Path(config.cached_batches)
-    if jax.process_count() != 1:
-        raise ConfigError(
-            f"DataConfig.cached_batches={str(path)!r} replays global batches on one process; "
-            f"this job has {jax.process_count()}: run the seqio task instead"
-        )
     if not path.is_file():
         raise FileNotFoundError(f"DataConfig.cached_batches: {path} does not exist")
     try:

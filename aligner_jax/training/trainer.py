@@ -4,6 +4,14 @@ The same gin files run on one CPU device, on 8 forced host devices and on
 a TPU pod: the parameters carry logical axis names and a mesh with ``data`` and ``model`` axes
 (``train.num_partitions`` = model-parallel size) places them.
 
+Many processes (``common/distributed.py``, ``launch/local_processes.sh``): the mesh spans every
+process's devices, each process reads the same global batches and places the rows of its own
+devices, the gradients are all-reduced by the jitted step, and orbax writes each checkpoint
+collectively (every process its shards). The losses are those of one process with as many
+devices, and a checkpoint resumes under another process count at the same batch. Process 0
+alone writes ``train_log.jsonl``, ``config.gin`` and the summaries; ``MODEL_DIR`` must be storage
+every process sees.
+
 Checkpoints (orbax, every ``CheckpointConfig.period`` steps, keeping ``keep``) hold the train
 state and the input pipeline position; a restarted job restores the newest one and continues with
 exactly the batches and dropout randomness an uninterrupted job would have used. TensorBoard
@@ -125,6 +133,7 @@ def train(
     if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
         _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
     mesh = partitioning.create_mesh(num_partitions)
+    _check_batch_fits_mesh(data, mesh)
     rules = partitioning.standard_logical_axis_rules()
     tx = optimizer_fn(learning_rate=learning_rate)
 
@@ -167,8 +176,10 @@ def train(
         writer = _summary_writer(model_dir)
         if start_step == 0:
             writer.write_hparams(_hparams(model, data, num_train_steps, seed, num_partitions))
-        log_file = open_train_log(model_dir / TRAIN_LOG, start_step)
-        fileio.atomic_write_text(model_dir / "config.gin", gin.operative_config_str())
+        chief = jax.process_index() == 0
+        log_file = open_train_log(model_dir / TRAIN_LOG, start_step) if chief else _NullLog()
+        if chief:
+            fileio.atomic_write_text(model_dir / "config.gin", gin.operative_config_str())
         last_saved = start_step
         window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
         metrics_host: dict[str, float] = {}
@@ -182,13 +193,10 @@ def train(
         bar = progress.Progress(end - start_step, "train", "step")
         try:
             for step in range(start_step, end):
-                local = next(batches)
-                batch_tokens = int(sum(np.count_nonzero(v) for v in local.values()))
+                global_batch = next(batches)
+                batch_tokens = int(sum(np.count_nonzero(v) for v in global_batch.values()))
                 window_tokens += batch_tokens
-                batch = {
-                    k: jax.make_array_from_process_local_data(batch_sharding, v)
-                    for k, v in local.items()
-                }
+                batch = {k: _place(v, batch_sharding) for k, v in global_batch.items()}
                 state, metrics = step_fn(state, batch)
                 metrics_host = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 window_steps += 1
@@ -253,6 +261,36 @@ def train(
         )
     )  # fmt: skip
     return metrics_host
+
+
+def _place(value, sharding: NamedSharding) -> jax.Array:
+    """A global array from the host value every process holds: each process puts the slices of
+    its own devices (multi-process meshes included)."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def _check_batch_fits_mesh(data: input_pipeline.DataConfig, mesh) -> None:
+    replicas = mesh.shape[partitioning.DATA_AXIS]
+    if data.batch_size % replicas:
+        raise ConfigError(
+            f"--gin.BATCH_SIZE={data.batch_size} (DataConfig.batch_size) must be a multiple of "
+            f"the mesh's data axis ({replicas} = {jax.device_count()} devices / "
+            f"train.num_partitions)"
+        )
+
+
+class _NullLog:
+    """``train_log.jsonl`` of processes other than 0 (process 0 writes the file)."""
+
+    def write(self, text: str) -> None:
+        del text
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def summary(
@@ -453,8 +491,8 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
             state.params["backbone"], loaded, f"backbone {backbone_weights!r}"
         )
         params = dict(state.params)
-        params["backbone"] = jax.device_put(
-            jax.tree_util.tree_map(jnp.asarray, loaded), state_shardings.params["backbone"]
+        params["backbone"] = jax.tree_util.tree_map(
+            _place, loaded, state_shardings.params["backbone"]
         )
         state = jax.jit(fresh.from_params, out_shardings=state_shardings)(params)
         logging.info("backbone initialised from %s", backbone_weights)

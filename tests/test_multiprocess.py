@@ -1,0 +1,318 @@
+"""Real multi-process jobs on this machine: N processes started together by
+``launch/local_processes.sh`` join one JAX job (gloo CPU collectives). Training under 2 processes
+equals 1 process with 2 devices, checkpoints resume across process counts, and the launcher stops
+everything when one process fails."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fixtures import REPO, python_env, run_python, write_beir_fixture
+
+from aligner_jax.training import trainer
+
+LAUNCHER = REPO / "launch" / "local_processes.sh"
+WORDS = (
+    "apple river stone cloud violin tiger copper lantern meadow orbit canyon pepper falcon "
+    "glacier harbor velvet quartz maple thunder saddle ember mosaic nectar prism walrus"
+).split()
+
+
+@pytest.fixture()
+def toy(tmp_path):
+    """24 documents of random words; each query repeats 3 words of its document."""
+    rng = random.Random(0)
+    docs, queries, qrels = {}, {}, {}
+    for i in range(24):
+        words = rng.sample(WORDS, 10)
+        docs[f"d{i}"] = {"title": "", "text": " ".join(words)}
+        queries[f"q{i}"] = " ".join(rng.sample(words, 3))
+        qrels[f"q{i}"] = {f"d{i}": 1}
+    return write_beir_fixture(tmp_path / "data", docs, queries, qrels, split="test")
+
+
+def _train_flags(model_dir: Path, data_dir: Path, steps: int, **extra) -> list[str]:
+    bindings = {
+        "MODEL_DIR": repr(str(model_dir)),
+        "TRAIN_STEPS": steps,
+        "QUERY_LENGTH": 8,
+        "DOC_LENGTH": 16,
+        "WARMUP_STEPS": 2,
+        "LEARNING_RATE": 3e-3,
+        "BATCH_SIZE": 4,
+        "DataConfig.task": "'beir_train_bm25'",
+        "beir_train_source.dataset_dir": repr(str(data_dir)),
+        "beir_train_source.qrels_split": "'test'",
+        "train.backbone_weights": "'random'",
+        "train.summary_period": 3,
+        "CheckpointConfig.period": 3,
+        **extra,
+    }
+    flags = ["--gin_file=models/bert_tiny.gin", "--gin_file=runs/train.gin"]
+    return flags + [f"--gin_bindings={k} = {v}" for k, v in bindings.items()]
+
+
+class Jobs:
+    """Processes started together, their output in files; any still running at the end (a
+    failed assertion) is stopped, so a failing test leaves no process behind."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path, self.procs = tmp_path, []
+
+    def start(self, cmd: list[str], devices: int = 1, **env: str) -> subprocess.Popen:
+        env = python_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **env)
+        log = open(self.tmp_path / f"job{len(self.procs)}.log", "w+")  # noqa: SIM115
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc.log = log
+        self.procs.append(proc)
+        return proc
+
+    def launch(self, num: int, *flags: str, **env: str) -> subprocess.Popen:
+        """``launch/local_processes.sh NUM train FLAGS``: NUM processes of one job."""
+        return self.start(["bash", str(LAUNCHER), str(num), "train", *flags], **env)
+
+    def train(self, *flags: str, devices: int) -> subprocess.Popen:
+        """One ``aligner-train`` process with ``devices`` forced host devices."""
+        return self.start([sys.executable, "-m", "aligner_jax.train", *flags], devices)
+
+    @staticmethod
+    def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+        proc.wait(timeout=timeout)
+        proc.log.seek(0)
+        out = proc.log.read()
+        assert proc.returncode == 0, out[-4000:]
+        return out
+
+    def stop(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()  # the launcher stops its processes on SIGTERM
+                proc.wait(timeout=30)
+            proc.log.close()
+
+
+@pytest.fixture()
+def jobs(tmp_path):
+    started = Jobs(tmp_path)
+    yield started
+    started.stop()
+
+
+def _losses(model_dir: Path) -> dict[int, float]:
+    lines = (model_dir / trainer.TRAIN_LOG).read_text().splitlines()
+    return {json.loads(x)["step"]: json.loads(x)["loss"] for x in lines}
+
+
+def _assert_same_losses(model_dir: Path, want: dict[int, float], steps) -> None:
+    got = _losses(model_dir)
+    assert sorted(got) == list(steps), (model_dir, sorted(got))
+    np.testing.assert_allclose([got[s] for s in steps], [want[s] for s in steps], rtol=1e-5)
+
+
+def test_two_processes_train_like_one_process_with_two_devices_and_resume_across(
+    toy, tmp_path, jobs
+):
+    """Same global batches, same per-step losses (1e-5 relative) for 2 processes x 1 device as
+    for 1 process x 2 devices; a 2-process checkpoint resumes on 1 process and a 1-process one on
+    2 processes, at the same batch, with the uninterrupted run's losses."""
+    steps, half = 6, {"train.stop_after_steps": 3}
+    ref, two, one = tmp_path / "ref_1x2", tmp_path / "two_then_one", tmp_path / "one_then_two"
+    # Started together: the reference (1 process x 2 devices, uninterrupted), a 2-process job
+    # and another 1-process job, both stopping after their step-3 checkpoint. (1 process x 1
+    # device sums the gradients in another order: ~1e-5 apart, so the meshes are kept equal.)
+    first_wave = [
+        jobs.train(*_train_flags(ref, toy, steps), devices=2),
+        jobs.launch(2, *_train_flags(two, toy, steps, **half)),
+        jobs.train(*_train_flags(one, toy, steps, **half), devices=2),
+    ]
+    outputs = [jobs.finish(job) for job in first_wave]
+    assert "[0] " in outputs[1] and "[1] " in outputs[1]  # lines prefixed by rank
+    assert "process 1 of 2; devices: 1 local, 2 global" in outputs[1]
+    want = _losses(ref)
+    assert sorted(want) == list(range(1, steps + 1))
+    assert len(set(want.values())) == steps  # the losses differ step to step
+    for model_dir in (two, one):
+        _assert_same_losses(model_dir, want, range(1, 4))
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["3"]
+
+    second_wave = [  # the other process count, from the step-3 checkpoints
+        jobs.train(*_train_flags(two, toy, steps), devices=2),
+        jobs.launch(2, *_train_flags(one, toy, steps)),
+    ]
+    assert "resumed from step 3 (3 batches consumed)" in jobs.finish(second_wave[0])
+    assert "[0] " in jobs.finish(second_wave[1])
+    for model_dir in (two, one):
+        _assert_same_losses(model_dir, want, range(1, steps + 1))
+        assert (model_dir / "checkpoints" / str(steps)).is_dir()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper has finished)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_launcher_stops_every_process_when_one_fails(tmp_path):
+    """Rank 1 exits 1 at once; rank 0 is a real aligner-train waiting for it in
+    jax.distributed.initialize: the launcher exits 1 within seconds and no process is left."""
+    pids = tmp_path / "pids"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'echo $$ >> "{pids}"\n'
+        'if [[ " $* " == *" --process_id=1 "* ]]; then echo "rank 1 fails" >&2; exit 1; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", str(LAUNCHER), "2", "train", "--gin_file=runs/train.gin"],
+        cwd=REPO,
+        env=python_env(PYTHON=str(wrapper), KILL_AFTER="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, out + err
+    assert "[1] rank 1 fails" in err
+    assert "process 1 exited with status 1: stopping the others" in err
+    assert elapsed < 15, elapsed
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2
+    time.sleep(0.5)
+    assert not [pid for pid in started if _alive(pid)]
+
+
+def test_launcher_usage_and_unknown_binary():
+    proc = subprocess.run(["bash", str(LAUNCHER), "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+    proc = subprocess.run(["bash", str(LAUNCHER), "2", "nope"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "no binary 'nope'" in proc.stderr
+
+
+def test_incomplete_distributed_flags_are_one_line():
+    proc = run_python(
+        "-m", "aligner_jax.train", "--num_processes=2", "--gin_file=runs/train.gin", timeout=120
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "aligner-train: error: --coordinator_address, --process_id not set: a multi-process job "
+        "named by --coordinator_address needs all three of --coordinator_address, "
+        "--num_processes and --process_id (or --multiprocess alone on a TPU pod / SLURM cluster)"
+    )
+
+
+# Sharded exhaustive search: a random token store (tombstones included) searched by
+# ShardedExhaustiveSearch over every device of the job, compared with refine.score_chunk over all
+# documents on one device (the project's exhaustive kernel) ranked by one stable sort.
+SHARDED_SCRIPT = """
+import json, sys
+import numpy as np
+from aligner_jax.common import distributed
+store_dir, out, coordinator, num, rank = sys.argv[1:6]
+if coordinator != "-":
+    distributed.initialize(coordinator, int(num), int(rank))
+import jax
+from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import sharded_search
+store = ts.TokenStore(store_dir)
+store.deleted[[3, 50, 77]] = True
+queries = np.load(store_dir + "/queries.npz")
+results = {"devices": jax.device_count(), "local": jax.local_device_count()}
+for salience in (True, False):
+    config = sharded_search.ShardedSearchConfig(salience=salience, block_docs=8)
+    search = sharded_search.ShardedExhaustiveSearch(store, config=config)
+    results[str(salience)] = search.search(queries["q"], queries["mask"], queries["u"], 10)
+with open(f"{out}.{jax.process_index()}", "w") as f:  # every process has the whole answer
+    json.dump(results, f)
+"""
+
+
+def _random_store(directory: Path):
+    """203 documents of 1-39 random unit vectors (dim 16) with saliences; 5 queries."""
+    from aligner_jax.indexing import token_store as ts
+
+    rng = np.random.default_rng(0)
+    writer = ts.TokenStoreWriter(directory, {"name": "random", "fingerprint": "r", "dim": 16}, 17)
+    for i in range(203):
+        m = int(rng.integers(1, 40))
+        v = rng.normal(size=(m, 16))
+        writer.add(f"doc{i}", v / np.linalg.norm(v, axis=1, keepdims=True), rng.random(m))
+    store = writer.close()
+    q = rng.normal(size=(5, 12, 16)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=2, keepdims=True)
+    mask = np.arange(12)[None] < np.array([[3], [12], [7], [1], [10]])
+    u = rng.random((5, 12)).astype(np.float32)
+    np.savez(directory / "queries.npz", q=q, mask=mask, u=u)
+    return store, q, mask, u
+
+
+def _unsharded_top10(store, q, mask, u, salience: bool) -> list[list[tuple[int, float]]]:
+    from aligner_jax.core import scoring
+    from aligner_jax.retrieval import refine
+
+    length = int(store.doc_lengths.max())
+    vectors, d_mask, u_d, ids = store.gather_padded(np.arange(store.num_docs), length)
+    if not salience:
+        u, u_d = mask.astype(np.float32), d_mask.astype(np.float32)
+    strategies = (scoring.AlignmentStrategy.parse("top_k:1"),)
+    token_ids = np.zeros(mask.shape, np.int32)
+    scores = np.array(
+        refine.score_chunk(q, mask, u, token_ids, vectors, d_mask, u_d, ids, strategies)
+    )[0]
+    scores[:, [3, 50, 77]] = -np.inf  # the tombstones
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+    return [[(int(p), float(row[p])) for p in top] for top, row in zip(order, scores, strict=True)]
+
+
+def _assert_same_ranking(got, want):
+    for g, w in zip(got, want, strict=True):
+        assert [p for p, _ in g] == [p for p, _ in w]
+        np.testing.assert_allclose([s for _, s in g], [s for _, s in w], rtol=1e-6)
+
+
+def test_sharded_exhaustive_search_equals_unsharded_on_8_devices_and_2_processes(tmp_path, jobs):
+    store, q, mask, u = _random_store(tmp_path / "store")
+    port = str(_free_port())
+    runs = {
+        "8 devices": [("-", "-", "-")],
+        "2 processes x 2 devices": [(f"127.0.0.1:{port}", "2", str(r)) for r in range(2)],
+    }
+    started = {}
+    for name, ranks in runs.items():  # all started together
+        devices = 8 if name == "8 devices" else 2
+        out = tmp_path / f"{name.replace(' ', '_')}.json"
+        started[name] = (out, [
+            jobs.start([sys.executable, "-c", SHARDED_SCRIPT, str(tmp_path / "store"), str(out), *r],
+                       devices)
+            for r in ranks
+        ])  # fmt: skip
+    for name, (out, procs) in started.items():
+        for proc in procs:
+            jobs.finish(proc, timeout=300)
+        for rank in range(len(procs)):
+            result = json.loads(Path(f"{out}.{rank}").read_text())
+            assert result["devices"] == (8 if name == "8 devices" else 4), name
+            assert result["local"] == (8 if name == "8 devices" else 2), name
+            for salience in (True, False):
+                want = _unsharded_top10(store, q, mask, u, salience)
+                _assert_same_ranking(result[str(salience)], want)
