@@ -324,7 +324,7 @@ class IndexService:
         snap = self._snapshot
         store = snap.searcher.store
         lat = np.asarray(self._latencies, np.float64)
-        pct = {f"p{q}": round(float(np.percentile(lat, q)), 3) for q in (50, 95, 99)}
+        pct = {f"p{q}": round(float(np.percentile(lat, q)), 3) for q in (50, 95, 99) if len(lat)}
         return {
             "index_dir": self.index_dir,
             "generation": snap.generation,
@@ -337,6 +337,6 @@ class IndexService:
             "alignment": str(snap.searcher.alignment),
             "uptime_s": round(time.time() - self._started, 3),
             "counts": dict(self._counts),
-            "search_latency_ms": pct if len(lat) else {},
+            "search_latency_ms": pct,
             "limits": dataclasses.asdict(self.limits),
         }

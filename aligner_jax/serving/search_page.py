@@ -13,6 +13,7 @@ _PAGE_CSS = """
 body { max-width: 64em; }
 form { display: flex; gap: 0.5em; margin: 1em 0; }
 #q { flex: 1; font-size: 1.1em; padding: 0.4em 0.6em; }
+#k { width: 4em; font-size: 1em; padding: 0.3em; }
 button { font-size: 1em; padding: 0.4em 1em; }
 #status { color: #666; font-size: 0.9em; min-height: 1.2em; }
 ol#hits { padding-left: 0; list-style: none; }
@@ -51,7 +52,8 @@ async function post(path, body) {
 
 function chips(target, ex) {
   target.textContent = "";
-  target.appendChild(el("span", "", "alignment (" + ex.alignment + ", score " +
+  // the explanation re-encodes the document: its sim(Q, D) is the uncompressed score
+  target.appendChild(el("span", "", "alignment (" + ex.alignment + ", uncompressed sim(Q, D) " +
                         ex.score.toFixed(4) + "): "));
   for (const w of ex.query_words) {
     const chip = el("span", "chip");
@@ -89,6 +91,7 @@ async function runSearch(query, k) {
     data = await post("/search", {query: query, k: k});
   } catch (err) {
     $("#status").textContent = "error: " + err.message;
+    $("#status").dataset.explained = "error";
     return;
   }
   $("#status").textContent = data.hits.length + " hits in " + data.took_ms.toFixed(1) +
@@ -147,7 +150,7 @@ _PAGE = """<!DOCTYPE html>
 <div class="legend" id="index"></div>
 <form id="form">
   <input id="q" name="q" type="search" placeholder="Search the index…" autofocus required>
-  <select id="k" name="k"><option>5</option><option selected>10</option><option>20</option></select>
+  <label>k <input id="k" name="k" type="number" min="1" max="100" value="10"></label>
   <button type="submit">Search</button>
 </form>
 <div id="status"></div>
