@@ -567,3 +567,16 @@ def test_an_index_dir_that_is_no_folder_is_one_line(tmp_path):
             _search(path, query="bees")
         with pytest.raises(errors.MissingPathError, match=re.escape(f"--index_dir={path}: not a")):
             updates.update_index(str(path), delete="d1")
+
+
+def test_add_counts_the_documents_it_cut_and_search_says_so(toy_index, tmp_path):
+    from aligner_jax.indexing import updates
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    long_doc = {"_id": "long", "title": "", "text": " ".join(["honey bees"] * 600)}
+    more = _write_queries(tmp_path / "more.jsonl", [long_doc, {"_id": "short", "text": "bees"}])
+    summary = updates.update_index(str(index_dir), add=str(more))
+    assert summary["added_docs"] == 2 and summary["truncated_docs"] == 1
+    assert ts.read_manifest(index_dir)["stats"]["truncated_docs"] == 1  # the toy corpus: none
+    note = _search(index_dir, query="honey bees", k=1).splitlines()[-1]
+    assert note == f"note: the index cut 1 documents at {summary['doc_maxlen']} tokens"
