@@ -4,11 +4,16 @@ caller's :class:`aligner_jax.common.progress.Progress`, counting texts and token
 Texts are tokenised (no padding), grouped by length into a few bucket lengths, and encoded in
 fixed-shape batches (one XLA compilation per bucket). Only real tokens come back: each text yields
 ``EncodedText(token_ids [m], vectors [m, D], salience [m])``.
+
+Documents are padded to multiples of 32 tokens (little padding over a corpus); queries to 32
+times a power of two (32, 64, 128, ..., the budget): a handful of shapes, all compiled by
+:meth:`Encoder.warm_up` when a searcher loads, so no query compiles afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -51,8 +56,20 @@ class EncodingConfig:
             f"{name}.concurrent_batches", self.concurrent_batches, minimum=1, allow_none=True
         )
 
-    def bucket_lengths(self, maxlen: int) -> tuple[int, ...]:
-        return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)
+    def bucket_lengths(self, maxlen: int, kind: str = aligner_lib.DOC) -> tuple[int, ...]:
+        """The padded lengths texts of ``kind`` are encoded at (``maxlen`` is always the last).
+
+        Documents: multiples of ``bucket_multiple``. Queries: ``bucket_multiple`` times powers
+        of two (32, 64, 128, 256, 512): log2 as many shapes, so all of them can be compiled at
+        load (:meth:`Encoder.warm_up`), for a little padding on the rare long query.
+        """
+        if kind != aligner_lib.QUERY:
+            return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)
+        bounds, b = [], self.bucket_multiple
+        while b < maxlen:
+            bounds.append(b)
+            b *= 2
+        return tuple(bounds + [maxlen])
 
 
 @dataclasses.dataclass
@@ -130,6 +147,19 @@ class EncoderBundle:
         }
 
 
+@functools.cache
+def _jitted_forward(config: aligner_lib.AlignerConfig):
+    """The jitted ``(params, ids, mask, kind) -> (vectors, salience)`` of an architecture, one
+    per ``AlignerConfig`` and shared by all its encoders: a searcher loaded again (or an index's
+    model loaded twice) reuses what the first compiled."""
+    module = aligner_lib.AlignerEncoder(config)
+
+    def forward(params, ids, mask, kind):
+        return module.apply({"params": params}, ids, mask, kind, True)
+
+    return jax.jit(forward, static_argnums=(3,))
+
+
 class Encoder:
     """Encodes texts into real-token vectors and saliences with a jitted, bucketed forward pass."""
 
@@ -153,7 +183,6 @@ class Encoder:
         self.bundle = bundle
         self.config = config or EncodingConfig()
         self.mesh = mesh
-        module = bundle.module
         self._data_parallel = 1
         params = bundle.params
         if mesh is not None:
@@ -161,11 +190,7 @@ class Encoder:
             self._batch_sharding = partitioning.batch_sharding(mesh)
             params = jax.device_put(params, partitioning.replicated(mesh))
         self._params = params
-
-        def forward(params, ids, mask, kind):
-            return module.apply({"params": params}, ids, mask, kind, True)
-
-        self._forward = jax.jit(forward, static_argnums=(3,))
+        self._forward = _jitted_forward(bundle.config)
 
     @property
     def dim(self) -> int:
@@ -226,7 +251,7 @@ class Encoder:
             encode_fn,
             self._params,
             token_ids,
-            boundaries=cfg.bucket_lengths(self.maxlen(kind)),
+            boundaries=cfg.bucket_lengths(self.maxlen(kind), kind),
             max_tokens_per_batch=cfg.max_tokens_per_batch,
             concurrent_batches=cfg.concurrent_batches,
         ):
@@ -241,6 +266,17 @@ class Encoder:
                 )
             if bar is not None:
                 bar.update(len(indices), tokens=int(lengths[indices].sum()))
+
+    def warm_up(self, kind: str = aligner_lib.QUERY) -> tuple[int, ...]:
+        """Compiles the encoder for one text of every bucket length of ``kind`` (the shapes a
+        text encoded alone can take), through the same path as :meth:`encode_token_ids`, the
+        buckets in parallel; returns the bucket lengths. After it, encoding a single text of
+        any length compiles nothing (a batch of several texts may take other row counts)."""
+        lengths = self.config.bucket_lengths(self.maxlen(kind), kind)
+        texts = [np.zeros(length, np.int32) for length in lengths]  # id 0 (padding) everywhere
+        for _ in self.encode_token_ids(texts, kind):
+            pass
+        return lengths
 
     def _run(self, params, ids: np.ndarray, mask: np.ndarray, kind: str):
         rows = ids.shape[0]

@@ -5,6 +5,13 @@ vectors from the token store into padded, length-bucketed chunks and computes Eq
 more alignment strategies in a single jitted kernel: the similarity matrix is computed once per
 (query, document) pair and every strategy is derived from it. This is what makes few-shot
 alignment adaptation cheap: candidates are retrieved once and re-scored per strategy.
+
+Two shape policies: many candidates (exhaustive refinement, token-MIPS batches) are scored per
+document-length bucket in large chunks (little padding); a few (a query's refinement, a rerank
+of ~100 documents: at most ``RefineConfig.fixed_shape_docs``) are padded to the store's longest
+document in blocks of ``RefineConfig.block_docs``, so a query's refinement has one shape per
+query-length bucket, and :func:`warm_up` compiles all of them (with the query encoder's) when a
+searcher loads: no query and no rerank compiles afterwards.
 """
 
 from __future__ import annotations
@@ -13,17 +20,21 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from aligner_jax.common import checks
 from aligner_jax.core import scoring
 from aligner_jax.encoding import batching
+from aligner_jax.encoding.encoder import EncodedText, Encoder
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.models import aligner as aligner_lib
 
 
 @gin.configurable
@@ -33,19 +44,28 @@ class RefineConfig:
 
     Attributes:
       length_multiple: documents are padded to a multiple of this many tokens (bucket lengths).
-      query_length_buckets: queries are padded to the smallest bucket ≥ their length.
+      query_length_buckets: queries are padded to the smallest bucket ≥ their length (beyond
+        the last, to a multiple of ``length_multiple``); the defaults reach BERT's 512 tokens,
+        so a whole query of any length has one of six shapes.
       max_elements: budget of similarity entries (queries × query tokens × docs × doc tokens)
         computed per kernel call; sets the number of documents per chunk.
-      cache_bytes: pre-gather every document's padded vectors in memory when they fit in this
-        many bytes (fast exhaustive refinement); otherwise gather candidates per query batch.
+      cache_bytes: pre-gather every document's padded vectors in memory (on first use) when
+        they fit in this many bytes (fast exhaustive refinement); otherwise gather candidates
+        per query batch.
       concurrent_chunks: chunks scored at once (None: one per CPU core on CPU, else 1).
+      fixed_shape_docs: at most this many candidates (all queries of a call together) are
+        scored in fixed-shape blocks: padded to the store's longest document, ``block_docs``
+        documents per kernel call (one compiled shape per query bucket: see ``warm_up``).
+      block_docs: documents per fixed-shape block.
     """
 
     length_multiple: int = 32
-    query_length_buckets: tuple[int, ...] = (16, 32, 64, 128)
+    query_length_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     max_elements: int = 1 << 24
     cache_bytes: int = 3 << 30
     concurrent_chunks: int | None = None
+    fixed_shape_docs: int = 1024
+    block_docs: int = 64
 
     def __post_init__(self):
         name = type(self).__name__
@@ -58,6 +78,12 @@ class RefineConfig:
         checks.integer(
             f"{name}.concurrent_chunks", self.concurrent_chunks, minimum=1, allow_none=True
         )
+        checks.integer(f"{name}.fixed_shape_docs", self.fixed_shape_docs, minimum=0)
+        checks.integer(f"{name}.block_docs", self.block_docs, minimum=1)
+
+    def query_buckets_upto(self, n: int) -> tuple[int, ...]:
+        """Every query length bucket a query of at most ``n`` tokens can take."""
+        return tuple(sorted({self.query_bucket(m) for m in range(1, n + 1)}))
 
     def query_bucket(self, n: int) -> int:
         for b in self.query_length_buckets:
@@ -146,10 +172,11 @@ class Refiner:
         padded = np.maximum(mult, np.ceil(lengths / mult).astype(np.int64) * mult)
         self.doc_bucket = padded
         self.buckets = {int(L): np.nonzero(padded == L)[0] for L in np.unique(padded)}
+        # The fixed-shape blocks' document length: the longest document's bucket.
+        self.max_length = int(padded.max()) if len(padded) else mult
         cache_need = int(sum(len(v) * L for L, v in self.buckets.items())) * store.dim * 2
+        self._use_cache = cache_need <= self.config.cache_bytes
         self._cache: dict[int, tuple] | None = None
-        if cache_need <= self.config.cache_bytes:
-            self._cache = {L: store.gather_padded(docs, L) for L, docs in self.buckets.items()}
 
     def _chunk_docs(self, query_len: int, num_queries: int, length: int) -> int:
         per_doc = max(1, num_queries * query_len * length)
@@ -187,23 +214,17 @@ class Refiner:
             jnp.asarray(x)
             for x in (queries.vectors, queries.mask, queries.salience, queries.token_ids)
         )
-        n = queries.vectors.shape[1]
-        jobs = []
-        for length, bucket_docs in self.buckets.items():
-            docs = union[np.isin(union, bucket_docs, assume_unique=True)]
-            chunk = self._chunk_docs(n, num_q, length)
-            jobs += [
-                (docs[lo : lo + chunk], length, chunk, bucket_docs)
-                for lo in range(0, len(docs), chunk)
-            ]
+        if len(union) <= self.config.fixed_shape_docs:
+            jobs = self._fixed_shape_jobs(union)
+        else:
+            jobs = self._bucket_jobs(union, queries.vectors.shape[1], num_q)
 
         def run(job):
-            part, length, chunk, bucket_docs = job
-            d, dm, du, di = self._gather(part, length, bucket_docs)
+            part, length, size, gather = job
+            d, dm, du, di = gather(part, length)
             if not self.salience:
                 du = dm.astype(np.float32)
-            size = padded_chunk(len(part), chunk)
-            if len(part) < size:  # few shapes: one compilation per (n, L, power of two)
+            if len(part) < size:  # few shapes: one compilation per (n, L, block size)
                 pad = [(0, size - len(part))]
                 d = np.pad(d, pad + [(0, 0), (0, 0)])
                 dm, du, di = (np.pad(x, pad + [(0, 0)]) for x in (dm, du, di))
@@ -212,7 +233,7 @@ class Refiner:
 
         # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core.
         workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
-        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
             for part, scores in pool.map(run, jobs):
                 cols = np.searchsorted(union, part)
                 for i in range(num_q):
@@ -221,7 +242,60 @@ class Refiner:
                     out[i][:, pos[hit]] = scores[:, i, hit]
         return out
 
+    def _fixed_shape_jobs(self, union: np.ndarray) -> list[tuple]:
+        """A few candidates: blocks of ``block_docs`` documents at the longest length."""
+        block = self.config.block_docs
+        gather = self.store.gather_padded
+        return [
+            (union[lo : lo + block], self.max_length, block, gather)
+            for lo in range(0, len(union), block)
+        ]
+
+    def _bucket_jobs(self, union: np.ndarray, query_len: int, num_q: int) -> list[tuple]:
+        """Many candidates: per length bucket, chunks of up to ``max_elements`` similarities
+        (padded to a power of two documents, see ``padded_chunk``)."""
+        jobs = []
+        for length, bucket_docs in self.buckets.items():
+            docs = union[np.isin(union, bucket_docs, assume_unique=True)]
+            chunk = self._chunk_docs(query_len, num_q, length)
+            gather = functools.partial(self._gather, bucket_docs=bucket_docs)
+            jobs += [
+                (part, length, padded_chunk(len(part), chunk), gather)
+                for part in (docs[lo : lo + chunk] for lo in range(0, len(docs), chunk))
+            ]
+        return jobs
+
+    def warm_up(self, max_query_length: int, strategies: Iterable[Sequence] = ()) -> int:
+        """Compiles the fixed-shape refinement of one query (what a query's refinement and a
+        ``rerank`` of up to ``fixed_shape_docs`` candidates run) for every query bucket up to
+        ``max_query_length`` tokens and every tuple of ``strategies``, by scoring the store's
+        first documents (one shape per core at a time); returns the number of shapes run."""
+        if not self.store.num_docs or self.config.fixed_shape_docs < 1:
+            return 0
+        docs = np.arange(min(self.store.num_docs, self.config.block_docs))
+        shapes = [
+            (tuple(scoring.AlignmentStrategy.parse(st) for st in strategy_tuple), length)
+            for strategy_tuple in strategies
+            for length in self.config.query_buckets_upto(max_query_length)
+        ]
+
+        def run(shape):
+            parsed, length = shape
+            query = EncodedText(
+                token_ids=np.zeros(length, np.int32),
+                vectors=np.zeros((length, self.store.dim), np.float32),
+                salience=np.ones(length, np.float32),
+            )
+            self.score(QueryBatch.from_encoded([query], length), [docs], parsed)
+
+        workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
+        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+            list(pool.map(run, shapes))
+        return len(shapes)
+
     def _gather(self, docs: np.ndarray, length: int, bucket_docs: np.ndarray):
+        if self._use_cache and self._cache is None:  # built on first use (not by a rerank)
+            self._cache = {L: self.store.gather_padded(d, L) for L, d in self.buckets.items()}
         if self._cache is not None:
             vec, mask, sal, ids = self._cache[length]
             pos = np.searchsorted(bucket_docs, docs)
@@ -230,3 +304,34 @@ class Refiner:
                 return vec[sl], mask[sl], sal[sl], ids[sl]
             return vec[pos], mask[pos], sal[pos], ids[pos]
         return self.store.gather_padded(docs, length)
+
+
+def warm_up(
+    encoder: Encoder | None,
+    refiner: Refiner | None,
+    alignment: scoring.AlignmentStrategy | str = "top_k:1",
+) -> dict:
+    """Compiles, once at load, every shape a single query takes: the query encoder's length
+    buckets (:meth:`Encoder.warm_up`) and, with a refiner, its fixed-shape refinement
+    (:meth:`Refiner.warm_up`) for every query bucket up to the encoder's query budget, with the
+    searcher's ``alignment`` and with ``rerank``'s default ``top_k:1``. Returns
+    ``{"seconds", "query_buckets", "refine_shapes"}`` (logged)."""
+    start = time.perf_counter()
+    buckets: tuple[int, ...] = ()
+    shapes = 0
+    if encoder is not None:
+        buckets = encoder.warm_up(aligner_lib.QUERY)
+    if refiner is not None:
+        top1 = scoring.AlignmentStrategy.parse("top_k:1")
+        strategies = dict.fromkeys([(scoring.AlignmentStrategy.parse(alignment),), (top1,)])
+        longest = encoder.maxlen(aligner_lib.QUERY) if encoder is not None else refiner.max_length
+        shapes = refiner.warm_up(longest, strategies)
+    seconds = time.perf_counter() - start
+    logging.info(
+        "warm-up: %d query buckets %s and %d refinement shapes compiled in %.1f s",
+        len(buckets),
+        list(buckets),
+        shapes,
+        seconds,
+    )
+    return {"seconds": seconds, "query_buckets": list(buckets), "refine_shapes": shapes}

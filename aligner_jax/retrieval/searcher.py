@@ -331,17 +331,21 @@ class Searcher:
         ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
         if mode == "exhaustive":
             config = SearchConfig(**{"backend": "exact", **overrides, "k_prime": 0})
-            return cls(store, config, encoder=encoder, alignment=alignment)
-        config = SearchConfig(**{"backend": "centroid", "k_prime": 1, **overrides})
-        index = ci.CentroidIndex.load(store, verify_checksums=verify_checksums)
-        return cls(
-            store,
-            config,
-            centroid_index=index,
-            centroid_config=centroid_config,
-            encoder=encoder,
-            alignment=alignment,
-        )
+            searcher = cls(store, config, encoder=encoder, alignment=alignment)
+        else:
+            config = SearchConfig(**{"backend": "centroid", "k_prime": 1, **overrides})
+            index = ci.CentroidIndex.load(store, verify_checksums=verify_checksums)
+            searcher = cls(
+                store,
+                config,
+                centroid_index=index,
+                centroid_config=centroid_config,
+                encoder=encoder,
+                alignment=alignment,
+            )
+        # Every shape a single query's search or rerank takes compiles now, none after load.
+        refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
+        return searcher
 
     # -- free text -------------------------------------------------------------------------------
     def search(

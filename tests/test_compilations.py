@@ -1,0 +1,141 @@
+"""No XLA compilation after ``Searcher.load`` (issue 27 item 4).
+
+Compilations are counted with JAX's own monitoring hook (the ``backend_compile_duration`` event
+every XLA compilation records). ``Searcher.load`` compiles, once, every shape a single query takes
+(``refine.warm_up``: the query encoder's length buckets, the fixed-shape refinement of each query
+bucket); afterwards queries of any length, a rerank and other alignment strategies compile
+nothing. The fixed-shape refinement scores exactly as the per-length-bucket path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import jax
+import numpy as np
+import pytest
+from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, run_module, write_beir_fixture
+from index_utils import random_documents, write_store
+from jax import monitoring
+
+from aligner_jax.core import scoring
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
+from aligner_jax.retrieval import refine
+from aligner_jax.retrieval import searcher as search_lib
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def compilations():
+    """Collects the name of every function XLA compiles inside the block."""
+    names: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == COMPILE_EVENT:
+            names.append(str(kwargs.get("fun_name", "?")))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield names
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+def test_the_counter_sees_a_compilation():
+    with compilations() as names:
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.ones(7, np.float32)).block_until_ready()
+    assert names == ["jit(<lambda>)"]
+
+
+def test_query_and_refinement_buckets():
+    config = EncodingConfig()
+    assert config.bucket_lengths(512, "query") == (32, 64, 128, 256, 512)
+    assert config.bucket_lengths(70, "query") == (32, 64, 70)
+    assert config.bucket_lengths(256, "doc") == (32, 64, 96, 128, 160, 192, 224, 256)
+    assert config.bucket_lengths(256) == config.bucket_lengths(256, "doc")
+    refine_config = refine.RefineConfig()
+    assert refine_config.query_buckets_upto(512) == (16, 32, 64, 128, 256, 512)
+    assert refine_config.query_buckets_upto(40) == (16, 32, 64)
+    assert refine.RefineConfig(query_length_buckets=(16,)).query_buckets_upto(70) == (
+        16,
+        32,
+        64,
+        96,
+    )
+
+
+def test_fixed_shape_refinement_scores_as_the_bucketed_path(tmp_path):
+    store = write_store(tmp_path / "store", random_documents(40, 8, seed=3, max_len=70), dim=8)
+    rng = np.random.default_rng(0)
+
+    def query(m: int) -> EncodedText:
+        v = rng.normal(size=(m, 8)).astype(np.float32)
+        return EncodedText(
+            token_ids=rng.integers(5, 60, m).astype(np.int32),
+            vectors=v / np.linalg.norm(v, axis=1, keepdims=True),
+            salience=rng.uniform(0.2, 1.0, m).astype(np.float32),
+        )
+
+    queries = [query(5), query(23)]
+    batch = refine.QueryBatch.from_encoded(queries, 32)
+    candidates = [rng.choice(40, 17, replace=False), np.arange(40)[::-1]]
+    strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in ("top_k:1", "top_k:3"))
+    fixed = refine.Refiner(store, refine.RefineConfig(block_docs=16))
+    bucketed = refine.Refiner(store, refine.RefineConfig(fixed_shape_docs=0))
+    assert fixed.max_length == 96 and len(bucketed.buckets) == 3
+    got = fixed.score(batch, candidates, strategies)
+    want = bucketed.score(batch, candidates, strategies)
+    for g, w, c in zip(got, want, candidates, strict=True):
+        assert g.shape == (2, len(c)) and np.isfinite(g).all()
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    """aligner-index of the toy corpus with the tiny random model (dense projection, LP
+    saliences: the trained model's graph)."""
+    root = tmp_path_factory.mktemp("compilations")
+    corpus = write_beir_fixture(root, TOY_DOCS, TOY_QUERIES, TOY_QRELS) / "corpus.jsonl"
+    r = run_module(
+        "aligner_jax.index",
+        "--gin_file=models/bert_tiny.gin",
+        f"--corpus={corpus}",
+        f"--index_dir={root / 'index'}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root / "index"
+
+
+@pytest.fixture(scope="module")
+def encoder(index_dir):
+    """The index's model, queries cut at 64 tokens (buckets 32 and 64: few compilations in CI;
+    ``whole_query_encoder``'s 512 gives 32, 64, 128, 256 and 512, see above)."""
+    spec = json.loads((index_dir / "encoder.json").read_text())
+    return Encoder(loading.encoder_from_spec(spec), EncodingConfig(), query_maxlen=64)
+
+
+# Queries of 1 to 150 words: every encoder and refinement bucket, and past the 64-token budget.
+QUERIES = ["honey " * n for n in (1, 5, 13, 14, 15, 30, 31, 40, 62, 63, 64, 90, 150)]
+
+
+@pytest.mark.parametrize(
+    "mode, alignment", [("fast", "top_k:1"), ("fast", "top_k:2"), ("exhaustive", "top_k:1")]
+)
+def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
+    searcher = search_lib.Searcher.load(
+        str(index_dir), mode=mode, encoder=encoder, alignment=alignment
+    )
+    doc_ids = list(searcher.store.doc_ids)
+    encoded = encoder.encode(QUERIES, "query")
+    assert {len(e.token_ids) for e in encoded} >= {3, 32, 33, 64}
+    with compilations() as names:
+        for text in QUERIES:
+            assert searcher.search(text, k=3)
+        candidates = {str(i): doc_ids[i % 3 :] for i in range(len(QUERIES))}
+        qids = list(candidates)
+        out = searcher.rerank(qids, encoded, candidates, show_progress=False)
+        assert [len(out.results["top_k:1"][q]) for q in qids[:3]] == [12, 11, 10]
+    assert names == []
