@@ -1,17 +1,15 @@
 r"""Export binary (``aligner-export``): a thin absl + gin wrapper of
 :func:`aligner_jax.weights.hf_export.export_model`, writing an encoder as a folder PyTorch users
 load (``transformers`` backbone + tokenizer, ``aligner_heads.safetensors``,
-``aligner_config.json``, ``README.md``) and that ``hf:FOLDER`` loads back.
+``aligner_config.json``, ``README.md``; ``--format=pylate``, the default: also a
+sentence-transformers model ``pylate.models.ColBERT(FOLDER)`` loads) that ``hf:FOLDER`` loads.
 
-  python -m aligner_jax.export \
-    --checkpoint=outputs/scifact_minilm --output_dir=outputs/scifact_minilm_hf
+  python -m aligner_jax.export --checkpoint=outputs/scifact_minilm --output_dir=outputs/hf
 
   python -m aligner_jax.export --gin_file=models/t5_base.gin --gin_file=models/aligner_t5.gin \
     --gin.load_encoder.backbone_weights="'t5x:/path/checkpoint_1000000'" --output_dir=t5_hf
 
-Flags: ``--gin_file`` (repeatable; the model file the checkpoint was trained with),
-``--gin_bindings`` / ``--gin.NAME=VALUE``, ``--checkpoint`` (an ``aligner-train`` MODEL_DIR or
-step folder; default: ``load_encoder``'s binding), ``--output_dir``.
+Flags: ``--gin_file``, ``--gin.NAME=VALUE``, ``--checkpoint``, ``--output_dir``, ``--format``.
 
 Without ``--gin_file`` the model is the one the checkpoint was trained with: the ``config.gin``
 that ``aligner-train`` wrote in its MODEL_DIR (the backbone weights and tokenizer of the
@@ -31,18 +29,21 @@ from aligner_jax.weights import hf_export
 
 FLAGS = flags.FLAGS
 DEFAULT_GIN_FILES = ("models/minilm_identity.gin",)  # without --checkpoint: the bundled model
-flags.DEFINE_string("checkpoint", None, "aligner-train MODEL_DIR (newest step) or a step folder.")
+flags.DEFINE_string("checkpoint", None, "aligner-train MODEL_DIR (newest step) or step folder.")
 flags.DEFINE_string("output_dir", None, "The export folder (new, empty or an earlier export).")
+flags.DEFINE_enum(
+    "format", "pylate", hf_export.LAYOUTS, "pylate (PyLate loads it too) or transformers."
+)
 
 
-def _export(checkpoint: str | None, output_dir: str) -> None:
+def _export(checkpoint: str | None, output_dir: str, layout: str) -> None:
     if checkpoint and not flags.FLAGS.gin_file:
         loading.bind_encoder_as_trained()
     bundle = loading.load_encoder(**({"checkpoint": checkpoint} if checkpoint else {}))
     files = hf_export.export_model(
-        bundle.config, bundle.params, bundle.source["tokenizer"], output_dir
+        bundle.config, bundle.params, bundle.source["tokenizer"], output_dir, layout
     )
-    print(f"aligner-export: {bundle.name} -> {output_dir}: {', '.join(files)}")
+    print(f"aligner-export: {bundle.name} -> {output_dir} ({layout}): {', '.join(files)}")
     print(f"  load back with --gin.load_encoder.backbone_weights=\"'hf:{output_dir}'\"")
 
 
@@ -67,6 +68,7 @@ def main(argv: Sequence[str]) -> None:
         on_interrupt=f"{FLAGS.output_dir} may hold part of the export; re-run to replace it",
         checkpoint=FLAGS.checkpoint,
         output_dir=FLAGS.output_dir,
+        layout=FLAGS.format,
     )
 
 

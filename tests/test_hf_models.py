@@ -8,7 +8,10 @@ exported model must load back (``hf:``) with identical scores and load in ``tran
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
+import subprocess
+import sys
 
 import gin
 import jax
@@ -16,12 +19,13 @@ import numpy as np
 import pytest
 import tokenizers
 from conftest import importorskip
-from fixtures import TOY_DOCS, TOY_QUERIES
+from fixtures import REPO, TOY_DOCS, TOY_QUERIES
 from safetensors.numpy import load_file, save_file
 
 from aligner_jax.common.errors import CheckpointError, ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import bert, t5
 from aligner_jax.weights import hf_export, hf_models, minilm
@@ -385,6 +389,149 @@ def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
         loading.load_encoder(config=config, backbone_weights=f"hf:{out}")
 
 
+def _identity_bundle(folder_spec):
+    """The hf backbone's own vectors (zero-shot: identity projection, no salience)."""
+    config = aligner_lib.AlignerConfig(
+        backbone=None, projection="identity", salience="none", query_maxlen=16, doc_maxlen=48
+    )
+    return loading.load_encoder(config=config, backbone_weights=folder_spec)
+
+
+@pytest.mark.parametrize("projection", ["dense", "identity"])
+def test_export_pylate_layout(projection, bert_folder, tmp_path):
+    """What PyLate reads (modules.json, sentence_bert_config.json, config_sentence_transformers
+    .json, 1_Dense/) is written so that ColBERT(FOLDER) gives our token vectors: Transformer at
+    the root, a bias-free Dense of W_p (or the identity), no prefixes, no query expansion, no
+    skiplist, our token budgets; the computation these files define matches our Encoder."""
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    if projection == "dense":
+        bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+        expected_weight = np.asarray(bundle.params["projection"]["kernel"]).T
+    else:
+        bundle = _identity_bundle(f"hf:{bert_folder}")
+        expected_weight = np.eye(32, dtype=np.float32)
+    out = tmp_path / "export"
+    files = hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    assert {
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Dense/config.json",
+        "1_Dense/model.safetensors",
+        "tokenizer.json",
+    } <= set(files)
+    modules = json.loads((out / "modules.json").read_text())
+    assert [(m["idx"], m["path"], m["type"]) for m in modules] == [
+        (0, "", "sentence_transformers.models.Transformer"),
+        (1, "1_Dense", "pylate.models.Dense.Dense"),
+    ]
+    transformer = json.loads((out / "sentence_bert_config.json").read_text())
+    assert transformer == {
+        "max_seq_length": 48,
+        "do_lower_case": False,
+        "model_args": {"add_pooling_layer": False},
+    }
+    colbert = json.loads((out / "config_sentence_transformers.json").read_text())
+    assert (colbert["model_type"], colbert["similarity_fn_name"]) == ("ColBERT", "MaxSim")
+    assert (colbert["query_prefix"], colbert["document_prefix"]) == ("", "")
+    assert (colbert["query_length"], colbert["document_length"]) == (16, 48)
+    assert colbert["do_query_expansion"] is False
+    assert colbert["attend_to_expansion_tokens"] is False
+    assert colbert["skiplist_words"] == []
+    dense = json.loads((out / "1_Dense" / "config.json").read_text())
+    assert dense == {
+        "in_features": 32,
+        "out_features": bundle.config.output_dim,
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+        "use_residual": False,
+    }
+    weight = load_file(str(out / "1_Dense" / "model.safetensors"))
+    assert list(weight) == ["linear.weight"]
+    np.testing.assert_array_equal(weight["linear.weight"], expected_weight)
+    assert "models.ColBERT" in (out / "README.md").read_text()
+
+    # PyLate's computation from these files: the folder's tokenizer cut at query_length /
+    # document_length, AutoModel(**model_args), Dense, L2 normalisation of the real tokens.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModel.from_pretrained(out, **transformer["model_args"]).eval()
+    encoder = Encoder(bundle)
+    texts = [*TEXTS, " ".join(TEXTS * 2)]  # the last is cut at both budgets
+    for kind, budget in (("query", 16), ("doc", 48)):
+        batch = tokenizer(
+            texts, truncation=True, max_length=budget, padding=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            v = model(**batch).last_hidden_state @ torch.from_numpy(weight["linear.weight"]).T
+            v = torch.nn.functional.normalize(v, p=2, dim=-1).numpy()
+        ours = encoder.encode(texts, kind)
+        assert len(ours[-1].token_ids) == budget and len(ours[0].token_ids) < budget
+        for row, e in enumerate(ours):
+            m = int(batch["attention_mask"][row].sum())
+            assert batch["input_ids"][row][:m].tolist() == e.token_ids.tolist()
+            np.testing.assert_allclose(v[row, :m], e.vectors, atol=1e-5, rtol=0)
+
+
+def test_export_layouts_replace_each_other(bert_folder, tmp_path):
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+    args = (bundle.config, bundle.params, bundle.source["tokenizer"], tmp_path / "export")
+    pylate_files = set(hf_export.export_model(*args))
+    plain = set(hf_export.export_model(*args, layout="transformers"))
+    assert pylate_files - plain == {
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Dense/config.json",
+        "1_Dense/model.safetensors",
+    }
+    assert not (tmp_path / "export" / "1_Dense").exists()
+    assert "models.ColBERT" not in (tmp_path / "export" / "README.md").read_text()
+    assert set(hf_export.export_model(*args, layout="pylate")) == pylate_files
+    with pytest.raises(ConfigError, match=r"--format=onnx: choose one of pylate, transformers"):
+        hf_export.export_model(*args, layout="onnx")
+
+
+PEER_PYTHON = pathlib.Path("/work/peer-venv/bin/python")
+
+
+@pytest.mark.slow
+def test_pylate_loads_exports_as_they_are(bert_folder, tmp_path):
+    """PyLate (in the peers' venv) loads the bundled zero-shot MiniLM's export and a trained-like
+    model's (dense projection, LP saliences, its own WordPiece vocabulary) with no edits and
+    encodes our token vectors within 1e-5 (benchmarks/peers/pylate_check.py)."""
+    if not PEER_PYTHON.is_file():
+        pytest.skip(f"{PEER_PYTHON} missing: bash benchmarks/peers/setup_peer_venv.sh")
+    probe = subprocess.run([str(PEER_PYTHON), "-c", "import pylate"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"{PEER_PYTHON} has no pylate: bash benchmarks/peers/setup_peer_venv.sh")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import pylate_export
+
+    texts = [*TEXTS, *pylate_export.TEXTS]
+    minilm_bundle = loading.load_encoder(
+        config=aligner_lib.AlignerConfig(
+            backbone=loading.minilm_backbone(), projection="identity", salience="none"
+        )
+    )
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    trained = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+    pylate_export.write_case(tmp_path / "cases" / "minilm_zero_shot", minilm_bundle, texts)
+    pylate_export.write_case(tmp_path / "cases" / "trained_like", trained, texts)
+    report = tmp_path / "pylate.json"
+    assert pylate_export.run_check(str(PEER_PYTHON), tmp_path / "cases", str(report)) == 0
+    result = json.loads(report.read_text())
+    assert result["pass"] and [c["case"] for c in result["cases"]] == [
+        "minilm_zero_shot",
+        "trained_like",
+    ]
+    for case in result["cases"]:
+        for side in ("query", "doc"):
+            assert case[side]["token_ids_equal"] and case[side]["max_abs_diff"] <= 1e-5
+        assert case["settings"]["query_prefix"] == "" and not case["settings"]["do_query_expansion"]
+    assert result["cases"][1]["query"]["dim"] == 8
+
+
 def test_t5_tokenizer_for_t5x_checkpoints(tmp_path):
     """aligner_t5.gin's tokenizer 'auto': SentencePiece beside a t5x: checkpoint, or a clear
     refusal; the bundled WordPiece vocabulary is refused for T5X weights."""
@@ -536,7 +683,10 @@ def test_export_binary(run_binary, tmp_path):
         f"--output_dir={out}",
     )
     assert proc.returncode == 0, proc.stderr
-    assert f"-> {out}: README.md, aligner_config.json, aligner_heads.safetensors" in proc.stdout
+    assert (
+        f"-> {out} (pylate): 1_Dense/config.json, 1_Dense/model.safetensors, README.md, "
+        "aligner_config.json, aligner_heads.safetensors"
+    ) in proc.stdout
     assert f"backbone_weights=\"'hf:{out}'\"" in proc.stdout
     assert (out / "tokenizer.json").is_file() and (out / "vocab.txt").is_file()
     recorded = json.loads((out / "aligner_config.json").read_text())

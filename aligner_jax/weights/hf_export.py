@@ -6,10 +6,18 @@ The folder holds
     (``BertModel`` or ``T5EncoderModel`` layout) and the tokenizer files it was trained with;
   * ``aligner_heads.safetensors`` + ``aligner_config.json`` (``weights.aligner_heads``): the
     projection and salience heads and the settings that apply them;
+  * with ``layout='pylate'`` (the default), the sentence-transformers files PyLate reads, so
+    that ``pylate.models.ColBERT(FOLDER)`` loads it as it is and encodes our token vectors:
+    ``modules.json`` (the Transformer module at the root, then ``1_Dense``), ``1_Dense/`` (the
+    projection as a bias-free linear layer: ``W_p``, or the identity for
+    ``projection='identity'``), ``sentence_bert_config.json`` and
+    ``config_sentence_transformers.json`` (no query / document prefix tokens, no query expansion,
+    no skiplist, the model's query and document token budgets);
   * ``README.md``: how to apply them (paper equations named).
 
 ``load_encoder(backbone_weights='hf:FOLDER')`` loads it back, heads included, and scores exactly as
-the exported model did.
+the exported model did. PyLate's token vectors equal ours (``benchmarks/peers/pylate_check.py``);
+its MaxSim ignores the saliences (u = 1: ColBERT's sum of maxima).
 """
 
 from __future__ import annotations
@@ -18,11 +26,25 @@ import os
 import pathlib
 import shutil
 
+import numpy as np
+from safetensors.numpy import save
+
 from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models.t5 import T5Config
 from aligner_jax.weights import aligner_heads, hf_folder, hf_models, minilm
+
+LAYOUTS = ("pylate", "transformers")
+DENSE_DIR = "1_Dense"
+# The sentence-transformers / PyLate files of the ``pylate`` layout (removed from an earlier export
+# re-written as ``transformers``).
+_DENSE_WEIGHTS = f"{DENSE_DIR}/model.safetensors"
+SENTENCE_TRANSFORMERS_FILES = (
+    hf_folder.MODULES_FILE,
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
 
 _README = """# ALIGNER encoder ({backbone}, exported by aligner_jax)
 
@@ -63,6 +85,23 @@ entropic_top_k`). With `salience = "none"` there are no salience tensors and u =
 u = s. Queries are encoded with at most {query_maxlen} tokens in training, documents {doc_maxlen}.
 
 In aligner_jax: `--gin.load_encoder.backbone_weights="'hf:THIS_FOLDER'"`.
+{pylate}"""
+
+_PYLATE_README = """
+With PyLate (`modules.json`, `1_Dense/`, `config_sentence_transformers.json`: no prefix tokens,
+no query expansion, no skiplist, queries cut at {query_maxlen} tokens and documents at
+{doc_maxlen}) the same token vectors come out, L2-normalised:
+
+```python
+from pylate import models
+
+model = models.ColBERT("THIS_FOLDER")
+q = model.encode(["a query"], is_query=True)[0]        # [m, {dim}] token vectors q_i
+d = model.encode(["a document"], is_query=False)[0]    # [n, {dim}]
+```
+
+PyLate's MaxSim gives every token u = 1 (ColBERT's sum of maxima); apply the salience heads above
+for ALIGNER's Eq. 2.
 """
 
 
@@ -87,13 +126,19 @@ def _tokenizer_sources(spec: str) -> dict[str, pathlib.Path]:
     return sources
 
 
-def readme(config: aligner_lib.AlignerConfig) -> str:
+def readme(config: aligner_lib.AlignerConfig, layout: str = "pylate") -> str:
     t5 = isinstance(config.backbone, T5Config)
     if config.projection == "dense":
         project = 'v = h @ heads["projection.weight"].T                  # [B, L, D] (§4.1)'
     else:
         project = "v = h                                                 # identity projection"
+    pylate = ""
+    if layout == "pylate":
+        pylate = _PYLATE_README.format(
+            query_maxlen=config.query_maxlen, doc_maxlen=config.doc_maxlen, dim=config.output_dim
+        )
     return _README.format(
+        pylate=pylate,
         backbone="T5 encoder" if t5 else "BERT",
         model_class="T5EncoderModel" if t5 else "AutoModel",
         model_kwargs="" if t5 else ", add_pooling_layer=False",
@@ -113,14 +158,71 @@ def _copy(source: pathlib.Path):
     return write
 
 
-def export_model(
-    config: aligner_lib.AlignerConfig, params: dict, tokenizer: str, output_dir: str | os.PathLike
-) -> list[str]:
-    """Writes the export folder (see the module docstring); returns the names of its files.
+def projection_matrix(config: aligner_lib.AlignerConfig, params: dict) -> np.ndarray:
+    """The token projection as a PyTorch ``Linear`` weight ``[D, H]`` float32: ``W_p`` (§4.1), or
+    the identity for ``projection='identity'`` (exact in float32: ``x·1 + Σ 0·x_j = x``)."""
+    if config.projection == "dense":
+        return aligner_heads.heads_to_tensors(config, params)["projection.weight"]
+    return np.eye(aligner_lib.backbone_hidden_size(config.backbone), dtype=np.float32)
 
-    ``tokenizer`` is the resolved tokenizer of ``load_encoder`` (``EncoderBundle.source``). An
-    existing folder is refused unless it holds an earlier export, whose files are replaced.
+
+def sentence_transformers_files(config: aligner_lib.AlignerConfig) -> dict[str, dict | list]:
+    """The JSON files of the ``pylate`` layout, ``{relative path: object}``: a sentence-transformers
+    model of two modules, the backbone (at the folder's root) and a bias-free ``1_Dense`` linear
+    layer, with PyLate's ColBERT settings set to give our token vectors: no ``[Q]``/``[D]``
+    prefix tokens, no query expansion (no ``[MASK]`` padding), no punctuation skiplist, queries
+    cut at ``query_maxlen`` and documents at ``doc_maxlen`` tokens (special tokens included, as
+    our tokenizer counts them)."""
+    hidden = aligner_lib.backbone_hidden_size(config.backbone)
+    transformer = {"max_seq_length": config.doc_maxlen, "do_lower_case": False}
+    if not isinstance(config.backbone, T5Config):  # BertModel without the unused pooler
+        transformer["model_args"] = {"add_pooling_layer": False}
+    return {
+        hf_folder.MODULES_FILE: [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": DENSE_DIR, "type": "pylate.models.Dense.Dense"},
+        ],
+        "sentence_bert_config.json": transformer,
+        "config_sentence_transformers.json": {
+            "model_type": "ColBERT",
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "MaxSim",
+            "query_prefix": "",
+            "document_prefix": "",
+            "query_length": config.query_maxlen,
+            "document_length": config.doc_maxlen,
+            "attend_to_expansion_tokens": False,
+            "skiplist_words": [],
+            "do_query_expansion": False,
+        },
+        f"{DENSE_DIR}/config.json": {
+            "in_features": hidden,
+            "out_features": config.output_dim,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+            "use_residual": False,
+        },
+    }
+
+
+def export_model(
+    config: aligner_lib.AlignerConfig,
+    params: dict,
+    tokenizer: str,
+    output_dir: str | os.PathLike,
+    layout: str = "pylate",
+) -> list[str]:
+    """Writes the export folder (see the module docstring); returns the paths of its files,
+    relative to it.
+
+    ``tokenizer`` is the resolved tokenizer of ``load_encoder`` (``EncoderBundle.source``);
+    ``layout`` is ``pylate`` (also a sentence-transformers / PyLate model) or ``transformers``
+    (the backbone folder and the heads only). An existing folder is refused unless it holds an
+    earlier export, whose files are replaced.
     """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"--format={layout}: choose one of {', '.join(LAYOUTS)}")
     output_dir = fileio.check_output_dir(output_dir, "--output_dir")
     if (
         output_dir.is_dir()
@@ -134,10 +236,19 @@ def export_model(
     sources = _tokenizer_sources(tokenizer)
     output_dir.mkdir(parents=True, exist_ok=True)
     stale = set(hf_folder.TOKENIZER_FILES) | {hf_folder.WEIGHTS_INDEX_FILE}
+    stale |= set(SENTENCE_TRANSFORMERS_FILES) | {f"{DENSE_DIR}/config.json", _DENSE_WEIGHTS}
     for name in stale - set(sources):
         (output_dir / name).unlink(missing_ok=True)
+    if (output_dir / DENSE_DIR).is_dir() and not any((output_dir / DENSE_DIR).iterdir()):
+        (output_dir / DENSE_DIR).rmdir()
     hf_models.save_backbone(config.backbone, params["backbone"], output_dir)
     for name, source in sources.items():
         fileio.atomic_write(output_dir / name, _copy(source))
-    aligner_heads.save_heads(config, params, output_dir, readme(config))
-    return sorted(p.name for p in output_dir.iterdir() if p.is_file())
+    if layout == "pylate":
+        (output_dir / DENSE_DIR).mkdir(exist_ok=True)
+        weight = {"linear.weight": np.ascontiguousarray(projection_matrix(config, params))}
+        fileio.atomic_write_bytes(output_dir / _DENSE_WEIGHTS, save(weight, {"format": "pt"}))
+        for name, obj in sentence_transformers_files(config).items():
+            fileio.atomic_write_json(output_dir / name, obj, sort_keys=False)
+    aligner_heads.save_heads(config, params, output_dir, readme(config, layout))
+    return sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*") if p.is_file())
