@@ -580,3 +580,18 @@ def test_add_counts_the_documents_it_cut_and_search_says_so(toy_index, tmp_path)
     assert ts.read_manifest(index_dir)["stats"]["truncated_docs"] == 1  # the toy corpus: none
     note = _search(index_dir, query="honey bees", k=1).splitlines()[-1]
     assert note == f"note: the index cut 1 documents at {summary['doc_maxlen']} tokens"
+def test_deleting_an_unknown_id_is_one_line_and_deletes_nothing(toy_index, tmp_path, capsys):
+    from aligner_jax.indexing import updates
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    manifest = (index_dir / ts.MANIFEST).read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.call_or_exit(
+            "aligner-index", updates.update_index, index_dir=str(index_dir), delete="d1,nope"
+        )
+    message = str(exit_info.value.code)
+    assert (
+        message.startswith("aligner-index: error: --delete: 1 ids are not ") and "\n" not in message
+    )
+    assert str(index_dir) in message and message.endswith("(e.g. ['nope']); nothing was deleted")
+    assert (index_dir / ts.MANIFEST).read_bytes() == manifest
