@@ -580,6 +580,8 @@ def test_add_counts_the_documents_it_cut_and_search_says_so(toy_index, tmp_path)
     assert ts.read_manifest(index_dir)["stats"]["truncated_docs"] == 1  # the toy corpus: none
     note = _search(index_dir, query="honey bees", k=1).splitlines()[-1]
     assert note == f"note: the index cut 1 documents at {summary['doc_maxlen']} tokens"
+
+
 def test_deleting_an_unknown_id_is_one_line_and_deletes_nothing(toy_index, tmp_path, capsys):
     from aligner_jax.indexing import updates
 
