@@ -189,6 +189,10 @@ def test_filter_on_the_python_index(toy_searcher):
     assert hits[0].doc_id == "d10"  # the beekeeping document, d1 (odd) filtered out
     years = toy_searcher.search("bees", k=10, filter={"year": {"lte": 2002}})
     assert sorted(h.doc_id for h in years) == ["d0", "d1", "d2"]
+    titled = toy_searcher.search(
+        "bees", k=10, filter={"title": {"in": ["Chess openings", "Tides"]}}
+    )
+    assert sorted(h.doc_id for h in titled) == ["d11", "d2"]
 
 
 def test_python_index_is_the_cli_index(toy_index, tmp_path):

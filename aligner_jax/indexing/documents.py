@@ -23,7 +23,7 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 ``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}``
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
-field (``"venue.name"``) and ``doc_id`` for the document id. The result is a boolean mask over
+field (``"venue.name"``), and ``doc_id`` / ``title`` for the document's id and title. The result is a boolean mask over
 store positions, which search applies during candidate generation.
 """
 
@@ -61,6 +61,7 @@ CREATE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id);
 """
 RANGE_OPERATORS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 OPERATORS = tuple(RANGE_OPERATORS) + ("in",)
+COLUMNS = ("doc_id", "title")  # filtered as columns; every other field is a metadata key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +198,10 @@ def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
     for field, condition in filter.items():
         if not isinstance(field, str) or not field:
             raise ConfigError(f"filter: field names are non-empty strings, got {field!r}")
-        column = "doc_id" if field == "doc_id" else "json_extract(metadata, ?)"
-        column_params = [] if field == "doc_id" else [_json_path(field)]
+        if field in COLUMNS:
+            column, column_params = field, []
+        else:
+            column, column_params = "json_extract(metadata, ?)", [_json_path(field)]
         if not isinstance(condition, Mapping):
             condition = {"eq": condition}
         if not condition:

@@ -10,7 +10,8 @@
 
 The index directory is the one ``aligner-index`` writes (token store, manifest, checksums,
 ``encoder.json``, ``documents.sqlite``, ``search_index/``), through the same functions: the
-first ``add`` runs the indexing job's ``indexer.build_token_store`` and builds the search index;
+first ``add`` runs the indexing job's ``indexer.build_token_store`` and builds the search index
+(``updates.rebuild_search_index``, as ``aligner-index --index_dir=DIR --search_index``);
 later ones are ``aligner-index --add`` (``updates.add_documents``), ``delete`` is
 ``aligner-index --delete`` (``updates.delete_documents``), each under the directory's writer
 lock. ``aligner-index --index_dir=DIR --add=more.jsonl`` and ``Searcher.load(DIR)`` work on an
@@ -33,7 +34,6 @@ from aligner_jax.common import fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncoderBundle, EncodingConfig
-from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer, updates
 from aligner_jax.indexing import token_store as ts
@@ -247,8 +247,8 @@ class Index:
             summary = indexer.build_token_store(
                 docs, self.encoder, self.directory, self.config, corpus_info=settings["corpus"]
             )
-            with indexer.writer_lock(self.directory):
-                ci.CentroidIndex.build(ts.TokenStore(self.directory))
+            with indexer.writer_lock(self.directory):  # aligner-index --search_index
+                updates.rebuild_search_index(str(self.directory))
             return {"added_docs": summary.num_docs, "num_tokens": summary.num_tokens}
         with indexer.writer_lock(self.directory):
             return updates.add_documents(str(self.directory), docs, self.encoder)
