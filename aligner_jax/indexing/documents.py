@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS documents (
     text BLOB,
     metadata TEXT NOT NULL,
     PRIMARY KEY (shard, slot)
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS documents_doc_id ON documents (doc_id);
 """
 RANGE_OPERATORS = {"eq": "=", "ne": "!=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
