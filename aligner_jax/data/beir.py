@@ -388,17 +388,19 @@ def load_corpus(path: str | os.PathLike) -> dict[str, Document]:
 def iter_queries(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
     """Streams `(query_id, text)` from a queries.jsonl in file order.
 
-    A record with a ``title`` field (a corpus.jsonl given as the queries) and a query whose text
-    is empty or whitespace (nothing to search with) are refused, naming the file and line.
+    A record with a non-empty ``title`` (a corpus.jsonl given as the queries; an empty one, as
+    in Hugging Face's BeIR query exports, is allowed) and a query whose text is empty or
+    whitespace (nothing to search with) are refused, naming the file and line.
     """
     path = Path(path)
     seen: dict[str, int] = {}
     for line_number, record in iter_jsonl_records(path):
         query_id = _record_id(path, line_number, record)
         _check_duplicate(path, line_number, query_id, seen, "query")
-        if "title" in record:
+        title = record.get("title")
+        if isinstance(title, str) and title.strip():
             raise BeirFormatError(
-                f'{path}:{line_number}: record has a "title" field: this is a corpus file '
+                f'{path}:{line_number}: record has a "title": this is a corpus file '
                 f"(corpus.jsonl), not queries. Give a queries.jsonl, one "
                 f'{{"_id": ..., "text": ...}} object per line.'
             )
