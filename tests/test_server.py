@@ -406,6 +406,7 @@ def test_search_page_is_served(read_only):
 # -- the binary --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess loading JAX, the model and the warm-ups: ~30 s
 def test_serve_binary_answers_on_localhost(pristine, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

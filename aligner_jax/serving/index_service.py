@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from aligner_jax.common import errors
 from aligner_jax.data import beir
@@ -92,7 +93,7 @@ class DocumentTexts:
         records = {}
         if path.is_file():
             for doc in beir.iter_corpus(path, check_duplicates=False):
-                records[doc.doc_id] = (doc.title, doc.text, {})
+                records[doc.doc_id] = (doc.title, doc.text, dict(doc.metadata or {}))
         return cls(records)
 
     def get(self, doc_id: str) -> tuple[str, str, dict]:
@@ -151,9 +152,9 @@ class Snapshot:
         if position is None or self.searcher.store.deleted[position]:
             return "", ""
         table = self.searcher.documents
-        if table is not None:
-            (row,) = table.fetch([position])
-            return ((row or {}).get("title") or ""), ((row or {}).get("text") or "")
+        row = table.fetch([position])[0] if table is not None else None
+        if row is not None and row.get("text") is not None:
+            return row.get("title") or "", row["text"]
         title, text, _ = self.documents.get(doc_id) if self.documents else ("", "", {})
         return title, text
 
@@ -185,6 +186,8 @@ class IndexService:
       loader: ``loader(index_dir, encoder)`` → a ``Searcher`` (``encoder`` is ``None`` the first
         time, then the first searcher's, so a reload does not load the model again).
       limits: request bounds.
+      warm_batches: compile the query encoder's batched shapes at start (the binary does; tests
+        need not).
     """
 
     def __init__(
@@ -192,6 +195,7 @@ class IndexService:
         index_dir: str | Path,
         loader: Callable[[str, Encoder | None], search_lib.Searcher] | None = None,
         limits: ServeLimits | None = None,
+        warm_batches: bool = False,
     ):
         self.index_dir = str(index_dir)
         self.limits = limits or ServeLimits()
@@ -204,8 +208,31 @@ class IndexService:
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
         self._started = time.time()
+        if warm_batches:
+            self._warm_batches(searcher)
         self._worker = threading.Thread(target=self._search_loop, name="search", daemon=True)
         self._worker.start()
+
+    def _warm_batches(self, searcher: search_lib.Searcher) -> None:
+        """Compiles the query encoder for the batch shapes the batching thread forms (2, 4, 8,
+        ... rows, padded to powers of two) at the two shortest query lengths, where nearly all
+        queries fall; ``Searcher.load`` warmed single queries of every length."""
+        encoder = searcher.encoder
+        lengths = encoder.config.bucket_lengths(encoder.maxlen("query"), "query")[:2]
+        start, shapes = time.perf_counter(), 0
+        rows = 2
+        while rows <= self.limits.max_batch:
+            for length in lengths:
+                texts = [np.zeros(length, np.int32)] * rows
+                for _ in encoder.encode_token_ids(texts, "query"):
+                    pass
+                shapes += 1
+            rows *= 2
+        logging.info(
+            "aligner-serve: %d batched query shapes compiled in %.1f s",
+            shapes,
+            time.perf_counter() - start,
+        )
 
     # -- reading -----------------------------------------------------------------------------------
     @property

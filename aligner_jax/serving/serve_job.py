@@ -61,7 +61,7 @@ def build_app(
     def loader(directory, encoder):
         return search_lib.Searcher.load(directory, mode=mode, encoder=encoder)
 
-    service = index_service.IndexService(index_dir, loader=loader, limits=limits)
+    service = index_service.IndexService(index_dir, loader=loader, limits=limits, warm_batches=True)
     return http_app.create_app(service, write_token=write_token, explainer=explainer)
 
 
