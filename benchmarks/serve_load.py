@@ -291,10 +291,7 @@ def _load(uptime_line: str) -> str:
 
 
 def plot(result, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 - plotting only
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = plotting.pyplot()
 
     phases = result["phases"]
     labels = [str(p["clients"]) for p in phases]
@@ -334,8 +331,7 @@ def plot(result, path: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    plotting.save_png(fig, path) if hasattr(plotting, "save_png") else fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path, dpi=120)
 
 
 def main() -> int:
