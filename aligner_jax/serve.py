@@ -40,8 +40,9 @@ flags.DEFINE_integer("max_query_chars", _LIMITS.max_query_chars, "Longest query 
 flags.DEFINE_integer("max_request_bytes", _LIMITS.max_request_bytes, "Largest search body.")
 flags.DEFINE_integer("max_write_bytes", _LIMITS.max_write_bytes, "Largest POST /documents body.")
 flags.DEFINE_integer("max_documents", _LIMITS.max_documents, "Most documents per write.")
+flags.DEFINE_integer("max_batch", _LIMITS.max_batch, "Most queries encoded together.")
 LIMIT_FLAGS = ("max_k", "max_offset", "max_query_chars", "max_request_bytes", "max_write_bytes",
-               "max_documents")  # fmt: skip
+               "max_documents", "max_batch")  # fmt: skip
 
 
 def main(argv: Sequence[str]) -> None:
