@@ -41,8 +41,9 @@ flags.DEFINE_integer("max_request_bytes", _LIMITS.max_request_bytes, "Largest se
 flags.DEFINE_integer("max_write_bytes", _LIMITS.max_write_bytes, "Largest POST /documents body.")
 flags.DEFINE_integer("max_documents", _LIMITS.max_documents, "Most documents per write.")
 flags.DEFINE_integer("max_batch", _LIMITS.max_batch, "Most queries encoded together.")
+flags.DEFINE_integer("search_threads", _LIMITS.search_threads, "Threads running the batches.")
 LIMIT_FLAGS = ("max_k", "max_offset", "max_query_chars", "max_request_bytes", "max_write_bytes",
-               "max_documents", "max_batch")  # fmt: skip
+               "max_documents", "max_batch", "search_threads")  # fmt: skip
 
 
 def main(argv: Sequence[str]) -> None:

@@ -61,7 +61,9 @@ def free_port() -> int:
 class Server:
     """``aligner-serve`` in a subprocess on a free localhost port."""
 
-    def __init__(self, index_dir: str, token: str | None = None, threads: int = 2):
+    def __init__(
+        self, index_dir: str, token: str | None = None, threads: int = 2, search_threads: int = 1
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
@@ -69,6 +71,7 @@ class Server:
             env["ALIGNER_SERVE_WRITE_TOKEN"] = token
         cmd = [sys.executable, "-m", "aligner_jax.serve", f"--index_dir={index_dir}"]
         cmd += [f"--port={self.port}", f"--threads={threads}", "--max_write_bytes=67108864"]
+        cmd += [f"--search_threads={search_threads}"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
         deadline = time.time() + 900
         while time.time() < deadline:
@@ -172,7 +175,7 @@ def writer_phase(args, queries, token) -> dict:
         for doc in list(corpus.values())[: args.writer_docs]
     ]
     fixed = queries[: args.consistency_queries]
-    server = Server(str(copy), token=token, threads=args.threads)
+    server = Server(str(copy), token, args.threads, args.search_threads)
     try:
         asyncio.run(closed_loop(server.url, fixed, args.write_clients, args.warmup, args.k))
         before = answers_of(server.url, fixed, args.k)
@@ -343,7 +346,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="aligner-serve --threads (BLAS)")
+    p.add_argument("--search_threads", type=int, default=1, help="aligner-serve --search_threads")
     p.add_argument("--writer_docs", type=int, default=1000)
     p.add_argument("--write_clients", type=int, default=16)
     p.add_argument("--write_after", type=float, default=5.0)
@@ -361,10 +365,11 @@ def main() -> int:
         "num_queries": len(queries),
         "duration_s": args.duration,
         "machine": f"{os.cpu_count()} cores, shared",
+        "server_flags": {"threads": args.threads, "search_threads": args.search_threads},
         "uptime_start": uptime(),
         "phases": [],
     }
-    server = Server(args.index_dir, threads=args.threads)
+    server = Server(args.index_dir, threads=args.threads, search_threads=args.search_threads)
     result["num_docs"] = server.health["num_docs"]
     try:
         asyncio.run(closed_loop(server.url, queries, max(counts), args.warmup, args.k))

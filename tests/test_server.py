@@ -293,10 +293,10 @@ def test_bad_writes_get_a_422_naming_the_field(client, body, message):
 
 
 def test_a_write_during_searches_never_shows_half_an_update(index_copy, query_encoder):
-    """Real uvicorn, 4 client threads searching while 3 documents are added then one deleted:
-    0 failures, every answer equal to the answer of the snapshot (generation) it names, and each
-    client sees the generations in order."""
-    service = _service(index_copy, query_encoder)
+    """Real uvicorn (two search threads), 4 client threads searching while 3 documents are added
+    then one deleted: 0 failures, every answer equal to the answer of the snapshot (generation)
+    it names, and each client sees the generations in order."""
+    service = _service(index_copy, query_encoder, search_threads=2)
     app = http_app.create_app(service, write_token=TOKEN)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -48,7 +48,8 @@ class ServeLimits:
       max_k: hits per search.
       max_offset: the deepest page start (``offset``).
       max_documents: documents (or ids) per write request.
-      max_batch: queries the batching thread encodes together.
+      max_batch: queries a search thread encodes together.
+      search_threads: threads taking batches from the queue (each batch on one snapshot).
     """
 
     max_request_bytes: int = 64 * 1024
@@ -58,6 +59,7 @@ class ServeLimits:
     max_offset: int = 10_000
     max_documents: int = 10_000
     max_batch: int = 32
+    search_threads: int = 1
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -210,8 +212,12 @@ class IndexService:
         self._started = time.time()
         if warm_batches:
             self._warm_batches(searcher)
-        self._worker = threading.Thread(target=self._search_loop, name="search", daemon=True)
-        self._worker.start()
+        self._workers = [
+            threading.Thread(target=self._search_loop, name=f"search-{i}", daemon=True)
+            for i in range(self.limits.search_threads)
+        ]
+        for worker in self._workers:
+            worker.start()
 
     def _warm_batches(self, searcher: search_lib.Searcher) -> None:
         """Compiles the query encoder for the batch shapes the batching thread forms (2, 4, 8,
@@ -252,6 +258,7 @@ class IndexService:
         while True:
             first = self._queue.get()
             if first is None:
+                self._queue.put(None)  # for the other search threads
                 return
             batch = [first]
             while len(batch) < self.limits.max_batch:
@@ -292,8 +299,10 @@ class IndexService:
             self._latencies.append(took_ms)
 
     def close(self) -> None:
+        """Stops the search threads (each passes the stop mark on to the next)."""
         self._queue.put(None)
-        self._worker.join(timeout=10)
+        for worker in self._workers:
+            worker.join(timeout=10)
 
     # -- writing -------------------------------------------------------------------------------
     def _writer(self, snapshot: Snapshot) -> index_api.Index:
