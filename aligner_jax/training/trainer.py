@@ -427,7 +427,8 @@ def _use_folder_vocabulary(backbone_weights: str, backbone_config, model_dir: Pa
             str(file), lowercase=hf_models.lowercase(file.parent)
         )
         file = model_dir / "tokenizer.json"
-        built.save(str(file))
+        # Atomic: every process of a multi-process job writes the same file and reads it back.
+        fileio.atomic_write_text(file, built.to_str())
     gin.bind_parameter("task_vocabulary.kind", kind)
     name = "tokenizer_file" if kind == "wordpiece" else "sentencepiece_model_file"
     gin.bind_parameter(f"task_vocabulary.{name}", str(file))
