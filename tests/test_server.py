@@ -140,6 +140,7 @@ def test_concurrent_queries_are_batched_and_each_gets_its_own_answer(read_only):
         q: _ids(read_only.post("/search", json={"query": q, "k": 3})) for q in TOY_QUERIES.values()
     }
     service = read_only.app.state.service
+    batches = service.stats()["counts"].get("batches", 0)
     futures = [service.submit(q, 3) for q in TOY_QUERIES.values() for _ in range(3)]
     futures.append(service.submit(BEES, 2, 1))  # another page, same batch
     for future, q in zip(
@@ -149,6 +150,7 @@ def test_concurrent_queries_are_batched_and_each_gets_its_own_answer(read_only):
         assert [h.doc_id for h in hits] == alone[q]
     _, page = futures[-1].result(timeout=60)
     assert [h.doc_id for h in page] == alone[BEES][1:3]
+    assert service.stats()["counts"]["batches"] - batches < len(futures)  # some went together
 
 
 # -- bounds and bad requests -------------------------------------------------------------------

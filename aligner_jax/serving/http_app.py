@@ -293,9 +293,9 @@ def create_app(
             hits=hits,
             took_ms=took_ms,
             generation=snapshot.generation,
-            query_tokens=getattr(results, "query_tokens", 0),
-            truncated_tokens=getattr(results, "truncated_tokens", 0),
-            filtered_docs=getattr(results, "filtered_docs", None),
+            query_tokens=results.query_tokens,
+            truncated_tokens=results.truncated_tokens,
+            filtered_docs=results.filtered_docs,
         )
 
     @app.post("/explain")

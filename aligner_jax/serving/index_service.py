@@ -181,7 +181,7 @@ class _Pending:
 
 
 class IndexService:
-    """The served index: the current snapshot, the batching search thread and the writer.
+    """The served index: the current snapshot, the batching search threads and the writer.
 
     Args:
       index_dir: the index folder (``aligner-index`` / ``aligner-eval``).
@@ -271,6 +271,8 @@ class IndexService:
                     break
                 batch.append(item)
             snapshot = self._snapshot  # the whole batch runs on one snapshot
+            self._counts["batches"] += 1
+            self._counts["batched_queries"] += len(batch)
             groups: dict[tuple, list[_Pending]] = {}
             for p in batch:
                 groups.setdefault(p.group, []).append(p)
