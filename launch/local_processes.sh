@@ -52,7 +52,10 @@ stop_all() {  # SIGTERM every process group, SIGKILL what is left after $kill_af
   local pid killer
   for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   (
-    sleep "$kill_after"
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM  # stopped early: its sleep goes with it
+    sleep "$kill_after" &
+    nap=$!
+    wait "$nap"
     for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   ) &
   killer=$!
