@@ -33,6 +33,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive"], "Compressed index or every document.")
 flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
+flags.DEFINE_float("refresh_s", 2.0, "Seconds between looks for other writers' changes (0: off).")
 _LIMITS = index_service.ServeLimits()
 flags.DEFINE_integer("max_k", _LIMITS.max_k, "Largest k of a search.")
 flags.DEFINE_integer("max_offset", _LIMITS.max_offset, "Largest offset of a search.")
@@ -62,6 +63,7 @@ def main(argv: Sequence[str]) -> None:
         mode=FLAGS.mode,
         threads=FLAGS.threads,
         limits={name: FLAGS[name].value for name in LIMIT_FLAGS},
+        refresh_s=FLAGS.refresh_s,
         explainer=http_app.Explainer(live_explanation.explain_hit, live_explanation.CSS),
     )
     print(out)

@@ -446,3 +446,26 @@ def test_serve_binary_refuses_a_missing_index_in_one_line(tmp_path):
     assert r.returncode == 1
     (last,) = r.stderr.strip().splitlines()[-1:]
     assert last.startswith("aligner-serve: error: ") and "nope" in last
+
+
+def test_changes_committed_by_another_writer_are_served(index_copy, query_encoder):
+    """aligner-index (here aligner_jax.Index, the same code) adds to the served directory: the
+    server moves to the new state by itself (``refresh_s``) as a new snapshot."""
+    service = index_service.IndexService(
+        index_copy,
+        loader=lambda d, enc: search_lib.Searcher.load(d, encoder=enc or query_encoder),
+        refresh_s=0.2,
+    )
+    with TestClient(http_app.create_app(service)) as c:
+        query = "slow rivers of ice carving valleys"
+        assert "d9" not in _ids(c.post("/search", json={"query": query, "k": 3}))
+        aligner_jax.Index.open(index_copy).add([{"id": "d9", **TOY_DOCS["d9"]}])
+        deadline = time.time() + 60
+        while c.get("/health").json()["generation"] == 0 and time.time() < deadline:
+            time.sleep(0.1)
+        r = c.post("/search", json={"query": query, "k": 3})
+        assert r.json()["generation"] == 1 and _ids(r)[0] == "d9"
+        assert r.json()["hits"][0]["title"] == "Glaciers"
+        assert service.stats()["counts"]["refreshes"] == 1
+        assert not service.refresh()  # nothing new since
+    service.close()

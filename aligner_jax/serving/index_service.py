@@ -190,6 +190,8 @@ class IndexService:
       limits: request bounds.
       warm_batches: compile the query encoder's batched shapes at start (the binary does; tests
         need not).
+      refresh_s: every so many seconds, look for changes another process committed to the index
+        directory and serve them (:meth:`refresh`); 0: never.
     """
 
     def __init__(
@@ -198,6 +200,7 @@ class IndexService:
         loader: Callable[[str, Encoder | None], search_lib.Searcher] | None = None,
         limits: ServeLimits | None = None,
         warm_batches: bool = False,
+        refresh_s: float = 0.0,
     ):
         self.index_dir = str(index_dir)
         self.limits = limits or ServeLimits()
@@ -218,6 +221,11 @@ class IndexService:
         ]
         for worker in self._workers:
             worker.start()
+        self._closed = threading.Event()
+        if refresh_s > 0:
+            threading.Thread(
+                target=self._refresh_loop, args=(refresh_s,), name="refresh", daemon=True
+            ).start()
 
     def _warm_batches(self, searcher: search_lib.Searcher) -> None:
         """Compiles the query encoder for the batch shapes the batching thread forms (2, 4, 8,
@@ -301,7 +309,9 @@ class IndexService:
             self._latencies.append(took_ms)
 
     def close(self) -> None:
-        """Stops the search threads (each passes the stop mark on to the next)."""
+        """Stops the search threads (each passes the stop mark on to the next) and the
+        refreshes."""
+        self._closed.set()
         self._queue.put(None)
         for worker in self._workers:
             worker.join(timeout=10)
@@ -356,6 +366,26 @@ class IndexService:
         searcher = self._loader(self.index_dir, old.searcher.encoder)
         documents = old.documents.with_changes(added, deleted) if old.documents else None
         self._snapshot = Snapshot(searcher, documents, old.generation + 1, time.time())
+
+    def refresh(self) -> bool:
+        """Moves to the newest committed state of the index directory when another process
+        (``aligner-index --add/--delete/--compact``, ``aligner_jax.Index``) changed it
+        (``Searcher.refresh``); returns whether a new snapshot was published."""
+        with self._write_lock:
+            old = self._snapshot
+            searcher = old.searcher.refresh()
+            if searcher is old.searcher:
+                return False
+            self._snapshot = Snapshot(searcher, old.documents, old.generation + 1, time.time())
+        self._counts["refreshes"] += 1
+        return True
+
+    def _refresh_loop(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            try:
+                self.refresh()
+            except errors.USER_ERRORS as e:  # e.g. a writer mid-transaction: next time
+                logging.warning("aligner-serve: index not refreshed: %s", e)
 
     # -- stats -----------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -52,6 +52,7 @@ def build_app(
     threads: int = 2,
     limits: index_service.ServeLimits | None = None,
     explainer: http_app.Explainer | None = None,
+    refresh_s: float = 2.0,
 ):
     """The FastAPI app of ``index_dir`` (the index loaded once, here)."""
     if threads < 1:
@@ -61,7 +62,9 @@ def build_app(
     def loader(directory, encoder):
         return search_lib.Searcher.load(directory, mode=mode, encoder=encoder)
 
-    service = index_service.IndexService(index_dir, loader=loader, limits=limits, warm_batches=True)
+    service = index_service.IndexService(
+        index_dir, loader=loader, limits=limits, warm_batches=True, refresh_s=refresh_s
+    )
     return http_app.create_app(service, write_token=write_token, explainer=explainer)
 
 
@@ -74,10 +77,13 @@ def serve_job(
     threads: int = 2,
     limits: dict | None = None,
     explainer: http_app.Explainer | None = None,
+    refresh_s: float = 2.0,
 ) -> str:
     """Runs the server until interrupted; returns what the binary prints at exit.
     ``explainer``: what ``/explain`` and the page's alignments use (the binary passes
     ``evaluation.live_explanation``)."""
+    if refresh_s < 0:
+        raise ConfigError(f"--refresh_s={refresh_s}: must be >= 0 (0: never)")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port={port}: must be in 0..65535")
     token = write_token_from(write_token)
@@ -88,7 +94,7 @@ def serve_job(
             host,
             "; the write token travels in clear: put a TLS proxy in front" if token else "",
         )
-    app = build_app(index_dir, mode, token, threads, limits_obj, explainer)
+    app = build_app(index_dir, mode, token, threads, limits_obj, explainer, refresh_s)
     snap = app.state.service.snapshot
     logging.info(
         "aligner-serve: %s (%d documents), writes %s; http://%s:%d/ (API docs at /docs)",
