@@ -141,6 +141,7 @@ def run_check(peer_python: str, cases_dir: pathlib.Path, output: str | None) -> 
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_logs()
     cases_dir = pathlib.Path(_WORK_DIR.value)
     texts = list(TEXTS) + dataset_texts(_DATASET_DIR.value, _SAMPLE.value)
     models = list(MODELS)
@@ -156,7 +157,20 @@ def main(argv: Sequence[str]) -> None:
         written.append(write_case(cases_dir / name, bundle, texts))
         print(f"{name}: {bundle.name}, dim {bundle.config.output_dim}, {len(texts)} texts")
     (cases_dir / "cases.json").write_text(json.dumps(written, indent=1) + "\n")
-    sys.exit(run_check(_PEER_PYTHON.value, cases_dir, _OUTPUT.value))
+    rc = run_check(_PEER_PYTHON.value, cases_dir, _OUTPUT.value)
+    if _OUTPUT.value and pathlib.Path(_OUTPUT.value).is_file():  # what made it, and the models
+        report = json.loads(pathlib.Path(_OUTPUT.value).read_text())
+        command = " ".join(["benchmarks/pylate_export.py", *sys.argv[1:]])
+        report = {"driver_command": command, **report, "models": written}
+        pathlib.Path(_OUTPUT.value).write_text(json.dumps(report, indent=1) + "\n")
+        md = pathlib.Path(_OUTPUT.value).with_suffix(".md")
+        models = ", ".join(f"{m['case']} = {m['name']} ({m['dim']}-d)" for m in written)
+        md.write_text(
+            md.read_text() + f"\nMade by `{command}` (main venv): {models}; {len(texts)} texts "
+            "(benchmarks/pylate_export.py's own and the first SciFact queries and documents), "
+            "each encoded as a query and as a document.\n"
+        )
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
