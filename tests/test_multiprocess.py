@@ -316,3 +316,21 @@ def test_sharded_exhaustive_search_equals_unsharded_on_8_devices_and_2_processes
             for salience in (True, False):
                 want = _unsharded_top10(store, q, mask, u, salience)
                 _assert_same_ranking(result[str(salience)], want)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("127.0.0.1:1234", 2, 2), r"^--process_id=2: must be in 0\.\.1 \(--num_processes=2\)$"),
+        (("127.0.0.1:1234", 0, 0), r"^--num_processes=0: must be >= 1$"),
+        (("localhost", 2, 0), r"^--coordinator_address=localhost: expected HOST:PORT"),
+        (("h:99999", 2, 0), r"^--coordinator_address=h:99999: expected HOST:PORT"),
+        ((None, 2, None), r"^--coordinator_address, --process_id not set"),
+    ],
+)
+def test_distributed_settings_are_checked_before_joining(args, message):
+    from aligner_jax.common import distributed, errors
+
+    with pytest.raises(errors.ConfigError, match=message):
+        distributed.initialize(*args)
+    assert distributed.initialize() is False  # no setting: one process, nothing done
