@@ -20,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
+import threading
 import time
 from collections.abc import Iterable, Sequence
 
@@ -177,6 +178,7 @@ class Refiner:
         cache_need = int(sum(len(v) * L for L, v in self.buckets.items())) * store.dim * 2
         self._use_cache = cache_need <= self.config.cache_bytes
         self._cache: dict[int, tuple] | None = None
+        self._cache_lock = threading.Lock()
 
     def _chunk_docs(self, query_len: int, num_queries: int, length: int) -> int:
         per_doc = max(1, num_queries * query_len * length)
@@ -254,6 +256,12 @@ class Refiner:
     def _bucket_jobs(self, union: np.ndarray, query_len: int, num_q: int) -> list[tuple]:
         """Many candidates: per length bucket, chunks of up to ``max_elements`` similarities
         (padded to a power of two documents, see ``padded_chunk``)."""
+        if self._use_cache:  # built once, on first use (a rerank never needs it)
+            with self._cache_lock:
+                if self._cache is None:
+                    self._cache = {
+                        L: self.store.gather_padded(d, L) for L, d in self.buckets.items()
+                    }
         jobs = []
         for length, bucket_docs in self.buckets.items():
             docs = union[np.isin(union, bucket_docs, assume_unique=True)]
@@ -294,8 +302,6 @@ class Refiner:
         return len(shapes)
 
     def _gather(self, docs: np.ndarray, length: int, bucket_docs: np.ndarray):
-        if self._use_cache and self._cache is None:  # built on first use (not by a rerank)
-            self._cache = {L: self.store.gather_padded(d, L) for L, d in self.buckets.items()}
         if self._cache is not None:
             vec, mask, sal, ids = self._cache[length]
             pos = np.searchsorted(bucket_docs, docs)
