@@ -291,7 +291,7 @@ def _index_process(label: str, *args: str) -> dict:
 
 
 def _search_index_meta(index_dir: Path) -> dict:
-    return json.loads((index_dir / ci.SUBDIR / ci.META).read_text())
+    return json.loads(ci.published_meta(index_dir).read_text())
 
 
 def _build_step(label: str, corpus: Path, index_dir: Path) -> dict:
@@ -336,7 +336,7 @@ def _drift(grown: Path, rebuilt: Path, base_shards: int) -> dict:
     shards = store.manifest["shards"]
     start = sum(s["num_tokens"] for s in shards if s["index"] < base_shards)  # first added token
     added = np.asarray(store.vectors(start), np.float32)
-    centroids = np.load(rebuilt / ci.SUBDIR / "centroids.npy")
+    centroids = np.asarray(ci.CentroidIndex.load(ts.TokenStore(rebuilt)).centroids)
     _, best = kmeans.assign(added, centroids)
     rebuild_meta = _search_index_meta(rebuilt)
     return {

@@ -159,10 +159,10 @@ def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
     from aligner_jax.indexing import token_store as ts
 
     other = ts.TokenStore(copy)
-    residuals = copy / ci.SUBDIR / "segment-00000.residuals.npy"
+    residuals = copy / ci.SUBDIR / "segment-00001.residuals.npy"
     with residuals.open("ab") as f:
         f.write(b"\0")
-    with pytest.raises(errors.IndexIntegrityError, match="segment-00000.residuals.npy"):
+    with pytest.raises(errors.IndexIntegrityError, match="segment-00001.residuals.npy"):
         ci.CentroidIndex.load(other)
     residuals.write_bytes(residuals.read_bytes()[:-1])
     ci.CentroidIndex.load(other)  # intact again: verified once, recorded
@@ -170,17 +170,17 @@ def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):
     raw[-1] ^= 0xFF
     residuals.write_bytes(bytes(raw))
     # flipped bytes (same size) are caught by default: the record no longer matches the file
-    with pytest.raises(errors.IndexIntegrityError, match="segment-00000.residuals.npy: sha256"):
+    with pytest.raises(errors.IndexIntegrityError, match="segment-00001.residuals.npy: sha256"):
         ci.CentroidIndex.load(other)
     with pytest.raises(errors.IndexIntegrityError, match="sha256"):
         ci.CentroidIndex.load(other, verify_checksums=True)
     raw[-1] ^= 0xFF
     residuals.write_bytes(bytes(raw))
-    meta = copy / ci.SUBDIR / ci.META
+    meta = ci.published_meta(copy)
     data = json.loads(meta.read_text())
-    data["store_manifest_sha256"] = "0" * 64
+    data["updates"] = []  # metadata edited: no longer the file the manifest published
     meta.write_text(json.dumps(data))
-    with pytest.raises(errors.IndexIntegrityError, match="another version of the token store"):
+    with pytest.raises(errors.IndexIntegrityError, match="is not the file .* published"):
         ci.CentroidIndex.load(other)
 
 

@@ -127,7 +127,8 @@ def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_p
     ts.write_manifest(store.directory, manifest)
     grown = ts.TokenStore(store.directory)
     updated = index.update(grown, "add", num_docs=20)
-    assert [g["name"] for g in updated.meta["segments"]] == ["segment-00000", "segment-00001"]
+    updated.commit(grown)
+    assert [g["name"] for g in updated.meta["segments"]] == ["segment-00001", "segment-00002"]
     vectors = np.asarray(grown.vectors(), np.float32)
     codes, _ = kmeans.assign_two_level(vectors, updated.centroids, updated.cells)
     np.testing.assert_array_equal(np.asarray(updated.codes), codes)

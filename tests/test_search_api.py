@@ -55,8 +55,9 @@ def built(folders):
 
 def test_index_writes_a_self_describing_search_index(built):
     assert (built / indexer.ENCODER_FILE).exists()
-    meta = json.loads((built / ci.SUBDIR / ci.META).read_text())
-    assert meta["shards"] == ["shard-00000", "shard-00001", "shard-00002"]
+    meta = json.loads(ci.published_meta(built).read_text())
+    shards = [name for segment in meta["segments"] for name in segment["shards"]]
+    assert shards == ["shard-00000", "shard-00001", "shard-00002"]
     assert meta["store_fingerprint"] == ts.read_manifest(built)["model"]["fingerprint"]
     for name, entry in meta["files"].items():
         assert (built / ci.SUBDIR / f"{name}.npy").stat().st_size == entry["bytes"]
@@ -159,7 +160,8 @@ def _load_counting_hashes(monkeypatch, index_dir, **overrides):
     )
     searcher = search_lib.Searcher.load(str(index_dir), **overrides)
     monkeypatch.setattr(fileio, "sha256_file", real)
-    return searcher, [n for n in hashed if n not in (ts.MANIFEST, ci.META)]
+    small = [n for n in hashed if n == ts.MANIFEST or n.startswith(f"{ci.SUBDIR}-")]
+    return searcher, [n for n in hashed if n not in small]
 
 
 def test_first_load_after_aligner_index_does_not_hash_and_still_refuses_altered_files(
@@ -175,7 +177,7 @@ def test_first_load_after_aligner_index_does_not_hash_and_still_refuses_altered_
     searcher, hashed = _load_counting_hashes(monkeypatch, index_dir)
     assert hashed == []
     assert searcher.search("beekeeper smoke veil", k=1)[0][0] == "d10"
-    for victim in ("shard-00000.vectors.npy", f"{ci.SUBDIR}/segment-00000.residuals.npy"):
+    for victim in ("shard-00000.vectors.npy", f"{ci.SUBDIR}/segment-00001.residuals.npy"):
         path = index_dir / victim
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
@@ -205,7 +207,7 @@ def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(
     manifest = ts.read_manifest(index_dir)
     assert [u["op"] for u in manifest["updates"]] == ["add"]
     assert manifest["counts"]["num_docs"] == len(TOY_DOCS)
-    meta = json.loads((index_dir / ci.SUBDIR / ci.META).read_text())
+    meta = json.loads(ci.published_meta(index_dir).read_text())
     assert meta["updates"][-1]["op"] == "add" and "drift" in meta["updates"][-1]
     fast, hashed = _load_counting_hashes(monkeypatch, index_dir)
     assert hashed == []  # --add recorded its checksums too: the first load hashes no index file
@@ -228,3 +230,31 @@ def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(
     r = run_binary("index", f"--index_dir={index_dir}", "--delete=nope")
     assert r.returncode != 0 and "not in" in r.stderr.splitlines()[-1]
     assert "Traceback" not in r.stderr
+
+
+def test_a_searcher_keeps_its_generation_until_refreshed(built, tmp_path):
+    """A searcher opened before another writer commits a delete and a re-add keeps answering
+    from the generation it opened; ``refresh()`` moves to the committed one, where the deleted
+    document is gone and the same id, added again, is back as a new document."""
+    import shutil
+
+    from aligner_jax.indexing import updates
+
+    index_dir = Path(shutil.copytree(built, tmp_path / "gen"))
+    old = search_lib.Searcher.load(str(index_dir))
+    query = TOY_QUERIES[next(iter(TOY_QUERIES))]
+    before = old.search(query, k=12)
+    top = before[0][0]
+    updates.update_index(str(index_dir), delete=top)
+    assert old.search(query, k=12) == before  # the old generation, though its files were removed
+    assert old.refresh() is not old
+    fresh = old.refresh()
+    assert fresh.generation == old.generation + 1
+    assert top not in [hit[0] for hit in fresh.search(query, k=12)]
+    assert fresh.refresh() is fresh  # nothing committed since
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps({"_id": top, "title": "", "text": TOY_DOCS[top]["text"]}) + "\n")
+    updates.update_index(str(index_dir), add=str(again))  # a deleted id may come back
+    store = ts.TokenStore(index_dir)
+    assert store.doc_ids.count(top) == 2 and int(store.deleted.sum()) == 1
+    assert top in [hit[0] for hit in fresh.refresh().search(query, k=12)]

@@ -450,7 +450,7 @@ def test_full_disk_during_add_is_one_line_and_loses_nothing(toy_index, tmp_path,
     from aligner_jax.retrieval import searcher
 
     index_dir = _copy_index(toy_index, tmp_path)
-    committed = [index_dir / ts.MANIFEST, index_dir / ci.SUBDIR / ci.META]
+    committed = [index_dir / ts.MANIFEST, ci.published_meta(index_dir)]
     before = [p.read_bytes() for p in committed]
     ranked = searcher.Searcher.load(str(index_dir)).search("bees make honey", k=12)
     new = _write_queries(
@@ -499,7 +499,7 @@ def test_search_index_rebuild_repairs_a_missing_damaged_or_foreign_search_index(
 
     index_dir = _copy_index(toy_index, tmp_path)
     expected = searcher.Searcher.load(str(index_dir)).search("honey bees in the hive", k=5)
-    meta = index_dir / ci.SUBDIR / ci.META
+    meta = ci.published_meta(index_dir)
     if damage == "missing":
         shutil.rmtree(index_dir / ci.SUBDIR)
     elif damage == "flipped byte":

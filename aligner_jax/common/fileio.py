@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,35 @@ from typing import IO, Any
 import numpy as np
 
 from aligner_jax.common import errors
+
+#: Fault injection for the crash-consistency tests: ``ALIGNER_JAX_FAULT=kill:N`` kills this
+#: process (SIGKILL) at its N-th durable step, ``enospc:N`` makes that step fail as a full disk
+#: would. A step is a file about to be renamed into place, a rename done, or a file removed.
+FAULT_ENV = "ALIGNER_JAX_FAULT"
+_steps = [0]
+
+
+def fault_point() -> None:
+    """Counts one durable step; kills the process or raises ENOSPC there when
+    ``ALIGNER_JAX_FAULT`` says so (tests only; unset, it only counts)."""
+    _steps[0] += 1
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    kind, _, at = spec.partition(":")
+    if int(at) != _steps[0]:
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Removes a file (a durable step of ``fault_point``); a missing file is no error."""
+    fault_point()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -53,7 +83,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
+            fault_point()
             os.replace(tmp, path)
+            fault_point()
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -135,7 +167,9 @@ class NpyStream:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
+            fault_point()
             os.replace(self._tmp, self.path)
+            fault_point()
             fsync_dir(self.path.parent)
         except OSError as e:
             if e.errno in STORAGE_ERRNOS:

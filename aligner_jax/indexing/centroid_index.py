@@ -5,19 +5,26 @@ Built once from a complete token store (``aligner-index --index_dir=DIR --search
 ``aligner-eval`` the first time it searches a store) and loaded by every later search without
 rebuilding anything:
 
-  ``search_index/search_index.json``          settings, counts, files with sizes and sha256,
-                                              the store's fingerprint and manifest sha256,
-                                              segments, update log (with centroid drift)
-  ``search_index/centroids.npy``              float32 ``[C, D]`` (two-level spherical k-means)
-  ``search_index/cells.npy``                  float32 ``[cells, D]`` its coarse cells
-  ``search_index/codec.npy``                  float32 ``[2, D]`` residual grid (lower, step)
-  ``search_index/segment-N.codes.npy``        uint16/int32 ``[T_N]`` centroid id of each token
-  ``search_index/segment-N.residuals.npy``    uint8 ``[T_N, W]`` packed b-bit residuals
-  ``search_index/segment-N.salience.npy``     float16 ``[T_N]`` u^d (models with saliences)
-  ``search_index/ivf_offsets.npy``, ``ivf_docs.npy``  centroid → documents owning one of its
-                                              tokens kept by β^d pruning (CSR, int32)
-  ``search_index/doc_code_offsets.npy``, ``doc_codes.npy``  document → its distinct centroid
-                                              ids (CSR; centroid interaction)
+  ``search_index/search_index-G.json``        generation G: settings, counts, its files with
+                                              sizes and sha256, segments, update log (drift)
+  ``search_index/centroids-G.npy``            float32 ``[C, D]`` (two-level spherical k-means)
+  ``search_index/cells-G.npy``                float32 ``[cells, D]`` its coarse cells
+  ``search_index/codec-G.npy``                float32 ``[2, D]`` residual grid (lower, step)
+  ``search_index/segment-G.codes.npy``        uint16/int32 ``[T_G]`` centroid id of each token
+  ``search_index/segment-G.residuals.npy``    uint8 ``[T_G, W]`` packed b-bit residuals
+  ``search_index/segment-G.salience.npy``     float16 ``[T_G]`` u^d (models with saliences)
+  ``search_index/ivf_offsets-G.npy``, ``ivf_docs-G.npy``  centroid → documents owning one of
+                                              its tokens kept by β^d pruning (CSR, int32)
+  ``search_index/doc_code_offsets-G.npy``, ``doc_codes-G.npy``  document → its distinct
+                                              centroid ids (CSR; centroid interaction)
+
+**One commit point.** Files are never rewritten: each build or update writes the files of a new
+generation beside the current one, then publishes it by one atomic rename of the store's
+``manifest.json``, whose ``search_index`` entry names the generation's metadata file and its
+sha256 (``commit``); only then are the files no generation uses removed
+(``collect_garbage``, which also removes what a killed writer left). A crash at any instant
+leaves the previous manifest and every file it names: the index as it was, fully searchable.
+A reader keeps the generation it opened (its files stay mapped even once removed).
 
 **Bounded memory.** Every step streams over the store shard by shard: the k-means sample is
 gathered shard by shard; codes, residuals and saliences are computed per shard and appended to
@@ -56,7 +63,7 @@ from aligner_jax.indexing import token_store as ts
 
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
-META = "search_index.json"
+LISTS = ("ivf_offsets", "ivf_docs", "doc_code_offsets", "doc_codes")
 FORMAT = "aligner_jax.indexing.centroid_index/3"
 CHUNK = 1 << 16  # tokens per assignment / compression step
 
@@ -202,12 +209,16 @@ class CentroidIndex:
     # -- building -------------------------------------------------------------------------------
     @classmethod
     def build(
-        cls, store: ts.TokenStore, config: CentroidIndexConfig | None = None
+        cls, store: ts.TokenStore, config: CentroidIndexConfig | None = None, commit: bool = True
     ) -> CentroidIndex:
         """Two-level k-means on a sample of the kept tokens (gathered shard by shard), then every
         token's code, residual (and salience) streamed into one segment, then the inverted
-        file; memory bounded as the module docstring says."""
+        file; memory bounded as the module docstring says. Every file is new (named by the new
+        generation); ``commit`` then publishes the index in the store's manifest (``commit``)
+        and removes the files of the index it replaces."""
         config = config or CentroidIndexConfig()
+        pointer = store.manifest.get("search_index") or {}
+        gen = int(pointer.get("generation", 0)) + 1
         start = time.perf_counter()
         spans = store.shard_spans()
         kept_counts = np.zeros(len(spans) + 1, np.int64)
@@ -250,17 +261,20 @@ class CentroidIndex:
         kmeans_s = time.perf_counter() - start
         out = Path(store.directory) / SUBDIR
         out.mkdir(exist_ok=True)
-        fileio.atomic_save_npy(out / "centroids.npy", centroids)
-        fileio.atomic_save_npy(out / "cells.npy", cell_centroids)
-        fileio.atomic_save_npy(out / "codec.npy", np.stack([codec.lower, codec.step]))
+        tables = {kind: f"{kind}-{gen:05d}" for kind in ("centroids", "cells", "codec")}
+        fileio.atomic_save_npy(out / f"{tables['centroids']}.npy", centroids)
+        fileio.atomic_save_npy(out / f"{tables['cells']}.npy", cell_centroids)
+        fileio.atomic_save_npy(out / f"{tables['codec']}.npy", np.stack([codec.lower, codec.step]))
         salience = store.manifest["model"].get("salience") != "none"
         score = _ScoreMean()
         segment = _write_segment(
-            store, range(len(spans)), "segment-00000", centroids, cell_centroids, codec, out,
+            store, range(len(spans)), f"segment-{gen:05d}", centroids, cell_centroids, codec, out,
             salience, score,
         )  # fmt: skip
         meta = {
             "format": FORMAT,
+            "generation": gen,
+            "tables": tables,
             "config": dataclasses.asdict(config),
             "num_centroids": len(centroids),
             "num_cells": len(cell_centroids),
@@ -283,6 +297,8 @@ class CentroidIndex:
             ],
         }
         index = cls._finish(store, out, meta)
+        if commit:
+            index.commit(store)
         logging.info(
             "search index: %d centroids in %d cells, %d-bit residuals, %d tokens in %.1fs "
             "(k-means %.1fs)",
@@ -296,63 +312,91 @@ class CentroidIndex:
         return index
 
     @classmethod
-    def _finish(cls, store, out: Path, meta: dict) -> CentroidIndex:
-        """Writes the inverted file, the document → centroid lists and the metadata (last: the
-        commit marker); returns the index, loaded (mapped) from what was written."""
-        codes = Segmented(
-            [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
-        )
-        _write_lists(store, codes, meta, out)
-        del codes
-        names = ["centroids", "cells", "codec", "ivf_offsets", "ivf_docs"]
-        names += ["doc_code_offsets", "doc_codes"]
+    def _finish(cls, store, out: Path, meta: dict, lists: bool = True) -> CentroidIndex:
+        """Writes the inverted file and the document → centroid lists (``lists``; else the
+        previous generation's stay) and the generation's metadata file; returns the index,
+        loaded (mapped) from what was written. Nothing is published: see ``commit``."""
+        gen = meta["generation"]
+        if lists:
+            codes = Segmented(
+                [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
+            )
+            meta["tables"].update({kind: f"{kind}-{gen:05d}" for kind in LISTS})
+            _write_lists(store, codes, meta, out)
+            del codes
+        names = list(meta["tables"].values())
         for g in meta["segments"]:
             names += [f"{g['name']}.{kind}" for kind in _segment_kinds(meta)]
         meta["files"] = {n: _file_entry(out / f"{n}.npy") for n in names}
-        meta["store_manifest_sha256"] = fileio.sha256_file(Path(store.directory) / ts.MANIFEST)
-        fileio.atomic_write_json(out / META, meta)
+        meta_path = out / f"{SUBDIR}-{gen:05d}.json"
+        fileio.atomic_write_json(meta_path, meta)
         # hashed just now from the bytes written: the first load need not hash them again
         fileio.record_verified(
             {out / f"{n}.npy": e["sha256"] for n, e in meta["files"].items()},
-            out / META,
+            meta_path,
             out / ts.VERIFIED,
         )
         return cls._open(out, meta)
 
+    @property
+    def meta_path(self) -> Path:
+        return self.directory / f"{SUBDIR}-{self.meta['generation']:05d}.json"
+
+    def pointer(self) -> dict:
+        """The manifest's ``search_index`` entry that publishes this index."""
+        return {
+            "meta": f"{SUBDIR}/{self.meta_path.name}",
+            "sha256": fileio.sha256_tracked(self.meta_path),
+            "generation": self.meta["generation"],
+        }
+
+    def commit(self, store: ts.TokenStore, manifest: dict | None = None) -> None:
+        """Publishes this index: one atomic rename of the store's manifest (``manifest``, the
+        store's own by default, with this index's ``pointer``) — the commit point of every
+        change to an index directory. Then removes what no generation needs any more
+        (``collect_garbage``)."""
+        manifest = dict(store.manifest if manifest is None else manifest)
+        manifest["search_index"] = self.pointer()
+        ts.write_manifest(store.directory, manifest)
+        store.manifest = ts.read_manifest(store.directory)  # the store view is the committed one
+        collect_garbage(store.directory)
+
     # -- updates ----------------------------------------------------------------------------------
     def update(self, store: ts.TokenStore, op: str, **record) -> CentroidIndex:
-        """Brings the index up to date with ``store`` after ``aligner-index --add/--delete``:
-        compresses the store's new shards with the existing centroids into a new segment,
-        rebuilds the inverted file, and logs the update with its centroid drift (see
-        ``drift``)."""
-        known = {name for g in self.meta["segments"] for name in g["shards"]}
-        new = [
-            i for i, (shard, _, _) in enumerate(store.shard_spans()) if shard["name"] not in known
-        ]
+        """The next generation of this index for ``store`` (the store after ``aligner-index
+        --add/--delete``, usually a pending manifest not yet committed): the store's new shards
+        compressed with the existing centroids into a new segment, the inverted file rebuilt
+        when documents were added, the update logged with its centroid drift (``drift``).
+        Written beside the current generation, not published: the caller commits it together
+        with the store's manifest (``commit``)."""
+        meta = json.loads(json.dumps(self.meta))  # a copy: this generation stays as it is
+        gen = meta["generation"] + 1
+        meta["generation"] = gen
+        known = {name for g in meta["segments"] for name in g["shards"]}
+        new = [i for i, (sh, _, _) in enumerate(store.shard_spans()) if sh["name"] not in known]
         if new:
             score = _ScoreMean()
-            name = f"segment-{len(self.meta['segments']):05d}"
-            self.meta["segments"].append(
+            meta["segments"].append(
                 _write_segment(
                     store,
                     new,
-                    name,
+                    f"segment-{gen:05d}",
                     np.asarray(self.centroids),
                     np.asarray(self.cells),
                     self.codec,
                     self.directory,
-                    self.meta["salience"],
+                    meta["salience"],
                     score,
                 )  # fmt: skip
             )
             record.update(
                 new_tokens=score.count,
                 mean_centroid_score=score.mean,
-                drift=self.meta["mean_centroid_score"] - score.mean,
+                drift=meta["mean_centroid_score"] - score.mean,
             )
         record.update(op=op, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        self.meta["updates"].append(record)
-        return CentroidIndex._finish(store, self.directory, self.meta)
+        meta["updates"].append(record)
+        return CentroidIndex._finish(store, self.directory, meta, lists=bool(new))
 
     def drift(self) -> float:
         """How much worse the centroids fit the tokens added since the build: the mean max
@@ -369,53 +413,61 @@ class CentroidIndex:
     # -- loading --------------------------------------------------------------------------------
     @classmethod
     def exists(cls, store_dir: Path) -> bool:
-        return (Path(store_dir) / SUBDIR / META).exists()
+        """Whether the store's manifest publishes a search index."""
+        path = Path(store_dir) / ts.MANIFEST
+        return path.exists() and bool(ts.read_manifest(store_dir).get("search_index"))
 
     @classmethod
     def load_unchecked(cls, store: ts.TokenStore) -> CentroidIndex:
-        """Loads the index even when the store's manifest changed since (for updates)."""
+        """Loads the index even when it does not cover every token of ``store`` (a pending
+        manifest of an update)."""
         return cls.load(store, _check_store=False)
 
     @classmethod
     def load(
         cls, store: ts.TokenStore, verify_checksums: bool = False, _check_store: bool = True
     ) -> CentroidIndex:
-        """Maps the index of ``store``: sizes always checked; every file's sha256 on the first
-        open and whenever a file changed (``fileio.verify_once``), always with
-        ``verify_checksums``."""
+        """Maps the index the store's manifest publishes (the generation the store was opened
+        at: a reader keeps it while writers commit newer ones): sizes always checked; every
+        file's sha256 on the first open and whenever a file changed (``fileio.verify_once``),
+        always with ``verify_checksums``."""
         out = Path(store.directory) / SUBDIR
-        path = out / META
         rebuild = f"aligner-index --index_dir={store.directory} --search_index"
+        pointer = store.manifest.get("search_index")
+        if not pointer:
+            raise errors.IndexIntegrityError(
+                f"{store.directory}: the index has no search index (or one of an older "
+                f"version); build it with {rebuild}"
+            )
+        path = Path(store.directory) / pointer["meta"]
         try:
-            meta = json.loads(path.read_text())
+            digest = fileio.sha256_tracked(path)
         except FileNotFoundError as e:
             raise errors.IndexIntegrityError(
-                f"{path} does not exist: build the search index with {rebuild}"
+                f"{path} (the search index {store.directory / ts.MANIFEST} publishes) does not "
+                f"exist; rebuild it with {rebuild}"
             ) from e
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        if digest != pointer.get("sha256"):
             raise errors.IndexIntegrityError(
-                f"{path}: not valid JSON ({e}); rebuild it with {rebuild}"
-            ) from e
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise errors.IndexIntegrityError(
-                f"{path}: format {found!r}, this version reads {FORMAT!r}; rebuild it with "
-                f"{rebuild}"
+                f"{path} is not the file {store.directory / ts.MANIFEST} published (altered, or "
+                f"copied from another index); rebuild it with {rebuild}"
             )
         try:
-            stale = meta["store_manifest_sha256"] != fileio.sha256_file(
-                Path(store.directory) / ts.MANIFEST
-            )
+            meta = json.loads(path.read_text())
+            if meta.get("format") != FORMAT:
+                raise errors.IndexIntegrityError(
+                    f"{path}: format {meta.get('format')!r}, this version reads {FORMAT!r}; "
+                    f"rebuild it with {rebuild}"
+                )
             other = meta["store_fingerprint"] != store.manifest["model"].get("fingerprint")
             files = {out / f"{n}.npy": (e["bytes"], e["sha256"]) for n, e in meta["files"].items()}
-        except (KeyError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
             raise errors.IndexIntegrityError(
-                f"{path}: damaged (no valid {e} entry); rebuild it with {rebuild}"
+                f"{path}: damaged ({type(e).__name__}: {e}); rebuild it with {rebuild}"
             ) from e
-        if other or (stale and _check_store):
+        if other:
             raise errors.IndexIntegrityError(
-                f"{path}: built for another version of the token store in {store.directory}; "
-                f"rebuild it with {rebuild}"
+                f"{path}: built for another model's token store; rebuild it with {rebuild}"
             )
         for f, (size, _) in files.items():
             if not f.exists() or f.stat().st_size != size:
@@ -440,17 +492,36 @@ class CentroidIndex:
         return index
 
     @classmethod
+    def open_snapshot(
+        cls, directory: Path, verify_checksums: bool = False, attempts: int = 5
+    ) -> tuple[ts.TokenStore, CentroidIndex]:
+        """The store and search index of the generation committed last, opened together. A
+        writer may commit (and remove the files of the generation this reader was about to
+        map) between reading the manifest and mapping the index: then the newer manifest is
+        read and the open retried; once mapped, a generation stays readable."""
+        for attempt in range(attempts):
+            store = ts.TokenStore(directory, verify_checksums=verify_checksums)
+            try:
+                return store, cls.load(store, verify_checksums=verify_checksums)
+            except (errors.IndexIntegrityError, FileNotFoundError):
+                current = ts.read_manifest(directory).get("search_index")
+                if attempt + 1 == attempts or current == store.manifest.get("search_index"):
+                    raise  # not a commit in between: the index is damaged
+        raise AssertionError("unreachable")
+
+    @classmethod
     def _open(cls, out: Path, meta: dict) -> CentroidIndex:
         """Maps the files of ``meta`` (small tables read, large arrays mapped)."""
         mapped = lambda n: np.load(out / f"{n}.npy", mmap_mode="r", allow_pickle=False)  # noqa: E731
         read = lambda n: np.load(out / f"{n}.npy", allow_pickle=False)  # noqa: E731
-        lower, step = read("codec")
+        t = meta["tables"]
+        lower, step = read(t["codec"])
         arrays = {
-            "centroids": read("centroids"),
-            "cells": read("cells"),
+            "centroids": read(t["centroids"]),
+            "cells": read(t["cells"]),
             "codec": codec_lib.ResidualCodec(meta["config"]["residual_bits"], lower, step),
-            "ivf": (read("ivf_offsets"), mapped("ivf_docs")),
-            "doc_codes": (mapped("doc_code_offsets"), mapped("doc_codes")),
+            "ivf": (read(t["ivf_offsets"]), mapped(t["ivf_docs"])),
+            "doc_codes": (mapped(t["doc_code_offsets"]), mapped(t["doc_codes"])),
         }
         for kind in _segment_kinds(meta):
             arrays[kind] = Segmented([mapped(f"{g['name']}.{kind}") for g in meta["segments"]])
@@ -558,7 +629,9 @@ def _write_lists(store, codes: Segmented, meta: dict, out: Path) -> None:
     np.cumsum(doc_counts, out=doc_offsets[1:])
     ivf_docs = np.empty(int(ivf_offsets[-1]), np.int32)
     cursor = ivf_offsets[:-1].copy()
-    with fileio.NpyStream(out / "doc_codes.npy", (int(doc_offsets[-1]),), _code_dtype(c)) as dc:
+    t = meta["tables"]
+    doc_codes = out / f"{t['doc_codes']}.npy"
+    with fileio.NpyStream(doc_codes, (int(doc_offsets[-1]),), _code_dtype(c)) as dc:
         for i in range(len(spans)):
             every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
             dc.write(every % c)
@@ -569,6 +642,64 @@ def _write_lists(store, codes: Segmented, meta: dict, out: Path) -> None:
             slot = cursor[cents] + (np.arange(len(cents)) - first)
             ivf_docs[slot] = docs
             cursor += np.bincount(cents, minlength=c)
-    fileio.atomic_save_npy(out / "ivf_offsets.npy", ivf_offsets)
-    fileio.atomic_save_npy(out / "ivf_docs.npy", ivf_docs)
-    fileio.atomic_save_npy(out / "doc_code_offsets.npy", doc_offsets)
+    fileio.atomic_save_npy(out / f"{t['ivf_offsets']}.npy", ivf_offsets)
+    fileio.atomic_save_npy(out / f"{t['ivf_docs']}.npy", ivf_docs)
+    fileio.atomic_save_npy(out / f"{t['doc_code_offsets']}.npy", doc_offsets)
+
+
+def published_meta(directory: Path) -> Path | None:
+    """The metadata file of the search index the manifest of ``directory`` publishes (None:
+    none is)."""
+    pointer = ts.read_manifest(directory).get("search_index")
+    return Path(directory) / pointer["meta"] if pointer else None
+
+
+def recorded_config(directory: Path) -> CentroidIndexConfig:
+    """The settings of the search index the manifest of ``directory`` publishes, or the
+    defaults (gin's) when there is none or it cannot be read: what a rebuild keeps."""
+    try:
+        pointer = ts.read_manifest(directory).get("search_index")
+        if pointer:
+            return CentroidIndexConfig(**ts.read_json(Path(directory) / pointer["meta"])["config"])
+    except (errors.IndexIntegrityError, OSError, ValueError, TypeError, KeyError) as e:
+        logging.warning(
+            "%s: search index settings not readable (%s); using the defaults", directory, e
+        )
+    return CentroidIndexConfig()
+
+
+def collect_garbage(directory: Path) -> list[str]:
+    """Removes what the committed generation of an index directory does not use: files of
+    ``search_index/`` that its published metadata does not list (earlier generations, files of
+    an interrupted writer), store shard files the manifest does not list (an interrupted
+    ``--add``) and temporary files (``.NAME.*.tmp``, killed writes). Call it holding the
+    writer lock, with a manifest committed. Readers that loaded an earlier generation keep
+    their maps (a removed file lives on while mapped). Returns the names removed."""
+    directory = Path(directory)
+    manifest = ts.read_manifest(directory)
+    keep = {m["path"] for shard in manifest["shards"] for m in shard["files"].values()}
+    keep |= {f"{shard['name']}.json" for shard in manifest["shards"]}
+    removed = []
+    for path in directory.iterdir():
+        name = path.name
+        stale_shard = name.startswith("shard-") and name not in keep
+        if path.is_file() and (stale_shard or (name.startswith(".") and name.endswith(".tmp"))):
+            fileio.remove(path)
+            removed.append(name)
+    out = directory / SUBDIR
+    pointer = manifest.get("search_index")
+    if out.is_dir():
+        used = {ts.VERIFIED}
+        if pointer:
+            used.add(Path(pointer["meta"]).name)
+            try:
+                used |= {f"{n}.npy" for n in ts.read_json(directory / pointer["meta"])["files"]}
+            except (errors.IndexIntegrityError, OSError, KeyError, TypeError):
+                return removed  # a missing or damaged metadata file: keep all for the repair
+        for path in out.iterdir():
+            if path.is_file() and path.name not in used:
+                fileio.remove(path)
+                removed.append(f"{SUBDIR}/{path.name}")
+    if removed:
+        logging.info("%s: removed %d unused file(s)", directory, len(removed))
+    return removed

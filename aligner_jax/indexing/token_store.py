@@ -154,7 +154,11 @@ def read_manifest(directory: Path) -> dict:
             f"{path} does not exist: {directory} is not a complete index (build it with "
             "aligner-index, or re-run the interrupted indexing job to finish it)"
         )
-    manifest = read_json(path, "delete it and re-run the indexing job to rewrite it")
+    manifest = read_json(
+        path,
+        "the index's commit record was altered (updates never leave it torn): rebuild the index "
+        "into a new folder (aligner-index --corpus=CORPUS.jsonl --index_dir=NEW_DIR)",
+    )
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise errors.IndexIntegrityError(
             f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT!r}"
@@ -196,7 +200,8 @@ def _verify_sizes(directory: Path, shards: Iterable[dict]) -> None:
             if size != meta["bytes"]:
                 raise errors.IndexIntegrityError(
                     f"{path} has {size} bytes, the manifest says {meta['bytes']}: the file is "
-                    "truncated or was altered; rebuild this index"
+                    "truncated or was altered; rebuild the index into a new folder (aligner-index "
+                    "--corpus=CORPUS.jsonl --index_dir=NEW_DIR)"
                 )
 
 
@@ -214,11 +219,18 @@ class TokenStore:
 
     MAX_OPEN_ARRAYS = 96
 
-    def __init__(self, directory: str | os.PathLike, verify_checksums: bool = False):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        verify_checksums: bool = False,
+        manifest: dict | None = None,
+    ):
         """Opens a complete store; every file's sha256 is checked on the first open (and on
-        every open with ``verify_checksums``), sizes and counts on every open."""
+        every open with ``verify_checksums``), sizes and counts on every open. ``manifest``:
+        a view of the store as an update's pending manifest describes it (not committed yet;
+        sizes checked, checksums not: the update wrote and hashed the new files)."""
         self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory)
+        self.manifest = read_manifest(self.directory) if manifest is None else manifest
         shards = sorted(self.manifest["shards"], key=lambda s: s["index"])
         num_shards = self.manifest["counts"].get("num_shards", len(shards))
         if [s["index"] for s in shards] != list(range(num_shards)):
@@ -226,7 +238,11 @@ class TokenStore:
                 f"{self.directory / MANIFEST}: lists shards {[s['index'] for s in shards]}, "
                 f"expected 0..{num_shards - 1}; the manifest was altered, rebuild this index"
             )
-        self.checksums_verified = verify_files(self.directory, shards, verify_checksums)
+        if manifest is None:
+            self.checksums_verified = verify_files(self.directory, shards, verify_checksums)
+        else:
+            _verify_sizes(self.directory, shards)
+            self.checksums_verified = False
         self._shards = shards
         self._open: collections.OrderedDict = collections.OrderedDict()
         self.dim = int(self.manifest["model"]["dim"])
@@ -271,7 +287,16 @@ class TokenStore:
             [0] + list(np.cumsum([s["num_docs"] for s in shards])), dtype=np.int64
         )
         # Documents deleted by ``aligner-index --delete``: stored, never returned by search.
+        # ``deleted`` lists store positions (an id deleted and added again is a new position);
+        # ``tombstones`` (ids) is how earlier versions wrote them.
         self.deleted = np.zeros(self.num_docs, bool)
+        positions = self.manifest.get("deleted", [])
+        if any(not isinstance(p, int) or not 0 <= p < self.num_docs for p in positions):
+            raise errors.IndexIntegrityError(
+                f"{self.directory / MANIFEST}: 'deleted' holds positions outside 0.."
+                f"{self.num_docs - 1}; the manifest was altered, rebuild this index"
+            )
+        self.deleted[positions] = True
         tombstones = self.manifest.get("tombstones", [])
         if tombstones:
             position = {d: i for i, d in enumerate(self.doc_ids)}
@@ -283,6 +308,10 @@ class TokenStore:
                     "rebuild this index"
                 )
             self.deleted[[position[d] for d in tombstones]] = True
+
+    def live_positions(self) -> dict[str, int]:
+        """``{doc_id: position}`` of the documents not deleted."""
+        return {d: i for i, d in enumerate(self.doc_ids) if not self.deleted[i]}
 
     def _map(self, meta: dict) -> np.ndarray:
         path = self.directory / meta["path"]

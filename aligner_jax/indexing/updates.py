@@ -3,7 +3,8 @@
 ``aligner-index --index_dir=DIR --add=corpus.jsonl`` encodes only the new documents (with the
 model recorded in ``encoder.json``) into new shards after the last one, appends them to the
 manifest, and compresses their tokens with the existing centroids (``CentroidIndex.update``).
-``--delete=ID,ID,...`` (or ``@file`` with one id per line) adds tombstones to the manifest:
+``--delete=ID,ID,...`` (or ``@file`` with one id per line) lists their store positions in the
+manifest's ``deleted`` (an id deleted and added again is a new document):
 the documents stay on disk and are never returned. Each update is appended to the manifest's
 ``updates`` list. ``--compact`` re-clusters the search index over every stored token (new
 centroids) when its drift (``CentroidIndex.drift``) exceeds ``DRIFT_LIMIT``, or always with
@@ -14,7 +15,6 @@ damaged or other store's ``search_index/``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -35,11 +35,17 @@ def _record(op: str, **fields) -> dict:
     return {"op": op, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
 
 
-def _refresh_search_index(directory: Path, op: str, **fields) -> None:
-    store = ts.TokenStore(directory)
-    if (directory / ci.SUBDIR / ci.META).exists():
-        old = ci.CentroidIndex.load_unchecked(store)
-        old.update(store, op, **fields)
+def _commit(directory: Path, manifest: dict, op: str, **fields) -> None:
+    """Publishes an update in one atomic rename of the manifest: the store's new manifest and,
+    when the index has a search index, its next generation (written first, beside the current
+    one: ``CentroidIndex.update``). A crash before the rename leaves the index as it was."""
+    if not manifest.get("search_index"):
+        ts.write_manifest(directory, manifest)
+        ci.collect_garbage(directory)
+        return
+    pending = ts.TokenStore(directory, manifest=manifest)
+    index = ci.CentroidIndex.load_unchecked(pending).update(pending, op, **fields)
+    index.commit(pending, manifest)
 
 
 def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dict:
@@ -53,7 +59,7 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
         spec = ts.read_json(directory / indexer.ENCODER_FILE)
         encoder = Encoder(loading.encoder_from_spec(spec), EncodingConfig())
     ts.check_model_matches(manifest, encoder.bundle.info(), directory)
-    existing = set(ts.TokenStore(directory).doc_ids)
+    existing = ts.TokenStore(directory).live_positions()  # a deleted id may come back
     docs = list(beir.iter_corpus(corpus)) if from_file else list(corpus)
     clash = [d.doc_id for d in docs if d.doc_id in existing]
     if clash:
@@ -87,9 +93,8 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
     source = str(Path(corpus).resolve()) if from_file else "python"
     record = _record("add", source=source, num_docs=len(docs))
     manifest["updates"] = manifest.get("updates", []) + [record]
-    ts.write_manifest(directory, manifest)
     encode_s = time.perf_counter() - start
-    _refresh_search_index(directory, "add", num_docs=len(docs))
+    _commit(directory, manifest, "add", num_docs=len(docs))
     summary = {
         "added_docs": len(docs),
         "new_shards": [e["name"] for e in entries],
@@ -117,36 +122,25 @@ def parse_ids(spec: str) -> list[str]:
 
 
 def delete_documents(index_dir: str, ids: list[str]) -> dict:
-    """Tombstones ``ids`` (never returned by search; kept on disk)."""
+    """Deletes the live documents ``ids`` (never returned by search; kept on disk, their store
+    positions listed in the manifest's ``deleted``): one commit."""
     directory = Path(index_dir)
     manifest = ts.read_manifest(directory)
-    known = set(ts.TokenStore(directory).doc_ids)
-    unknown = [d for d in ids if d not in known]
+    live = ts.TokenStore(directory).live_positions()
+    unknown = [d for d in ids if d not in live]
     if unknown:
         raise ConfigError(
-            f"--delete: {len(unknown)} ids are not in {directory} (e.g. {unknown[:3]}); "
-            "nothing was deleted"
+            f"--delete: {len(unknown)} ids are not in {directory} or were deleted already "
+            f"(e.g. {unknown[:3]}); nothing was deleted"
         )
-    tombstones = sorted(set(manifest.get("tombstones", [])) | set(ids))
-    manifest["tombstones"] = tombstones
+    deleted = sorted(set(manifest.get("deleted", [])) | {live[d] for d in ids})
+    manifest["deleted"] = deleted
     manifest["updates"] = manifest.get("updates", []) + [_record("delete", num_docs=len(ids))]
-    ts.write_manifest(directory, manifest)
-    _refresh_search_index(directory, "delete", num_docs=len(ids))
-    return {"deleted_docs": len(ids), "tombstones": len(tombstones)}
+    _commit(directory, manifest, "delete", num_docs=len(ids))
+    return {"deleted_docs": len(set(ids)), "tombstones": len(deleted)}
 
 
-def recorded_config(directory: Path) -> ci.CentroidIndexConfig:
-    """The ``CentroidIndexConfig`` recorded in ``directory``'s search index, or the defaults
-    (gin's) when there is none or it cannot be read (damaged, another version): the settings a
-    rebuild keeps."""
-    path = directory / ci.SUBDIR / ci.META
-    if not path.exists():
-        return ci.CentroidIndexConfig()
-    try:
-        return ci.CentroidIndexConfig(**json.loads(path.read_text())["config"])
-    except (ValueError, TypeError, KeyError) as e:  # invalid JSON, no or other settings
-        logging.warning("%s: settings not readable (%r); rebuilding with the defaults", path, e)
-        return ci.CentroidIndexConfig()
+recorded_config = ci.recorded_config  # the settings a rebuild keeps
 
 
 def compact(index_dir: str, force: bool = False) -> dict:
@@ -177,9 +171,9 @@ def rebuild_search_index(index_dir: str) -> dict:
 def interrupted(index_dir: str) -> str:
     """What a Ctrl-C during an update leaves (``aligner-index: interrupted: ...``)."""
     return (
-        f"the update of {index_dir} may be partly written: re-run the same command (if it is "
-        f"refused as done already, rebuild the search index: aligner-index "
-        f"--index_dir={index_dir} --search_index)"
+        f"{index_dir} is as its last committed update left it (an update is published by one "
+        "atomic rename, or not at all; an update in progress was dropped): re-run the same "
+        "command to apply it (one that was already committed is refused as done)"
     )
 
 
@@ -193,7 +187,9 @@ def update_index(
 ) -> dict:
     """``aligner-index``'s update flags, in the order delete → add → compact (or, with
     ``search_index``, a rebuild of the search index), holding the index directory's writer lock
-    (the indexing job's, process 0)."""
+    (the indexing job's, process 0). Each is one transaction: its files are written beside the
+    committed ones and published by one atomic rename of the manifest; a crash leaves the index
+    as the last commit left it, and the next writer removes the leftovers first."""
     if not Path(index_dir).is_dir():
         raise errors.MissingPathError(
             f"--index_dir={index_dir}: not a folder; build an index there first with "
@@ -201,6 +197,8 @@ def update_index(
         )
     summary = {}
     with indexer.writer_lock(index_dir):
+        if (Path(index_dir) / ts.MANIFEST).exists():
+            ci.collect_garbage(Path(index_dir))  # what a killed writer left
         if delete:
             summary.update(delete_documents(index_dir, parse_ids(delete)))
         if add:

@@ -315,7 +315,10 @@ class Searcher:
                 f"Searcher.load: encoder must be an aligner_jax.Encoder, got "
                 f"{type(encoder).__name__}"
             )
-        store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
+        if mode == "exhaustive":
+            store, index = ts.TokenStore(index_dir, verify_checksums=verify_checksums), None
+        else:  # the store and the search index of one committed generation
+            store, index = ci.CentroidIndex.open_snapshot(index_dir, verify_checksums)
         if encoder is None:
             spec_path = store.directory / "encoder.json"
             if not spec_path.exists():
@@ -334,7 +337,6 @@ class Searcher:
             searcher = cls(store, config, encoder=encoder, alignment=alignment)
         else:
             config = SearchConfig(**{"backend": "centroid", "k_prime": 1, **overrides})
-            index = ci.CentroidIndex.load(store, verify_checksums=verify_checksums)
             searcher = cls(
                 store,
                 config,
@@ -345,7 +347,30 @@ class Searcher:
             )
         # Every shape a single query's search or rerank takes compiles now, none after load.
         refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
+        searcher._load_args = (index_dir, mode, alignment, verify_checksums, centroid_config)
+        searcher._load_overrides = overrides
         return searcher
+
+    @property
+    def generation(self) -> int | None:
+        """The search-index generation this searcher reads (None: exhaustive, or none)."""
+        pointer = self.store.manifest.get("search_index")
+        return pointer.get("generation") if pointer else None
+
+    def refresh(self) -> Searcher:
+        """A searcher of the same index, settings and encoder on the newest committed state
+        (after another process's ``--add``, ``--delete`` or ``--compact``); this one keeps
+        answering from the generation it opened (``searcher = searcher.refresh()``). Returns
+        ``self`` when nothing was committed since."""
+        if not hasattr(self, "_load_args"):
+            raise ConfigError("Searcher.refresh: open the searcher with Searcher.load")
+        index_dir, mode, alignment, verify, centroid_config = self._load_args
+        if ts.read_manifest(index_dir) == self.store.manifest:
+            return self
+        return type(self).load(
+            index_dir, mode=mode, encoder=self.encoder, alignment=alignment,
+            verify_checksums=verify, centroid_config=centroid_config, **self._load_overrides,
+        )  # fmt: skip
 
     # -- free text -------------------------------------------------------------------------------
     def search(

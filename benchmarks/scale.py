@@ -1,0 +1,493 @@
+r"""Scale benchmark of the default search index (issue 23): SciFact grown s-fold with distractors.
+
+For each scale s this writes a token store holding SciFact's real documents (the token store of
+``--model``, unchanged, with its qrels) plus (s − 1)·N distractor documents whose tokens are real
+token vectors drawn at random from the real documents, jittered at the scale of a residual and
+re-normalised (lengths drawn from the real documents' lengths), through the project's public
+writer (``TokenStoreWriter``). Then, each in a fresh process whose peak RSS is read from outside
+(``os.wait4``'s rusage of the child):
+
+  * **build**: ``aligner-index --index_dir=DIR --search_index`` (the default index; ``--bits``:
+    the default residual bits and 2);
+  * **search**: loads the store and its index (``load_s``, RSS after load from the kernel's
+    ``VmRSS``), runs the fixed sample of test queries (encoded beforehand, once, in another
+    process: query encoding is excluded) through the project's ``CentroidSearcher`` with its
+    default settings, one query at a time, ``--threads`` BLAS threads, twice (the first round
+    warms the caches; the second is timed: p50 / p99);
+  * **exhaustive**: the same scoring (top-1 alignment, Eq. 1–2 with the model's saliences, or
+    ColBERT's sum of maxima for a model without) over every stored float vector, streamed shard
+    by shard: the ceiling the search is compared with (top-10 overlap, nDCG@10, Recall@100).
+
+The jitter σ per dimension is the root mean square of the residual (token − its centroid) of the
+1× index, per dimension: distractor tokens sit about as far from real tokens as real tokens sit
+from their centroids.
+
+  .venv/bin/python benchmarks/scale.py --model=trained --scales=1,10,30,100
+  .venv/bin/python benchmarks/scale.py --model=zero_shot --scales=1,10,30 --bits=4,2
+  .venv/bin/python benchmarks/scale.py --replot   # redraw .md / .png from scale.json
+
+Writes ``OUTPUT_DIR/scale.json`` (rows merged with earlier runs by model, bits and scale),
+``scale.md`` and ``scale.png``. Large stores live under ``--work_dir`` and are deleted after
+each scale is measured (``--keep_stores`` keeps them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SOURCES = {
+    "zero_shot": "outputs/zero_shot_scifact/index",
+    "trained": "outputs/trained_scifact/index",
+}
+
+
+# -- stores ---------------------------------------------------------------------------------------
+def residual_sigma(store_dir: Path, sample: int = 200_000, seed: int = 0) -> float:
+    """Per-dimension RMS of the residuals of ``store_dir``'s search index (decoded)."""
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import token_store as ts
+
+    store = ts.TokenStore(store_dir)
+    index = ci.CentroidIndex.load(store)
+    rows = np.sort(np.random.default_rng(seed).choice(store.num_tokens, sample, replace=False))
+    vectors = store.take("vectors", rows).astype(np.float32)
+    codes = np.asarray(index.codes[rows], np.int64)
+    residual = vectors - index.centroids[codes]
+    return float(np.sqrt(np.mean(residual**2)))
+
+
+def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: int = 0) -> dict:
+    """Writes the s-fold store (real documents first, then distractors) with the project's
+    writer; copies ``encoder.json`` so that queries use the source's model."""
+    from aligner_jax.common import progress
+    from aligner_jax.indexing import token_store as ts
+
+    source = ts.TokenStore(source_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    vectors = np.asarray(source.vectors())  # float16, the real tokens
+    salience = np.asarray(source.salience())
+    token_ids = np.asarray(source.token_ids())
+    lengths = source.doc_lengths
+    shard_size = int(source.manifest["indexing"]["shard_size"])
+    rng = np.random.default_rng(seed)
+    extra = int(round((scale - 1) * source.num_docs))
+    start = time.perf_counter()
+    with ts.TokenStoreWriter(out, source.manifest["model"], shard_size=shard_size) as writer:
+        for i in range(source.num_docs):
+            lo, hi = source.offsets[i], source.offsets[i + 1]
+            writer.add(source.doc_ids[i], vectors[lo:hi], salience[lo:hi], token_ids[lo:hi])
+        bar = progress.Progress(extra, f"scale x{scale:g}: distractor documents", "doc")
+        for first in range(0, extra, shard_size):
+            n = min(shard_size, extra - first)
+            m = rng.choice(lengths, n)
+            rows = rng.integers(0, source.num_tokens, int(m.sum()))
+            v = vectors[rows].astype(np.float32)
+            v += rng.normal(scale=sigma, size=v.shape).astype(np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            v = v.astype(np.float16)
+            cuts = np.concatenate([[0], np.cumsum(m)])
+            for j in range(n):
+                a, b = cuts[j], cuts[j + 1]
+                r = rows[a:b]
+                writer.add(f"distractor-{first + j}", v[a:b], salience[r], token_ids[r])
+            bar.update(n)
+        bar.close()
+    shutil.copy(source_dir / "encoder.json", out / "encoder.json")
+    store = writer.store
+    return {
+        "tokens": store.num_tokens,
+        "docs": store.num_docs,
+        "write_s": time.perf_counter() - start,
+        "store_bytes": store.nbytes(),
+    }
+
+
+# -- children (fresh processes, peak RSS from outside) --------------------------------------------
+def run_child(cmd: list[str], threads: int, log: Path) -> dict:
+    """Runs ``cmd`` in a fresh process with ``threads`` BLAS/XLA threads; wall seconds and the
+    child's peak RSS (``os.wait4``), its stdout's last JSON line."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    start = time.perf_counter()
+    with log.open("ab") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n".encode())
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, env=env, cwd=REPO)
+        stdout = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        f.write(stdout)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]}... exited {proc.returncode}: see {log}")
+    last = [line for line in stdout.decode().splitlines() if line.startswith("{")]
+    result = json.loads(last[-1]) if last else {}
+    result.update(wall_s=wall, peak_rss_gib=usage.ru_maxrss / 2**20)
+    return result
+
+
+def encode_queries(source_dir: Path, dataset_dir: Path, num_queries: int, out: Path) -> None:
+    """(child) Encodes a fixed sample of test queries with the store's own model."""
+    from aligner_jax.data import beir
+    from aligner_jax.encoding import loading
+    from aligner_jax.indexing import token_store as ts
+    from aligner_jax.retrieval import searcher as searcher_lib
+
+    qrels = beir.load_qrels(dataset_dir / "qrels" / "test.tsv")
+    queries = beir.load_queries(dataset_dir / "queries.jsonl")
+    ids = sorted(q for q in qrels if q in queries)
+    rng = np.random.default_rng(0)
+    ids = sorted(rng.choice(ids, min(num_queries, len(ids)), replace=False).tolist())
+    spec = ts.read_json(source_dir / "encoder.json")
+    encoder = searcher_lib.whole_query_encoder(loading.encoder_from_spec(spec))
+    encoded = encoder.encode([queries[q] for q in ids], "query")
+    lengths = [len(e.token_ids) for e in encoded]
+    np.savez(
+        out,
+        ids=np.array(ids),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        vectors=np.concatenate([e.vectors for e in encoded]).astype(np.float32),
+        salience=np.concatenate([e.salience for e in encoded]).astype(np.float32),
+    )
+    print(json.dumps({"queries": len(ids)}))
+
+
+def _queries(path: Path):
+    z = np.load(path)
+    o = z["offsets"]
+    return [
+        (str(q), z["vectors"][o[i] : o[i + 1]], z["salience"][o[i] : o[i + 1]])
+        for i, q in enumerate(z["ids"])
+    ]
+
+
+def _rss_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
+    """(child) Loads the index, searches every query twice, saves the second round's rankings."""
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import token_store as ts
+    from aligner_jax.retrieval import centroid_search as cs
+
+    queries = _queries(queries_path)
+    load_avg = os.getloadavg()[0]
+    start = time.perf_counter()
+    store = ts.TokenStore(index_dir)
+    index = ci.CentroidIndex.load(store)
+    searcher = cs.CentroidSearcher(store, index)
+    load_s = time.perf_counter() - start
+    rss_after_load = _rss_gib()
+    times, rankings = [], {}
+    for rnd in range(2):
+        for qid, q, u in queries:
+            t0 = time.perf_counter()
+            (ranking,), _ = searcher.search(q, u, np.arange(len(q)), k)
+            times.append(1000 * (time.perf_counter() - t0)) if rnd else None
+            rankings[qid] = [store.doc_ids[int(d)] for d in ranking[0]]
+    fileio_json(out, rankings)
+    print(
+        json.dumps(
+            {
+                "load_s": load_s,
+                "rss_after_load_gib": rss_after_load,
+                "p50_ms": float(np.percentile(times, 50)),
+                "p99_ms": float(np.percentile(times, 99)),
+                "machine_load": load_avg,
+                "probes": searcher.probes,
+                "interaction_docs": searcher.interaction_docs,
+                "refine_docs": searcher.refine_docs,
+                "num_centroids": index.num_centroids,
+                "index_bytes": index.nbytes(),
+            }
+        )
+    )
+
+
+def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
+    """(child) Top-``k`` by exhaustive scoring over every stored float vector, shard by shard:
+    top-1 alignment with u^q and u^d (Eq. 1–2; every u = 1 for a model without saliences)."""
+    from aligner_jax.common import progress
+    from aligner_jax.indexing import token_store as ts
+
+    store = ts.TokenStore(index_dir)
+    uniform = store.manifest["model"].get("salience") == "none"
+    queries = _queries(queries_path)
+    q_all = np.concatenate([q for _, q, _ in queries]).astype(np.float32)
+    u_q = np.concatenate([u for _, _, u in queries]).astype(np.float32)
+    if uniform:
+        u_q[:] = 1.0
+    bounds = np.concatenate([[0], np.cumsum([len(q) for _, q, _ in queries])])
+    best_docs = [np.zeros(0, np.int64) for _ in queries]
+    best_scores = [np.zeros(0, np.float32) for _ in queries]
+    bar = progress.Progress(store.num_shards, "exhaustive MaxSim", "shard")
+    for s, (_, _, doc_start) in enumerate(store.shard_spans()):
+        vectors, salience, local = store.shard_arrays(s)
+        for d0 in range(0, len(local) - 1, 64):  # 64 documents at a time bound the temporaries
+            d1 = min(d0 + 64, len(local) - 1)
+            v = np.asarray(vectors[local[d0] : local[d1]], np.float32)
+            sims = v @ q_all.T  # [t, Q]
+            lengths = np.diff(local[d0 : d1 + 1])
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, Q]
+            if uniform:
+                weighted = best * u_q
+                weights = np.broadcast_to(u_q, best.shape)
+            else:
+                u_d = np.asarray(salience[local[d0] : local[d1]], np.float32)
+                at_max = sims == np.repeat(best, lengths, axis=0)
+                u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, 0)
+                weights = u_sel * u_q
+                weighted = weights * best
+            for i in range(len(queries)):
+                a, b = bounds[i], bounds[i + 1]
+                z = weights[:, a:b].sum(1)
+                score = np.where(z > 0, weighted[:, a:b].sum(1) / np.maximum(z, 1e-6), 0.0)
+                docs = np.arange(doc_start + d0, doc_start + d1)
+                alive = ~store.deleted[docs]
+                all_docs = np.concatenate([best_docs[i], docs[alive]])
+                all_scores = np.concatenate([best_scores[i], score[alive].astype(np.float32)])
+                top = np.argsort(-all_scores, kind="stable")[:k]
+                best_docs[i], best_scores[i] = all_docs[top], all_scores[top]
+        del vectors, salience
+        bar.update(1)
+    bar.close()
+    rankings = {
+        qid: [store.doc_ids[int(d)] for d in best_docs[i]] for i, (qid, _, _) in enumerate(queries)
+    }
+    fileio_json(out, rankings)
+    print(json.dumps({"queries": len(queries)}))
+
+
+def fileio_json(path: Path, obj) -> None:
+    from aligner_jax.common import fileio
+
+    fileio.atomic_write_json(path, obj)
+
+
+# -- quality ----------------------------------------------------------------------------------------
+def quality(found: dict, exact: dict, qrels: dict) -> dict:
+    """Top-10 overlap with exhaustive search, nDCG@10 and Recall@100 of both (in [0, 1])."""
+    from aligner_jax.evaluation import metrics
+
+    def run(rankings):
+        return {
+            q: {d: float(len(docs) - r) for r, d in enumerate(docs)} for q, docs in rankings.items()
+        }
+
+    judged = {q: qrels[q] for q in found}
+    ours = metrics.evaluate_run(judged, run(found)).aggregate
+    ceiling = metrics.evaluate_run(judged, run(exact)).aggregate
+    overlap = [len(set(found[q][:10]) & set(exact[q][:10])) / 10 for q in found]
+    return {
+        "top10_overlap": float(np.mean(overlap)),
+        "ndcg@10": ours["ndcg@10"],
+        "ndcg@10_exhaustive": ceiling["ndcg@10"],
+        "recall@100": ours["recall@100"],
+        "recall@100_exhaustive": ceiling["recall@100"],
+    }
+
+
+# -- results ----------------------------------------------------------------------------------------
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "# Scale: SciFact grown with distractor documents (issue 23)",
+        "",
+        "Written by `benchmarks/scale.py` (see its docstring for the method). Build and search "
+        "each ran in a fresh process; peak RSS from outside (`os.wait4`). Search: 2 BLAS "
+        "threads, batch 1, query encoding excluded, the project's default search settings. "
+        "Quality against exhaustive MaxSim over the same float vectors, same queries.",
+        "",
+        "| model | dim | bits | scale | tokens | build s | build peak RSS GiB | index B/token | "
+        "load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | top-10 overlap | "
+        "nDCG@10 (exh.) | R@100 (exh.) | load avg |",
+        "|" + "---|" * 16,
+    ]
+    for r in sorted(rows, key=lambda r: (r["model"], r["bits"], r["scale"])):
+        lines.append(
+            f"| {r['model']} | {r['dim']} | {r['bits']} | {r['scale']:g}× | "
+            f"{r['tokens'] / 1e6:.1f}M | {r['build_s']:.0f} | {r['build_peak_rss_gib']:.2f} | "
+            f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
+            f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
+            f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f})"
+            f" | {100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
+            f"{r['machine_load']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from aligner_jax.evaluation import plotting
+
+    plt = plotting.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = sorted({(r["model"], r["bits"]) for r in rows})
+    for i, (model, bits) in enumerate(series):
+        pts = sorted(
+            (r for r in rows if (r["model"], r["bits"]) == (model, bits)), key=lambda r: r["tokens"]
+        )
+        x = [r["tokens"] for r in pts]
+        style = plotting.series_style(i)
+        axes[0].plot(x, [r["p50_ms"] for r in pts], label=f"{model}, {bits}-bit", **style)
+        axes[1].plot(
+            x, [r["build_peak_rss_gib"] for r in pts], label=f"{model}, {bits}-bit", **style
+        )
+    for ax, title in zip(axes, ("search p50 (ms)", "build peak RSS (GiB)"), strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    plotting.save(fig, path)
+
+
+def write_results(out_dir: Path, new_rows: list[dict]) -> list[dict]:
+    from aligner_jax.common import fileio
+
+    path = out_dir / "scale.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    key = lambda r: (r["model"], r["bits"], r["scale"])  # noqa: E731
+    fresh = {key(r) for r in new_rows}
+    rows = [r for r in rows if key(r) not in fresh] + new_rows
+    fileio.atomic_write_json(path, {"rows": rows})
+    fileio.atomic_write_text(out_dir / "scale.md", markdown(rows))
+    plot(rows, out_dir / "scale.png")
+    return rows
+
+
+# -- driver -----------------------------------------------------------------------------------------
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_enum("model", "trained", list(SOURCES), "Which SciFact token store to grow.")
+    flags.DEFINE_list("scales", ["1", "10", "30", "100"], "Scales (× SciFact's documents).")
+    flags.DEFINE_list("bits", ["4", "2"], "Residual bits of the search indexes built.")
+    flags.DEFINE_string("source_index", None, "The real store (default: SOURCES[model]).")
+    flags.DEFINE_string("dataset_dir", "../shared/data/beir/scifact", "BEIR folder (qrels).")
+    flags.DEFINE_string("output_dir", "benchmarks/results", "Where scale.{json,md,png} go.")
+    flags.DEFINE_string("work_dir", "/work/scale_work", "Where the grown stores are written.")
+    flags.DEFINE_integer("num_queries", 100, "Test queries (a fixed sample).")
+    flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
+    flags.DEFINE_bool("keep_stores", False, "Keep the grown stores after measuring.")
+    flags.DEFINE_bool("replot", False, "Redraw scale.md / scale.png from scale.json only.")
+    flags.DEFINE_enum("child", None, ["encode", "search", "exhaustive"], "(internal)")
+    flags.DEFINE_string("index_dir", None, "(internal) the store of a child.")
+    flags.DEFINE_string("queries_npz", None, "(internal) encoded queries.")
+    flags.DEFINE_string("out", None, "(internal) the child's output file.")
+
+
+def main(argv) -> None:
+    del argv
+    out_dir = (REPO / FLAGS.output_dir).resolve()
+    if FLAGS.child == "encode":
+        return encode_queries(
+            Path(FLAGS.index_dir), Path(FLAGS.dataset_dir), FLAGS.num_queries, Path(FLAGS.out)
+        )
+    if FLAGS.child == "search":
+        return search_child(Path(FLAGS.index_dir), Path(FLAGS.queries_npz), Path(FLAGS.out))
+    if FLAGS.child == "exhaustive":
+        return exhaustive_child(Path(FLAGS.index_dir), Path(FLAGS.queries_npz), Path(FLAGS.out))
+    if FLAGS.replot:
+        write_results(out_dir, [])
+        return
+    from aligner_jax.data import beir
+
+    source = (REPO / (FLAGS.source_index or SOURCES[FLAGS.model])).resolve()
+    dataset = (REPO / FLAGS.dataset_dir).resolve()
+    work = Path(FLAGS.work_dir) / FLAGS.model
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "children.log"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    queries_npz = work / "queries.npz"
+    if not queries_npz.exists():
+        run_child(me + ["--child=encode", f"--index_dir={source}", f"--dataset_dir={dataset}",
+                        f"--num_queries={FLAGS.num_queries}", f"--out={queries_npz}"], 2, log)  # fmt: skip
+    qrels = beir.load_qrels(dataset / "qrels" / "test.tsv")
+    sigma = None
+    for scale in sorted(float(s) for s in FLAGS.scales):
+        store_dir = work / f"x{scale:g}"
+        if sigma is None:
+            one = work / "x1"
+            from aligner_jax.indexing import centroid_index as ci
+
+            if not (one / "manifest.json").exists() or not ci.CentroidIndex.exists(one):
+                make_store(source, one, 1.0, 0.0)
+                run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={one}", "--search_index"], 2, log)  # fmt: skip
+            sigma = residual_sigma(one)
+            print(f"jitter sigma per dimension: {sigma:.4f}", flush=True)
+        if scale != 1.0 or not store_dir.exists():
+            made = make_store(source, store_dir, scale, sigma, seed=int(scale))
+        else:
+            from aligner_jax.indexing import token_store as ts
+
+            st = ts.TokenStore(store_dir)
+            made = {"tokens": st.num_tokens, "docs": st.num_docs}
+        print(f"x{scale:g}: {made}", flush=True)
+        exact_path = store_dir / "exhaustive.json"
+        run_child(me + ["--child=exhaustive", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={exact_path}"], 2, log)  # fmt: skip
+        exact = json.loads(exact_path.read_text())
+        rows = []
+        for bits in FLAGS.bits:
+            build = run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
+                               f"--gin.CentroidIndexConfig.residual_bits={int(bits)}"], 2, log)  # fmt: skip
+            found_path = store_dir / f"search_{bits}.json"
+            search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}"], FLAGS.threads, log)  # fmt: skip
+            found = json.loads(found_path.read_text())
+            row = {
+                "model": FLAGS.model,
+                "dim": int(json.loads((store_dir / "manifest.json").read_text())["model"]["dim"]),
+                "bits": int(bits),
+                "scale": scale,
+                "tokens": made["tokens"],
+                "docs": made["docs"],
+                "build_s": build["wall_s"],
+                "build_peak_rss_gib": build["peak_rss_gib"],
+                "index_bytes": search["index_bytes"],
+                "bytes_per_token": search["index_bytes"] / made["tokens"],
+                "load_s": search["load_s"],
+                "rss_after_load_gib": search["rss_after_load_gib"],
+                "search_peak_rss_gib": search["peak_rss_gib"],
+                "p50_ms": search["p50_ms"],
+                "p99_ms": search["p99_ms"],
+                "threads": FLAGS.threads,
+                "machine_load": search["machine_load"],
+                "num_centroids": search["num_centroids"],
+                "probes": search["probes"],
+                "refine_docs": search["refine_docs"],
+                "interaction_docs": search["interaction_docs"],
+                "jitter_sigma": sigma,
+                "queries": len(found),
+                **quality(found, exact, qrels),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        write_results(out_dir, rows)
+        if not FLAGS.keep_stores and scale != 1.0:
+            shutil.rmtree(store_dir)
+    print(f"wrote {out_dir / 'scale.json'}, scale.md, scale.png")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
