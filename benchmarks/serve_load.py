@@ -12,7 +12,8 @@ writer adding documents while they search.
    ``--write_clients`` clients search a fixed set of queries whose answers were recorded first
    (snapshot 0), one ``POST /documents`` adds ``--writer_docs`` documents (copies of corpus
    documents under new ids, so that they enter the rankings), and the clients go on until
-   ``--duration`` seconds have passed and the write is done. Afterwards the answers of snapshot 1
+   ``--duration`` seconds have passed and the write is done (the copies are of the queries' best
+   documents first, so that the write changes their answers). Afterwards the answers of snapshot 1
    are recorded; every answer given during the phase must equal (same ids in the same order,
    scores within 1e-4; near-tied documents may swap) the answer of the snapshot it names, and
    name snapshot 0 or 1.
@@ -188,16 +189,19 @@ def writer_phase(args, queries, token) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     shutil.copytree(args.index_dir, copy)
     corpus = beir.load_corpus(args.corpus)
-    new_docs = [
-        {"id": f"copy-{doc.doc_id}", "title": doc.title, "text": doc.text}
-        for doc in list(corpus.values())[: args.writer_docs]
-    ]
     fixed = queries[: args.consistency_queries]
     server = Server(str(copy), token, args.threads, args.search_threads)
     try:
         asyncio.run(closed_loop(server.url, fixed, args.write_clients, args.warmup, args.k))
         before = answers_of(server.url, fixed, args.k)
         assert {g for g, _ in before.values()} == {0}
+        # Copies (new ids) of the queries' best documents first, so that the write changes
+        # their answers, then of other documents.
+        firsts = [answer[0][0] for _, answer in before.values() if answer]
+        chosen = list(dict.fromkeys(firsts + list(corpus)))[: args.writer_docs]
+        new_docs = [
+            {"id": f"copy-{d}", "title": corpus[d].title, "text": corpus[d].text} for d in chosen
+        ]
         record, write = [], {}
         load_before = uptime()
 
