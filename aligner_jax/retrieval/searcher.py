@@ -69,8 +69,11 @@ class SearchConfig:
         (amortises gathering on dense candidate sets); a query's latency is its batch's time.
       filter_exact_docs: a filter (or ``subset``) that keeps at most this many documents is
         searched exhaustively over them (exact: every kept document refined with all its stored
-        vectors); a larger one restricts candidate generation, and falls back to the exhaustive
-        search of its documents when fewer than ``k + offset`` candidates pass it.
+        vectors; the float refinement costs about as much as an unfiltered fast search at ~60
+        documents and 4x at ~500 on SciFact's 384-d store, ``benchmarks/filtered_search.py``); a
+        larger one restricts candidate generation (as approximate as unfiltered search), and
+        falls back to the exhaustive search of its documents when fewer than ``k + offset``
+        candidates pass it.
     """
 
     backend: str = "scann"
@@ -81,7 +84,7 @@ class SearchConfig:
     top_k: int = 1000
     query_batch_size: int = 8
     salience: bool = True
-    filter_exact_docs: int = 2048
+    filter_exact_docs: int = 256
 
     def __post_init__(self):
         name = type(self).__name__
