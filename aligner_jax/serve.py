@@ -1,7 +1,8 @@
 r"""HTTP server binary (``aligner-serve``): one index behind a JSON API and a search page.
 
   python -m aligner_jax.serve --index_dir=outputs/zero_shot_scifact/index
-  # then: curl -s localhost:8080/search -d '{"query": "statins reduce heart risk", "k": 5}'
+  curl -s localhost:8080/search -H 'Content-Type: application/json' \
+    -d '{"query": "statins reduce heart risk", "k": 5}'
   # the search page with live alignments: http://127.0.0.1:8080/ ; API docs: /docs
 
   ALIGNER_SERVE_WRITE_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe())') \

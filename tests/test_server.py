@@ -196,6 +196,9 @@ def test_oversized_and_malformed_bodies_are_refused(read_only):
         "/search", content=b"{not json", headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 422 and "JSON" in r.json()["detail"]
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # curl -d without -H
+    r = read_only.post("/search", content=json.dumps({"query": BEES}), headers=form)
+    assert r.status_code == 422 and "-H 'Content-Type: application/json'" in r.json()["detail"]
 
 
 def test_limits_are_checked_when_the_server_starts():

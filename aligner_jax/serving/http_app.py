@@ -218,7 +218,15 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return JSONResponse({"detail": _validation_message(exc)}, status_code=422)
+        detail = _validation_message(exc)
+        content_type = request.headers.get("content-type", "")
+        if request.method in ("POST", "DELETE") and "json" not in content_type:
+            detail = (
+                f"the body must be JSON sent with 'Content-Type: application/json' (this request "
+                f"has {content_type or 'none'!r}; curl: -H 'Content-Type: application/json'): "
+                + detail
+            )
+        return JSONResponse({"detail": detail}, status_code=422)
 
     def check_query(text: str) -> str:
         if not text.strip():
