@@ -1,10 +1,12 @@
 """Search: query tokens → candidate documents → refinement → ranked documents.
 
 ``Searcher.load(index_dir)`` opens a persisted index (token store + compressed centroid index +
-the encoder that built it) and answers free text: ``search("...", k=10)`` → ``[(doc_id,
-score)]``. Backends: ``centroid`` (the compressed index of :mod:`indexing.centroid_index`, four
-stages in :mod:`retrieval.centroid_search`: milliseconds per query on a CPU), ``scann`` and
-``exact`` (token MIPS, below), or exhaustive refinement (``k_prime = 0``: the quality ceiling).
+the encoder that built it) and answers free text: ``search("...", k=10, offset=0,
+filter={...})`` → :class:`Hit` objects (doc id, score, rank, title, text, metadata; they unpack as
+``(doc_id, score)``), filters applied during candidate generation (``allowed``). Backends:
+``centroid`` (the compressed index of :mod:`indexing.centroid_index`, four stages in
+:mod:`retrieval.centroid_search`: milliseconds per query on a CPU), ``scann`` and ``exact``
+(token MIPS, below), or exhaustive refinement (``k_prime = 0``: the quality ceiling).
 
 For the token-MIPS backends the three steps are named and timed (XTR notebook habit):
 
