@@ -52,13 +52,14 @@ def test_the_counter_sees_a_compilation():
 
 def test_query_and_refinement_buckets():
     config = EncodingConfig()
-    assert config.bucket_lengths(512, "query") == (32, 64, 128, 256, 512)
-    assert config.bucket_lengths(70, "query") == (32, 64, 70)
+    assert config.bucket_lengths(512, "query") == (16, 32, 48, 64, 128, 256, 512)
+    assert config.bucket_lengths(70, "query") == (16, 32, 48, 64, 70)
+    assert config.bucket_lengths(40, "query") == (16, 32, 40)
     assert config.bucket_lengths(256, "doc") == (32, 64, 96, 128, 160, 192, 224, 256)
     assert config.bucket_lengths(256) == config.bucket_lengths(256, "doc")
     refine_config = refine.RefineConfig()
-    assert refine_config.query_buckets_upto(512) == (16, 32, 64, 128, 256, 512)
-    assert refine_config.query_buckets_upto(40) == (16, 32, 64)
+    assert refine_config.query_buckets_upto(512) == (16, 32, 48, 64, 128, 256, 512)
+    assert refine_config.query_buckets_upto(40) == (16, 32, 48)
     assert refine.RefineConfig(query_length_buckets=(16,)).query_buckets_upto(70) == (
         16,
         32,
@@ -111,8 +112,8 @@ def index_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def encoder(index_dir):
-    """The index's model, queries cut at 64 tokens (buckets 32 and 64: few compilations in CI;
-    ``whole_query_encoder``'s 512 gives 32, 64, 128, 256 and 512, see above)."""
+    """The index's model, queries cut at 64 tokens (buckets 16, 32, 48, 64: few compilations in
+    CI; ``whole_query_encoder``'s 512 adds 128, 256 and 512, see above)."""
     spec = json.loads((index_dir / "encoder.json").read_text())
     return Encoder(loading.encoder_from_spec(spec), EncodingConfig(), query_maxlen=64)
 
@@ -130,7 +131,7 @@ def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
     )
     doc_ids = list(searcher.store.doc_ids)
     encoded = encoder.encode(QUERIES, "query")
-    assert {len(e.token_ids) for e in encoded} >= {3, 32, 33, 64}
+    assert {len(e.token_ids) for e in encoded} >= {3, 16, 17, 32, 33, 64}
     with compilations() as names:
         for text in QUERIES:
             assert searcher.search(text, k=3)

@@ -111,7 +111,7 @@ def iter_encoded_batches(
         hidden = np.asarray(outputs, dtype=np.float32)
         return batch.indices, [hidden[row, : len(m)].copy() for row, m in enumerate(members)]
 
-    if workers == 1:
+    if workers == 1 or len(batches) == 1:  # e.g. one query: no threads to start
         yield from map(encode_batch, batches)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="encode") as pool:

@@ -5,8 +5,8 @@ Texts are tokenised (no padding), grouped by length into a few bucket lengths, a
 fixed-shape batches (one XLA compilation per bucket). Only real tokens come back: each text yields
 ``EncodedText(token_ids [m], vectors [m, D], salience [m])``.
 
-Documents are padded to multiples of 32 tokens (little padding over a corpus); queries to 32
-times a power of two (32, 64, 128, ..., the budget): a handful of shapes, all compiled by
+Documents are padded to multiples of 32 tokens (little padding over a corpus); queries to 16,
+32, 48, 64, then 128, 256, ... up to the budget: a handful of shapes, all compiled by
 :meth:`Encoder.warm_up` when a searcher loads, so no query compiles afterwards.
 """
 
@@ -28,6 +28,9 @@ from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import batching, tokenization
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models import partitioning
+
+# Query bucket lengths: every QUERY_STEP tokens up to QUERY_FINE_UPTO, then doubling.
+QUERY_STEP, QUERY_FINE_UPTO = 16, 64
 
 
 @gin.configurable
@@ -59,13 +62,15 @@ class EncodingConfig:
     def bucket_lengths(self, maxlen: int, kind: str = aligner_lib.DOC) -> tuple[int, ...]:
         """The padded lengths texts of ``kind`` are encoded at (``maxlen`` is always the last).
 
-        Documents: multiples of ``bucket_multiple``. Queries: ``bucket_multiple`` times powers
-        of two (32, 64, 128, 256, 512): log2 as many shapes, so all of them can be compiled at
-        load (:meth:`Encoder.warm_up`), for a little padding on the rare long query.
+        Documents: multiples of ``bucket_multiple``. Queries: multiples of 16 up to 64 tokens
+        (where almost every query falls: a query pays at most 15 padding tokens), then powers
+        of two (128, 256, 512): seven shapes for BERT's 512, all compiled at load
+        (:meth:`Encoder.warm_up`).
         """
         if kind != aligner_lib.QUERY:
             return tokenization.default_bucket_boundaries(maxlen, self.bucket_multiple)
-        bounds, b = [], self.bucket_multiple
+        bounds = [b for b in range(QUERY_STEP, QUERY_FINE_UPTO + 1, QUERY_STEP) if b < maxlen]
+        b = 2 * QUERY_FINE_UPTO
         while b < maxlen:
             bounds.append(b)
             b *= 2

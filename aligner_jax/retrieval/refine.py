@@ -46,8 +46,8 @@ class RefineConfig:
     Attributes:
       length_multiple: documents are padded to a multiple of this many tokens (bucket lengths).
       query_length_buckets: queries are padded to the smallest bucket ≥ their length (beyond
-        the last, to a multiple of ``length_multiple``); the defaults reach BERT's 512 tokens,
-        so a whole query of any length has one of six shapes.
+        the last, to a multiple of ``length_multiple``); the defaults (the query encoder's)
+        reach BERT's 512 tokens, so a whole query of any length has one of seven shapes.
       max_elements: budget of similarity entries (queries × query tokens × docs × doc tokens)
         computed per kernel call; sets the number of documents per chunk.
       cache_bytes: pre-gather every document's padded vectors in memory (on first use) when
@@ -61,7 +61,7 @@ class RefineConfig:
     """
 
     length_multiple: int = 32
-    query_length_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    query_length_buckets: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512)
     max_elements: int = 1 << 24
     cache_bytes: int = 3 << 30
     concurrent_chunks: int | None = None
@@ -151,6 +151,12 @@ class QueryBatch:
         return cls(vectors, mask, salience, token_ids)
 
 
+@functools.cache
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The threads refinement chunks run on (one pool per size, for the process's life)."""
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="refine")
+
+
 def padded_chunk(num_docs: int, chunk: int) -> int:
     """Documents a chunk of ``num_docs`` is padded to: the next power of two (at least 8), at
     most ``chunk``: a few compiled shapes, and a query's few candidates in a length bucket are
@@ -233,15 +239,16 @@ class Refiner:
             scores = score_chunk(*q, d, dm, du, di, strategies=strategies)
             return part, np.asarray(scores)[:, :, : len(part)]
 
-        # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core.
+        # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core (threads
+        # kept between calls: starting them costs milliseconds on a busy machine).
         workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
-            for part, scores in pool.map(run, jobs):
-                cols = np.searchsorted(union, part)
-                for i in range(num_q):
-                    pos = position[i, cols]
-                    hit = pos >= 0
-                    out[i][:, pos[hit]] = scores[:, i, hit]
+        done = map(run, jobs) if len(jobs) == 1 else _pool(max(1, workers)).map(run, jobs)
+        for part, scores in done:
+            cols = np.searchsorted(union, part)
+            for i in range(num_q):
+                pos = position[i, cols]
+                hit = pos >= 0
+                out[i][:, pos[hit]] = scores[:, i, hit]
         return out
 
     def _fixed_shape_jobs(self, union: np.ndarray) -> list[tuple]:
