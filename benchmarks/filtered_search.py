@@ -196,7 +196,8 @@ def plot(r: dict, path: Path) -> None:
     ax.set_xticks(x, labels)
     ax.set_xlabel("documents kept by the filter (random subset)")
     ax.set_ylabel("ms per query (encoding excluded)")
-    ax.set_title(f"Filtered search, {r['num_queries']} queries")
+    load = r["machine"]["loadavg_before"][0]
+    ax.set_title(f"Filtered search, {r['num_queries']} queries (load average {load:.0f})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
