@@ -211,6 +211,10 @@ def test_python_index_is_the_cli_index(toy_index, tmp_path):
     assert "d1" not in [h.doc_id for h in hits] and hits[0].doc_id == "d10"
     with pytest.raises(ConfigError, match="already in"):
         reopened.add([{"id": "d2", "text": "again"}])
+    # a deleted id comes back with its new content and metadata
+    reopened.add([{"id": "d1", "title": "Bees again", "text": "Honey bees in the hive.", "v": 2}])
+    hits = reopened.searcher().search("honey bees in the hive", k=1)
+    assert (hits[0].doc_id, hits[0].title, hits[0].metadata) == ("d1", "Bees again", {"v": 2})
 
 
 def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
