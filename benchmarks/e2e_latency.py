@@ -1,0 +1,244 @@
+r"""End-to-end query latency after ``Searcher.load``, with no compilation (issue 27 item 4).
+
+  .venv/bin/python benchmarks/e2e_latency.py \
+      [--index_dir=outputs/zero_shot_scifact/index] [--dataset_dir=../shared/data/beir/scifact]
+
+Opens the index with ``Searcher.load`` (which compiles every shape a single query takes:
+``retrieval.refine.warm_up``; its cost is measured) and then, one query at a time, over the
+split's queries, ``--rounds`` times, at ``--threads`` BLAS threads (the machine's 2 cores run
+XLA):
+
+  * end to end: ``searcher.search(text, k=--k)`` (tokenize, encode, centroid search, hits);
+  * encoding alone: ``searcher.encoder.encode([text], "query")``;
+  * rerank: ``searcher.rerank`` of ``--rerank_candidates`` documents per query (the query's own
+    top documents, found before timing), the query encoded before timing.
+
+Every XLA compilation during the timed loops is counted with JAX's monitoring hook (the
+``backend_compile_duration`` event); the goal is 0. Writes
+``benchmarks/results/--output_name.{json,md,png}`` with p50/p90/p99 (ms), the warm-up cost and
+the machine's load average before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import sys
+import time
+from collections.abc import Sequence
+
+from absl import app, flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import threadpoolctl  # noqa: E402
+from jax import monitoring  # noqa: E402
+
+from aligner_jax.common import cli, fileio  # noqa: E402
+from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.retrieval import refine  # noqa: E402
+from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+_INDEX_DIR = flags.DEFINE_string(
+    "index_dir", str(REPO / "outputs" / "zero_shot_scifact" / "index"), "Index to search."
+)
+_DATASET_DIR = flags.DEFINE_string(
+    "dataset_dir", str(REPO.parent / "shared" / "data" / "beir" / "scifact"), "BEIR folder."
+)
+_SPLIT = flags.DEFINE_string("split", "test", "Queries of this qrels split.")
+_THREADS = flags.DEFINE_integer("threads", 2, "BLAS threads (threadpoolctl).", lower_bound=1)
+_K = flags.DEFINE_integer("k", 10, "Documents per search.", lower_bound=1)
+_RERANK = flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Passes over the queries.", lower_bound=1)
+_OUTPUT_NAME = flags.DEFINE_string("output_name", "e2e_latency", "benchmarks/results/NAME.*")
+
+
+class CompileCounter:
+    """Counts XLA compilations (and their seconds) while registered."""
+
+    def __init__(self):
+        self.count, self.seconds = 0, 0.0
+
+    def __call__(self, event: str, duration: float, **kwargs) -> None:
+        if event == COMPILE_EVENT:
+            self.count += 1
+            self.seconds += duration
+
+
+def percentiles(ms: Sequence[float]) -> dict:
+    a = np.asarray(ms, np.float64)
+    return {
+        "n": int(a.size),
+        "p50_ms": round(float(np.percentile(a, 50)), 3),
+        "p90_ms": round(float(np.percentile(a, 90)), 3),
+        "p99_ms": round(float(np.percentile(a, 99)), 3),
+        "max_ms": round(float(a.max()), 3),
+    }
+
+
+def timed(fn, *args, **kwargs) -> float:
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    return 1000.0 * (time.perf_counter() - start)
+
+
+def load_with_warm_up(index_dir: str) -> tuple[search_lib.Searcher, dict]:
+    """``Searcher.load``, recording what its warm-up did and what compiling cost."""
+    infos: list[dict] = []
+    original = refine.warm_up
+
+    def recording(*args, **kwargs):
+        infos.append(original(*args, **kwargs))
+        return infos[-1]
+
+    counter = CompileCounter()
+    monitoring.register_event_duration_secs_listener(counter)
+    refine.warm_up = recording
+    try:
+        start = time.perf_counter()
+        searcher = search_lib.Searcher.load(index_dir)
+        load_s = time.perf_counter() - start
+    finally:
+        refine.warm_up = original
+        monitoring.unregister_event_duration_listener(counter)
+    (info,) = infos
+    return searcher, {
+        "load_s": round(load_s, 3),
+        "warm_up_s": round(info["seconds"], 3),
+        "query_buckets": info["query_buckets"],
+        "refine_shapes": info["refine_shapes"],
+        "compilations_at_load": counter.count,
+        "compile_s_at_load": round(counter.seconds, 3),
+    }
+
+
+def measure(searcher, queries: dict[str, str], k: int, rerank_n: int, rounds: int) -> dict:
+    texts = list(queries.values())
+    qids = list(queries)
+    encoded = searcher.encoder.encode(texts, "query")
+    candidates = {
+        qid: [hit[0] for hit in searcher.search(text, k=rerank_n)]
+        for qid, text in zip(qids, texts, strict=True)
+    }
+    e2e, encode, rerank = [], [], []
+    counter = CompileCounter()
+    monitoring.register_event_duration_secs_listener(counter)
+    try:
+        for _ in range(rounds):
+            for qid, text, enc in zip(qids, texts, encoded, strict=True):
+                e2e.append(timed(searcher.search, text, k=k))
+                encode.append(timed(searcher.encoder.encode, [text], "query"))
+                rerank.append(
+                    timed(searcher.rerank, [qid], [enc], candidates, show_progress=False, k=k)
+                )
+    finally:
+        monitoring.unregister_event_duration_listener(counter)
+    return {
+        "end_to_end": percentiles(e2e),
+        "encode": percentiles(encode),
+        "rerank": {**percentiles(rerank), "candidates": rerank_n},
+        "compilations_after_load": counter.count,
+        "query_tokens": percentiles([len(e.token_ids) for e in encoded]),
+        "_samples": {"end_to_end": e2e, "encode": encode, "rerank": rerank},
+    }
+
+
+def markdown(report: dict) -> str:
+    w, m = report["warm_up"], report["measured"]
+    lines = [
+        "# End-to-end latency after `Searcher.load` (no compilation)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"{report['dataset']} ({report['queries']} {report['split']} queries × {report['rounds']} "
+        f"rounds), index `{report['index_dir']}`, {report['threads']} threads; {report['machine']}"
+        f"; load average before {report['loadavg_before']}, after {report['loadavg_after']}; "
+        f"nice {report['nice']}.",
+        "",
+        f"Load {w['load_s']} s, of which warm-up {w['warm_up_s']} s: query buckets "
+        f"{w['query_buckets']} and {w['refine_shapes']} refinement shapes "
+        f"({w['compilations_at_load']} XLA compilations, {w['compile_s_at_load']} s compiling). "
+        f"**Compilations after load: {m['compilations_after_load']}.**",
+        "",
+        "| what | n | p50 ms | p90 ms | p99 ms | max ms | goal |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    goals = {"end_to_end": "p99 ≤ 30 ms", "encode": "", "rerank": "p99 ≤ 50 ms"}
+    names = {
+        "end_to_end": f"end to end (encode + search, k={report['k']})",
+        "encode": "query encoding alone",
+        "rerank": f"rerank of {m['rerank']['candidates']} candidates",
+    }
+    for key, name in names.items():
+        r = m[key]
+        lines.append(
+            f"| {name} | {r['n']} | {r['p50_ms']} | {r['p90_ms']} | {r['p99_ms']} | "
+            f"{r['max_ms']} | {goals[key]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(samples: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, ms in samples.items():
+        a = np.sort(np.asarray(ms))
+        ax.plot(a, np.arange(1, a.size + 1) / a.size, label=name.replace("_", " "))
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms, log scale)")
+    ax.set_ylabel("fraction of queries")
+    ax.axhline(0.99, color="grey", lw=0.5, ls=":")
+    ax.legend()
+    ax.set_title("After Searcher.load: latency CDF (0 compilations)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_logs()
+    loadavg_before = [round(x, 2) for x in os.getloadavg()]
+    dataset = beir.load_beir(_DATASET_DIR.value, split=_SPLIT.value)
+    with threadpoolctl.threadpool_limits(_THREADS.value):
+        searcher, warm = load_with_warm_up(_INDEX_DIR.value)
+        measured = measure(searcher, dataset.queries, _K.value, _RERANK.value, _ROUNDS.value)
+    samples = measured.pop("_samples")
+    report = {
+        "command": " ".join(["benchmarks/e2e_latency.py", *sys.argv[1:]]),
+        "dataset": dataset.name,
+        "split": _SPLIT.value,
+        "queries": len(dataset.queries),
+        "rounds": _ROUNDS.value,
+        "index_dir": _INDEX_DIR.value,
+        "threads": _THREADS.value,
+        "k": _K.value,
+        "warm_up": warm,
+        "measured": measured,
+        "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, jax {jax.__version__}",
+        "nice": os.nice(0),  # < 0: run ahead of the machine's other jobs (a shared machine)
+        "loadavg_before": loadavg_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    out = REPO / "benchmarks" / "results" / _OUTPUT_NAME.value
+    fileio.atomic_write_json(out.with_suffix(".json"), report, sort_keys=False)
+    fileio.atomic_write_text(out.with_suffix(".md"), markdown(report))
+    plot(samples, out.with_suffix(".png"))
+    print(markdown(report))
+    print(f"wrote {out}.json, .md, .png")
+
+
+if __name__ == "__main__":
+    app.run(main)
