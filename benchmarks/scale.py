@@ -117,26 +117,32 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
 
 # -- children (fresh processes, peak RSS from outside) --------------------------------------------
 def run_child(cmd: list[str], threads: int, log: Path) -> dict:
-    """Runs ``cmd`` in a fresh process with ``threads`` BLAS/XLA threads; wall seconds and the
-    child's peak RSS (``os.wait4``), its stdout's last JSON line."""
+    """Runs ``cmd`` in a fresh process with ``threads`` BLAS threads; wall seconds, the child's
+    peak RSS and its stdout's last JSON line. The peak is GNU time's (``/usr/bin/time -v``, the
+    child of a small process): a child forked straight from this (large) process would report
+    this process's peak, which Linux carries into the child's ``ru_maxrss`` across exec."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
+    report = log.with_suffix(".time")
+    timed = ["/usr/bin/time", "-v", "-o", str(report)] + cmd
     start = time.perf_counter()
     with log.open("ab") as f:
         f.write(f"\n$ {' '.join(cmd)}\n".encode())
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, env=env, cwd=REPO)
-        stdout = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        f.write(stdout)
+        proc = subprocess.run(timed, stdout=subprocess.PIPE, stderr=f, env=env, cwd=REPO)
+        f.write(proc.stdout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[:4]}... exited {proc.returncode}: see {log}")
-    last = [line for line in stdout.decode().splitlines() if line.startswith("{")]
+    peak_kib = next(
+        int(line.split(":")[1])
+        for line in report.read_text().splitlines()
+        if "Maximum resident set size" in line
+    )
+    last = [line for line in proc.stdout.decode().splitlines() if line.startswith("{")]
     result = json.loads(last[-1]) if last else {}
-    result.update(wall_s=wall, peak_rss_gib=usage.ru_maxrss / 2**20)
+    result.update(wall_s=wall, peak_rss_gib=peak_kib / 2**20)
     return result
 
 
@@ -390,6 +396,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_queries", 100, "Test queries (a fixed sample).")
     flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
     flags.DEFINE_bool("keep_stores", False, "Keep the grown stores after measuring.")
+    flags.DEFINE_bool("reuse_stores", False, "Reuse grown stores kept by an earlier run.")
     flags.DEFINE_bool("replot", False, "Redraw scale.md / scale.png from scale.json only.")
     flags.DEFINE_enum("child", None, ["encode", "search", "exhaustive"], "(internal)")
     flags.DEFINE_string("index_dir", None, "(internal) the store of a child.")
@@ -436,7 +443,8 @@ def main(argv) -> None:
                 run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={one}", "--search_index"], 2, log)  # fmt: skip
             sigma = residual_sigma(one)
             print(f"jitter sigma per dimension: {sigma:.4f}", flush=True)
-        if scale != 1.0 or not store_dir.exists():
+        reuse = (scale == 1.0 or FLAGS.reuse_stores) and (store_dir / "manifest.json").exists()
+        if not reuse:
             made = make_store(source, store_dir, scale, sigma, seed=int(scale))
         else:
             from aligner_jax.indexing import token_store as ts
@@ -445,7 +453,8 @@ def main(argv) -> None:
             made = {"tokens": st.num_tokens, "docs": st.num_docs}
         print(f"x{scale:g}: {made}", flush=True)
         exact_path = store_dir / "exhaustive.json"
-        run_child(me + ["--child=exhaustive", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={exact_path}"], 2, log)  # fmt: skip
+        if made.get("write_s") is not None or not exact_path.exists():  # a new store
+            run_child(me + ["--child=exhaustive", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={exact_path}"], 2, log)  # fmt: skip
         exact = json.loads(exact_path.read_text())
         rows = []
         for bits in FLAGS.bits:

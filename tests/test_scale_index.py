@@ -212,3 +212,17 @@ def test_scann_beyond_its_measured_limit_is_refused_in_one_line(tmp_path):
     config = ann.ScannConfig(max_token_dims=store.num_tokens * store.dim - 1)
     with pytest.raises(errors.ConfigError, match="measured limit.*backend='centroid'"):
         ann.TokenIndex.build(store, "scann", scann_config=config)
+
+
+def test_a_rebuild_keeps_the_recorded_settings_unless_gin_binds_them(tmp_path):
+    import gin
+
+    store = _store(tmp_path, num_docs=30)
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=4, residual_bits=8))
+    assert ci.recorded_config(store.directory).residual_bits == 8
+    try:
+        gin.parse_config("CentroidIndexConfig.residual_bits = 2")
+        config = ci.recorded_config(store.directory)
+        assert (config.residual_bits, config.num_centroids) == (2, 4)
+    finally:
+        gin.clear_config()

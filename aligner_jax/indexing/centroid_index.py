@@ -655,17 +655,30 @@ def published_meta(directory: Path) -> Path | None:
 
 
 def recorded_config(directory: Path) -> CentroidIndexConfig:
-    """The settings of the search index the manifest of ``directory`` publishes, or the
-    defaults (gin's) when there is none or it cannot be read: what a rebuild keeps."""
+    """The settings of the search index the manifest of ``directory`` publishes (the defaults
+    when there is none or it cannot be read), each overridden by an explicit gin binding
+    (``--gin.CentroidIndexConfig.residual_bits=2``): what a rebuild keeps, unless told."""
+    recorded = {}
     try:
         pointer = ts.read_manifest(directory).get("search_index")
         if pointer:
-            return CentroidIndexConfig(**ts.read_json(Path(directory) / pointer["meta"])["config"])
-    except (errors.IndexIntegrityError, OSError, ValueError, TypeError, KeyError) as e:
+            recorded = dict(ts.read_json(Path(directory) / pointer["meta"])["config"])
+    except (errors.IndexIntegrityError, OSError, TypeError, KeyError) as e:
         logging.warning(
             "%s: search index settings not readable (%s); using the defaults", directory, e
         )
-    return CentroidIndexConfig()
+    fields = {f.name for f in dataclasses.fields(CentroidIndexConfig)}
+    recorded = {k: v for k, v in recorded.items() if k in fields}
+    for name in fields:
+        if checks.is_bound(f"CentroidIndexConfig.{name}"):
+            recorded.pop(name, None)  # gin's value: the constructor takes it
+    try:
+        return CentroidIndexConfig(**recorded)
+    except (ValueError, TypeError) as e:
+        logging.warning(
+            "%s: recorded search index settings refused (%s); using the defaults", directory, e
+        )
+        return CentroidIndexConfig()
 
 
 def collect_garbage(directory: Path) -> list[str]:
