@@ -20,7 +20,6 @@ from typing import Any
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from aligner_jax.common import checks, progress
@@ -289,7 +288,7 @@ class Encoder:
         if pad:  # the batch must split evenly over the mesh's data axis
             ids = np.concatenate([ids, np.zeros((pad, ids.shape[1]), ids.dtype)])
             mask = np.concatenate([mask, np.zeros((pad, mask.shape[1]), mask.dtype)])
-        ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
+        ids_j, mask_j = jax.device_put(ids), jax.device_put(mask)  # no compiled conversion
         if self.mesh is not None:
             ids_j = jax.device_put(ids_j, self._batch_sharding)
             mask_j = jax.device_put(mask_j, self._batch_sharding)

@@ -219,7 +219,7 @@ class Refiner:
         for i, c in enumerate(cands):
             position[i, np.searchsorted(union, c)] = np.arange(len(c))
         q = tuple(
-            jnp.asarray(x)
+            jax.device_put(x)  # a transfer, not a compiled conversion
             for x in (queries.vectors, queries.mask, queries.salience, queries.token_ids)
         )
         if len(union) <= self.config.fixed_shape_docs:
