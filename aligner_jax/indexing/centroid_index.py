@@ -493,14 +493,19 @@ class CentroidIndex:
 
     @classmethod
     def open_snapshot(
-        cls, directory: Path, verify_checksums: bool = False, attempts: int = 5
+        cls,
+        directory: Path,
+        verify_checksums: bool = False,
+        attempts: int = 5,
+        store: ts.TokenStore | None = None,
     ) -> tuple[ts.TokenStore, CentroidIndex]:
         """The store and search index of the generation committed last, opened together. A
         writer may commit (and remove the files of the generation this reader was about to
         map) between reading the manifest and mapping the index: then the newer manifest is
         read and the open retried; once mapped, a generation stays readable."""
         for attempt in range(attempts):
-            store = ts.TokenStore(directory, verify_checksums=verify_checksums)
+            if store is None or attempt:  # ``store``: one the caller opened just before
+                store = ts.TokenStore(directory, verify_checksums=verify_checksums)
             try:
                 return store, cls.load(store, verify_checksums=verify_checksums)
             except (errors.IndexIntegrityError, FileNotFoundError):

@@ -320,10 +320,7 @@ class Searcher:
                 f"Searcher.load: encoder must be an aligner_jax.Encoder, got "
                 f"{type(encoder).__name__}"
             )
-        if mode == "exhaustive":
-            store, index = ts.TokenStore(index_dir, verify_checksums=verify_checksums), None
-        else:  # the store and the search index of one committed generation
-            store, index = ci.CentroidIndex.open_snapshot(index_dir, verify_checksums)
+        store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
         if encoder is None:
             spec_path = store.directory / "encoder.json"
             if not spec_path.exists():
@@ -337,6 +334,8 @@ class Searcher:
             )
             encoder = whole_query_encoder(loading.encoder_from_spec(spec, checkpoint))
         ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
+        if mode != "exhaustive":  # the store and the search index of one committed generation
+            store, index = ci.CentroidIndex.open_snapshot(index_dir, verify_checksums, store=store)
         if mode == "exhaustive":
             config = SearchConfig(**{"backend": "exact", **overrides, "k_prime": 0})
             searcher = cls(store, config, encoder=encoder, alignment=alignment)
