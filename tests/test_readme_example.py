@@ -23,6 +23,11 @@ for hit in searcher.search("where do bees keep honey?", k=2, filter={"year": {"g
 """
 
 
+def test_the_example_is_the_readme_s():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "```python\n" + EXAMPLE + "```" in readme
+
+
 def test_readme_example_runs_and_filters(tmp_path):
     cwd = os.getcwd()
     out = io.StringIO()
