@@ -12,11 +12,12 @@ EXAMPLE = """\
 import aligner_jax
 
 index = aligner_jax.Index.create("outputs/my_index")  # the bundled all-MiniLM-L6-v2, zero-shot
-index.add([
-    {"id": "d1", "title": "Honey bees", "text": "Bees store honey in wax combs.", "metadata": {"year": 2019}},
-    {"id": "d2", "title": "Wild bees", "text": "Solitary bees nest in the ground.", "metadata": {"year": 2012}},
-    {"id": "d3", "title": "Chess", "text": "The Sicilian defence is a chess opening.", "metadata": {"year": 2021}},
-])
+rows = [
+    ("d1", "Honey bees", "Bees store honey in wax combs.", 2019),
+    ("d2", "Wild bees", "Solitary bees nest in the ground.", 2012),
+    ("d3", "Chess", "The Sicilian defence is a chess opening.", 2021),
+]
+index.add({"id": i, "title": t, "text": x, "metadata": {"year": y}} for i, t, x, y in rows)
 searcher = index.searcher()
 for hit in searcher.search("where do bees keep honey?", k=2, filter={"year": {"gte": 2015}}):
     print(hit.rank, hit.title, round(hit.score, 2), hit.metadata)
