@@ -318,9 +318,11 @@ def markdown(rows: list[dict]) -> str:
         "# Scale: SciFact grown with distractor documents (issue 23)",
         "",
         "Written by `benchmarks/scale.py` (see its docstring for the method). Build and search "
-        "each ran in a fresh process; peak RSS from outside (`os.wait4`). Search: 2 BLAS "
-        "threads, batch 1, query encoding excluded, the project's default search settings. "
-        "Quality against exhaustive MaxSim over the same float vectors, same queries.",
+        "each ran in a fresh process; peak RSS from outside (GNU `time -v` of the child). "
+        "Search: 2 BLAS threads, batch 1, k = 100, query encoding excluded, the project's "
+        "default search settings. Quality against exhaustive MaxSim over the same float "
+        "vectors, same 100 test queries. `load avg`: the 1-minute load average when the search "
+        "started (the machine has 2 cores: above 2, latencies are inflated by other jobs).",
         "",
         "| model | dim | bits | scale | tokens | build s | build peak RSS GiB | index B/token | "
         "load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | top-10 overlap | "

@@ -37,12 +37,12 @@ set -m  # job control: each process (and its line prefixers) runs in its own pro
 pids=()
 for ((rank = 0; rank < num; rank++)); do
   (
-    "$python" -m "aligner_jax.$binary" "$@" --coordinator_address="127.0.0.1:$port" \
-      --num_processes="$num" --process_id="$rank" \
-      2> >(sed -u "s/^/[$rank] /" >&2) | sed -u "s/^/[$rank] /"
-    status=${PIPESTATUS[0]}
-    wait  # the stderr prefixer's last lines
-    exit "$status"
+    # stderr through one prefixer, stdout (fd 3) through another; both are members of the
+    # pipeline, so the subshell ends after their last lines; pipefail: the process's status
+    set -o pipefail
+    { "$python" -m "aligner_jax.$binary" "$@" --coordinator_address="127.0.0.1:$port" \
+        --num_processes="$num" --process_id="$rank" 2>&1 1>&3 3>&- |
+        sed -u "s/^/[$rank] /" >&2 3>&-; } 3>&1 | sed -u "s/^/[$rank] /"
   ) &
   pids+=("$!")
 done

@@ -116,7 +116,13 @@ def answers(directory: Path) -> dict:
     store = ts.TokenStore(directory, verify_checksums=True)
     index = ci.CentroidIndex.load(store, verify_checksums=True)
     searcher = cs.CentroidSearcher(store, index)
-    out = {"docs": store.num_docs, "deleted": int(store.deleted.sum()), "fast": [], "exact": []}
+    out = {
+        "generation": store.manifest["search_index"]["generation"],  # compact changes only this
+        "docs": store.num_docs,
+        "deleted": int(store.deleted.sum()),
+        "fast": [],
+        "exact": [],
+    }
     for q in QUERIES:
         (ranking,), _ = searcher.search(q, np.ones(len(q)), np.arange(len(q)), 5)
         out["fast"].append([store.doc_ids[int(d)] for d in ranking[0]])
@@ -127,6 +133,18 @@ def answers(directory: Path) -> dict:
         top = np.argsort(-np.asarray(scores), kind="stable")[:5]
         out["exact"].append([store.doc_ids[int(d)] for d in top])
     return out
+
+
+def classify(state: dict, before: dict, after: dict) -> str:
+    """``before`` or ``after`` (the same answers, at the update's generation or a later one: a
+    compaction run again after it was committed compacts again), else ``neither``."""
+    answers = {k: v for k, v in state.items() if k != "generation"}
+    if state == before:
+        return "before"
+    if answers == {k: v for k, v in after.items() if k != "generation"}:
+        if state["generation"] >= after["generation"]:
+            return "after"
+    return "neither"
 
 
 def run_op(op: str, directory: Path, corpus_file: Path) -> None:
@@ -147,20 +165,32 @@ def child(op: str, directory: Path, corpus_file: Path, fault: str | None) -> int
     return run_in_child(lambda: run_op(op, directory, corpus_file), fault)
 
 
+STEPS = [0]  # durable steps the last child took (all of them unless it was killed)
+
+
 def run_in_child(job, fault: str | None = None) -> int:
-    """``job()`` in a forked child (which initialises JAX itself); its exit code."""
+    """``job()`` in a forked child (which initialises JAX itself); its exit code. The number
+    of durable steps it took comes back through a pipe (none when it was killed)."""
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
+        os.close(read)
+        code = 0
         try:
             fileio._steps[0] = 0  # count this update's steps only
             if fault:
                 os.environ[fileio.FAULT_ENV] = fault
             job()
-            os._exit(0)
         except BaseException as e:  # noqa: BLE001 (reported to the parent by the exit code)
             sys.stderr.write(f"child: {type(e).__name__}: {e}\n")
-            os._exit(3)
+            code = 3
+        os.write(write, str(fileio._steps[0]).encode())
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        taken = pipe.read()
     _, status = os.waitpid(pid, 0)
+    STEPS[0] = int(taken) if taken else -1
     return os.waitstatus_to_exitcode(status)
 
 
@@ -273,8 +303,9 @@ def main() -> None:
         shutil.rmtree(trial, ignore_errors=True)
         shutil.copytree(base, trial)
         code = child(args.op, trial, corpus_file, f"{args.fault}:{n}")
+        taken = STEPS[0]  # -1: killed at step n
         state = answers(trial)
-        seen = "before" if state == before else "after" if state == after else "neither"
+        seen = classify(state, before, after)
         leftovers = [p.name for p in trial.rglob("*.tmp")]
         rerun = child(args.op, trial, corpus_file, None) if seen == "before" or code != 0 else 0
         final = answers(trial)
@@ -282,15 +313,16 @@ def main() -> None:
             {
                 "step": n,
                 "exit": code,
+                "steps": taken,
                 "state": seen,
                 "rerun_exit": rerun,
-                "rerun_state": "after" if final == after else "other",
+                "rerun_state": "after" if classify(final, before, after) == "after" else "other",
                 "tmp_left": len(leftovers),
                 "tmp_after_rerun": len([p for p in trial.rglob("*.tmp")]),
             }  # fmt: skip
         )
-        if code == 0 and state == after:
-            break  # the update ran past its last step
+        if 0 <= taken < n:
+            break  # the update ran past its last step: no fault at step n
     print(json.dumps({"op": args.op, "fault": args.fault, "results": results}))
 
 

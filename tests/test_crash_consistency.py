@@ -20,9 +20,19 @@ import pytest
 DRIVER = Path(__file__).with_name("crash_driver.py")
 
 
-def _driver(*args: str, timeout: int = 600) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The drivers' environment: CPU, and a persistent compilation cache shared by every
+    forked child (each would otherwise compile the same kernels again: 2.5x slower)."""
+    cache = tmp_path_factory.mktemp("jax_cache")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache))
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.update(JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _driver(env: dict, *args: str, timeout: int = 600) -> dict:
     proc = subprocess.run(
         [sys.executable, str(DRIVER), *args],
         capture_output=True,
@@ -45,8 +55,8 @@ def _driver(*args: str, timeout: int = 600) -> dict:
         ("add", "enospc"),
     ],
 )
-def test_an_update_killed_at_any_step_leaves_the_old_or_the_new_index(tmp_path, op, fault):
-    report = _driver(f"--op={op}", f"--work={tmp_path}", f"--fault={fault}")
+def test_an_update_killed_at_any_step_leaves_the_old_or_the_new_index(env, tmp_path, op, fault):
+    report = _driver(env, f"--op={op}", f"--work={tmp_path}", f"--fault={fault}")
     results = report["results"]
     assert results[-1]["exit"] == 0 and results[-1]["state"] == "after"  # ran past its last step
     faults = results[:-1]
@@ -56,18 +66,18 @@ def test_an_update_killed_at_any_step_leaves_the_old_or_the_new_index(tmp_path, 
     if fault == "kill":
         assert all(r["exit"] == -9 for r in faults)
         assert "after" in {r["state"] for r in faults}  # and after it (cleanup steps)
-    else:  # a full disk is one clear error (exit 3), never a crash
-        assert all(r["exit"] == 3 for r in faults)
+    else:  # a full disk is one clear error (exit 3), never a crash; a write that may fail
+        # (the record of a verification) lets the update finish (exit 0)
+        assert {r["exit"] for r in faults} <= {0, 3} and 3 in {r["exit"] for r in faults}
     for r in faults:
         assert r["rerun_state"] == "after", r  # re-running the command completes it
         assert r["tmp_after_rerun"] == 0, r  # and the next writer removed the leftovers
 
 
-def test_a_reader_sees_only_committed_generations_while_a_writer_commits(tmp_path):
+def test_a_reader_sees_only_committed_generations_while_a_writer_commits(env, tmp_path):
     """1,000 searches in one process while another commits 20 transactions: no error, and every
     answer is the exhaustive answer of a committed generation."""
-    _driver("--op=make_base", f"--work={tmp_path}")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    _driver(env, "--op=make_base", f"--work={tmp_path}")
     base = [sys.executable, str(DRIVER), f"--work={tmp_path}"]
     writer = subprocess.Popen(
         base + ["--op=writer", "--n=20", f"--out={tmp_path / 'writer.json'}"],

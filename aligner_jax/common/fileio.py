@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -216,6 +217,17 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, sort_keys: bool = True)
 
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     return atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False))
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_npy(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
+    """``np.load`` of an index array (mapped by default), one thread at a time: ``np.load``
+    parses the header with ``ast``, which CPython 3.11 is not safe to run in several threads
+    at once (searches open shard files from worker threads)."""
+    with _LOAD_LOCK:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
 
 
 def read_json(path: str | os.PathLike, fix: str = "rebuild this index"):

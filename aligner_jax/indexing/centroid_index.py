@@ -517,8 +517,8 @@ class CentroidIndex:
     @classmethod
     def _open(cls, out: Path, meta: dict) -> CentroidIndex:
         """Maps the files of ``meta`` (small tables read, large arrays mapped)."""
-        mapped = lambda n: np.load(out / f"{n}.npy", mmap_mode="r", allow_pickle=False)  # noqa: E731
-        read = lambda n: np.load(out / f"{n}.npy", allow_pickle=False)  # noqa: E731
+        mapped = lambda n: fileio.load_npy(out / f"{n}.npy")  # noqa: E731
+        read = lambda n: fileio.load_npy(out / f"{n}.npy", mmap=False)  # noqa: E731
         t = meta["tables"]
         lower, step = read(t["codec"])
         arrays = {

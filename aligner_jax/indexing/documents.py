@@ -90,6 +90,16 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         db = sqlite3.connect(
             f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False
         )
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:
+            # A writer killed mid-transaction left a hot journal, which only a connection that
+            # may write rolls back (SQLite does it on its first read); then read-only again.
+            db.close()
+            sqlite3.connect(path, timeout=BUSY_TIMEOUT_S).execute(
+                "SELECT count(*) FROM sqlite_master"
+            ).connection.close()
+            return _connect(path, read_only=True)
     else:
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
         db.executescript(_SCHEMA)
@@ -121,7 +131,7 @@ def shard_is_written(directory: str | Path, shard_index: int, doc_ids: Sequence[
     path = Path(directory) / FILE
     if not path.exists():
         return False
-    db = _connect(path, read_only=True)
+    db = _connect(path)  # the writer's check: it may roll back what a killed writer left
     try:
         got = db.execute(
             "SELECT doc_id FROM documents WHERE shard = ? ORDER BY slot", (shard_index,)

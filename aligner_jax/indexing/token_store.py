@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -245,6 +246,7 @@ class TokenStore:
             self.checksums_verified = False
         self._shards = shards
         self._open: collections.OrderedDict = collections.OrderedDict()
+        self._open_lock = threading.Lock()
         self.dim = int(self.manifest["model"]["dim"])
         offsets, self.doc_ids = [np.zeros(1, np.int64)], []
         base_tokens = 0
@@ -316,7 +318,7 @@ class TokenStore:
     def _map(self, meta: dict) -> np.ndarray:
         path = self.directory / meta["path"]
         try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
+            return fileio.load_npy(path)
         except ValueError as e:
             raise errors.IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
 
@@ -324,15 +326,16 @@ class TokenStore:
         """Shard ``s``'s ``kind`` array (vectors, salience, token_ids), mapped through the
         least-recently-used cache of open maps."""
         key = (kind, s)
-        array = self._open.get(key)
-        if array is None:
-            array = self._map(self._shards[s]["files"][kind])
-            self._open[key] = array
-            while len(self._open) > self.MAX_OPEN_ARRAYS:
-                self._open.popitem(last=False)  # unmapped (and its file closed) when collected
-        else:
-            self._open.move_to_end(key)
-        return array
+        with self._open_lock:  # searches read from several threads (the cache, and np.load's
+            array = self._open.get(key)  # header parsing, which CPython 3.11 races on)
+            if array is None:
+                array = self._map(self._shards[s]["files"][kind])
+                self._open[key] = array
+                while len(self._open) > self.MAX_OPEN_ARRAYS:
+                    self._open.popitem(last=False)  # unmapped (file closed) when collected
+            else:
+                self._open.move_to_end(key)
+            return array
 
     def close(self) -> None:
         """Unmaps every open shard file (they are mapped again on the next read)."""
