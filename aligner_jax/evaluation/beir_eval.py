@@ -411,10 +411,16 @@ def evaluate(
     }
     if searcher.centroid is not None:
         stages = searcher.centroid
+        probes, interaction, refine = stages.config.resolved(
+            stages.store.num_docs,
+            stages.index.num_centroids,
+            stages.list_docs,
+            searcher.config.top_k,
+        )  # fmt: skip  (the counts the run's k gave)
         report["config"]["centroid_stages"] = {
-            "probes": stages.probes,
-            "interaction_docs": stages.interaction_docs,
-            "refine_docs": stages.refine_docs,
+            "probes": probes,
+            "interaction_docs": interaction,
+            "refine_docs": refine,
             "num_centroids": stages.index.num_centroids,
             "residual_bits": stages.index.codec.bits,
         }
