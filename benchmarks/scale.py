@@ -358,7 +358,9 @@ def plot(rows: list[dict], path: Path) -> None:
         axes[1].plot(
             x, [r["build_peak_rss_gib"] for r in pts], label=f"{model}, {bits}-bit", **style
         )
-    for ax, title in zip(axes, ("search p50 (ms)", "build peak RSS (GiB)"), strict=True):
+    loads = [r["machine_load"] for r in rows] or [0.0]
+    latency = f"search p50 (ms), load avg {min(loads):.1f}–{max(loads):.1f} on 2 cores"
+    for ax, title in zip(axes, (latency, "build peak RSS (GiB)"), strict=True):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
