@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from index_utils import random_documents, write_store
 
-from aligner_jax.common import errors
+from aligner_jax.common import errors, scratch
 from aligner_jax.core import scoring
 from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.indexing import centroid_index as ci
@@ -80,6 +80,27 @@ def test_residual_scores_equal_decoded_dot_products(bits):
     inside = (r >= codec.lower) & (r < codec.lower + codec.step * (1 << bits))
     err = np.abs(codec.decode(packed) - r)
     assert np.all(err[inside] <= np.broadcast_to(codec.step / 2 + 1e-6, r.shape)[inside])
+
+
+@pytest.mark.parametrize("bits", codec_lib.BITS)
+def test_residual_scores_in_chunks_add_in_place_and_reuse_scratch(bits, monkeypatch):
+    """Tokens spanning several chunks (the last one short) give the decoded dot products;
+    ``add_to`` adds them in place; a second, smaller call reuses the same scratch buffers."""
+    monkeypatch.setattr(codec_lib, "CHUNK", 64)
+    rng = np.random.default_rng(10 + bits)
+    r = rng.normal(scale=0.1, size=(200, 21)).astype(np.float32)  # 200 = 3 * 64 + 8
+    codec = codec_lib.ResidualCodec.fit(r, bits)
+    packed = codec.encode(r)
+    q = rng.normal(size=(5, 21)).astype(np.float32)
+    base = rng.normal(size=(200, 5)).astype(np.float32)
+    target = base.copy()
+    returned = codec.residual_scores(q, packed, token_major=True, add_to=target)
+    assert returned is target
+    np.testing.assert_allclose(target, base + codec.decode(packed) @ q.T, rtol=1e-4, atol=1e-4)
+    first = scratch.buffer("codec.float", (1,), np.float32)
+    small = codec.residual_scores(q[:2], packed[:30])
+    np.testing.assert_allclose(small, q[:2] @ codec.decode(packed[:30]).T, rtol=1e-4, atol=1e-4)
+    assert np.shares_memory(first, scratch.buffer("codec.float", (1,), np.float32))
 
 
 def test_kmeans_assigns_by_max_dot_product_and_improves_monotonically():

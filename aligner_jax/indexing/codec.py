@@ -20,8 +20,11 @@ import dataclasses
 
 import numpy as np
 
+from aligner_jax.common import scratch
+
 BITS = (2, 4, 8)
 TAILS = {2: 0.01, 4: 0.002, 8: 0.0}
+CHUNK = 2048  # tokens per step of residual_scores (its temporaries stay small and reused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +103,41 @@ class ResidualCodec:
         return planes, q @ (self.lower + 0.5 * self.step)
 
     def residual_scores(
-        self, queries: np.ndarray, packed: np.ndarray, token_major: bool = False
+        self,
+        queries: np.ndarray,
+        packed: np.ndarray,
+        token_major: bool = False,
+        add_to: np.ndarray | None = None,
     ) -> np.ndarray:
         """q·r̂ for every packed token and query, without decoding (one BLAS product per plane,
         ``[N, W] @ [W, n]``): ``[N, n]`` float32 with ``token_major`` (a token's scores are one
-        contiguous row), else its transpose ``[n, N]``."""
+        contiguous row), else its transpose ``[n, N]``. ``add_to`` (token-major ``[N, n]``
+        float32): the scores are added to it in place and it is returned.
+
+        The product runs over ``CHUNK`` tokens at a time through per-thread scratch buffers
+        (``common.scratch``), so a query allocates no temporary the size of its tokens."""
         planes, constant = self.query_terms(queries)
-        out = np.empty((len(packed), len(constant)), np.float32)
-        out[:] = constant[None, :]
-        for w, levels in zip(planes, self.levels(packed), strict=True):
-            out += levels.astype(np.float32) @ w.T
+        n = len(constant)
+        if add_to is None:
+            out = np.empty((len(packed), n), np.float32)
+            out[:] = constant[None, :]
+        else:
+            out = add_to
+            out += constant[None, :]
+        width, mask = self.bytes_per_token, np.uint8((1 << self.bits) - 1)
+        for start in range(0, len(packed), CHUNK):
+            block = np.asarray(packed[start : start + CHUNK])
+            m = len(block)
+            levels = scratch.buffer("codec.levels", (m, width), np.uint8)
+            as_float = scratch.buffer("codec.float", (m, width), np.float32)
+            product = scratch.buffer("codec.product", (m, n), np.float32)
+            for p, w in enumerate(planes):
+                if self.planes == 1:
+                    np.copyto(as_float, block)
+                else:
+                    np.right_shift(block, np.uint8(self.bits * p), out=levels)
+                    np.bitwise_and(levels, mask, out=levels)
+                    np.copyto(as_float, levels)
+                np.matmul(as_float, w.T, out=product)
+                out[start : start + m] += product
         return out if token_major else out.T

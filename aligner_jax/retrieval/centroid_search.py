@@ -50,7 +50,7 @@ import threading
 import gin
 import numpy as np
 
-from aligner_jax.common import checks
+from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
@@ -198,9 +198,9 @@ class CentroidSearcher:
 
         ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
         rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
-        best = np.maximum.reduceat(
-            s_t[self.index.doc_codes[rows]], _segment_starts(lengths), axis=0
-        )
+        gathered = scratch.buffer("interaction.scores", (len(rows), s_t.shape[1]), np.float32)
+        np.take(s_t, np.asarray(self.index.doc_codes[rows], np.intp), axis=0, out=gathered)
+        best = np.maximum.reduceat(gathered, _segment_starts(lengths), axis=0)
         return (best @ weights) / max(float(weights.sum()), 1e-12)
 
     def refine(
@@ -211,22 +211,31 @@ class CentroidSearcher:
         Token-major: ``s_t`` is Sᵀ ``[C, n]``, so a stored token's centroid scores are one
         contiguous row, and its residual scores one row of ``levels @ weightsᵀ``."""
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        sims = s_t[self.index.codes[rows]]  # centroid part of v̂·q, [T, n]
+        sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
+        np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)  # q·c, [T, n]
         margin = self.config.refine_margin
         if margin is not None:  # only tokens within `margin` of their doc's best centroid score
             best_c = np.maximum.reduceat(sims, _segment_starts(lengths), axis=0)
             keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
             lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
             rows, sims = rows[keep], sims[keep]
-        sims += self.index.codec.residual_scores(q, self.index.residuals[rows], token_major=True)
+        self.index.codec.residual_scores(
+            q, self.index.residuals[rows], token_major=True, add_to=sims
+        )
         starts = _segment_starts(lengths)
         best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, n]
         if self.salience is None:
             return (best @ u_q) / max(float(u_q.sum()), 1e-12)
         # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = np.asarray(self.salience[rows], np.float32)
-        at_max = sims == np.repeat(best, lengths, axis=0)
-        u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, axis=0)
+        at_max = scratch.buffer("refine.at_max", sims.shape, bool)
+        best_rows = scratch.buffer("refine.best_rows", sims.shape, np.float32)
+        np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=best_rows)
+        np.equal(sims, best_rows, out=at_max)
+        u_at_max = best_rows  # reused: u^d where the token is its document's maximum, else −∞
+        u_at_max.fill(-np.inf)
+        np.copyto(u_at_max, u_d[:, None], where=at_max)
+        u_sel = np.maximum.reduceat(u_at_max, starts, axis=0)
         a = u_sel * u_q[None, :]
         z = a.sum(1)
         return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)
@@ -301,8 +310,10 @@ class CentroidSearcher:
         alive = self.alive if allowed is None else self.alive & allowed
         q = np.asarray(q, np.float32)
         u_q = np.asarray(u_q, np.float32)
-        s = q @ self.index.centroids.T
-        s_t = np.ascontiguousarray(s.T)
+        s = scratch.buffer("search.s", (len(q), self.index.num_centroids), np.float32)
+        np.matmul(q, self.index.centroids.T, out=s)
+        s_t = scratch.buffer("search.s_t", s.shape[::-1], np.float32)
+        np.copyto(s_t, s.T)
         cands, approx = self.candidates(s, probe_rows, u_q, alive)
         _, interaction_docs, refine_docs = self.config.resolved(
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
