@@ -10,6 +10,7 @@ import sys
 import textwrap
 import weakref
 
+import index_utils
 import numpy as np
 import pytest
 
@@ -19,7 +20,6 @@ from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import codec as codec_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
-from tests import index_utils
 
 
 def _store(tmp_path, num_docs=60, dim=16, shard_size=7, seed=0):
