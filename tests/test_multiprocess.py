@@ -1,12 +1,17 @@
 """Real multi-process jobs on this machine: N processes started together by
 ``launch/local_processes.sh`` join one JAX job (gloo CPU collectives). Training under 2 processes
-equals 1 process with 2 devices, checkpoints resume across process counts, and the launcher stops
-everything when one process fails."""
+equals 1 process with 2 devices, checkpoints resume across process counts, indexing under 2
+processes builds the 1-process index (a killed rank stops the job and a re-run completes it),
+and the launcher stops everything when one process fails."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -75,9 +80,9 @@ class Jobs:
         self.procs.append(proc)
         return proc
 
-    def launch(self, num: int, *flags: str, **env: str) -> subprocess.Popen:
-        """``launch/local_processes.sh NUM train FLAGS``: NUM processes of one job."""
-        return self.start(["bash", str(LAUNCHER), str(num), "train", *flags], **env)
+    def launch(self, num: int, *flags: str, binary: str = "train", **env: str) -> subprocess.Popen:
+        """``launch/local_processes.sh NUM BINARY FLAGS``: NUM processes of one job."""
+        return self.start(["bash", str(LAUNCHER), str(num), binary, *flags], **env)
 
     def train(self, *flags: str, devices: int) -> subprocess.Popen:
         """One ``aligner-train`` process with ``devices`` forced host devices."""
@@ -152,6 +157,175 @@ def test_two_processes_train_like_one_process_with_two_devices_and_resume_across
     for model_dir in (two, one):
         _assert_same_losses(model_dir, want, range(1, steps + 1))
         assert (model_dir / "checkpoints" / str(steps)).is_dir()
+
+
+def _index_flags(corpus: Path, index_dir: Path) -> list[str]:
+    """aligner-index on the toy corpus with the tiny BERT: 12 shards of 2 documents."""
+    return [
+        "--gin_file=models/bert_tiny.gin",
+        "--gin_file=index/default.gin",
+        "--gin.IndexingConfig.shard_size=2",
+        f"--corpus={corpus}",
+        f"--index_dir={index_dir}",
+    ]
+
+
+def _search_index_meta(index_dir: Path) -> dict:
+    """The published search index's metadata without its timings: its settings, counts and
+    every file's size and sha256."""
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    meta = json.loads((index_dir / manifest["search_index"]["meta"]).read_text())
+    for update in meta["updates"]:
+        for timing in ("time", "seconds", "kmeans_s"):
+            update.pop(timing)
+    return meta
+
+
+def _top10(index_dirs: list[Path], queries: dict[str, str]) -> list[dict[str, list[tuple]]]:
+    """Each index's top 10 (doc id, score) for each query, searched with ``Searcher.load``
+    (the first index's encoder reused: compiled once)."""
+    from aligner_jax.retrieval.searcher import Searcher
+
+    encoder, tops = None, []
+    for index_dir in index_dirs:
+        searcher = Searcher.load(str(index_dir), encoder=encoder)
+        encoder = searcher.encoder
+        pages = searcher.search_batch(list(queries.values()), k=10)
+        tops.append(
+            {q: [tuple(hit) for hit in page] for q, page in zip(queries, pages, strict=True)}
+        )
+    return tops
+
+
+def _shard_files(index_dir: Path, shards: list[int]) -> dict[str, str]:
+    """sha256 of every file of the store shards ``shards``."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for i in shards
+        for p in sorted(index_dir.glob(f"shard-{i:05d}.*"))
+    }
+
+
+def test_two_process_index_equals_one_process_and_a_killed_rank_resumes(toy, tmp_path, jobs):
+    """aligner-index under 2 processes builds the 1-process search index bit for bit (the same
+    top-10 for every query). A rank killed with SIGKILL part-way stops the job (the launcher
+    exits 137, no process left), the shards committed before stay as they were, and re-running
+    the same command completes the same index."""
+    corpus = toy / "corpus.jsonl"
+    one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
+    pids = tmp_path / "pids"
+    wrapper = tmp_path / "python"  # records each rank's pid (exec keeps it)
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        'for a in "$@"; do case $a in --process_id=*) '
+        f'echo "${{a#--process_id=}} $$" >> "{pids}";; esac; done\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    started = [
+        jobs.start([sys.executable, "-m", "aligner_jax.index", *_index_flags(corpus, one)]),
+        jobs.launch(2, *_index_flags(corpus, two), binary="index"),
+    ]
+    victim = jobs.launch(2, *_index_flags(corpus, killed), binary="index", PYTHON=str(wrapper))
+    deadline = time.monotonic() + 300
+    rank1_shards = [killed / f"shard-{i:05d}.json" for i in (1, 3)]  # shard i on rank i mod 2
+    while not all(p.exists() for p in rank1_shards):
+        assert victim.poll() is None and time.monotonic() < deadline, "rank 1 never got there"
+        time.sleep(0.02)
+    rank1 = next(int(pid) for r, pid in map(str.split, pids.read_text().splitlines()) if r == "1")
+    os.kill(rank1, signal.SIGKILL)
+    victim.wait(timeout=120)
+    victim.log.seek(0)
+    out = victim.log.read()
+    assert victim.returncode == 137, out[-3000:]
+    assert "process 1 exited with status 137: stopping the others" in out
+    ranks = [int(pid) for _, pid in map(str.split, pids.read_text().splitlines())]
+    time.sleep(0.5)
+    assert len(ranks) == 2 and not [pid for pid in ranks if _alive(pid)]
+    assert not (killed / "manifest.json").exists()  # killed while indexing
+    markers = sorted(int(p.name[6:11]) for p in killed.glob("shard-?????.json"))
+    committed = _shard_files(killed, markers)
+    assert 2 <= len(markers) < 12
+    outputs = [jobs.finish(job) for job in started]
+    # the search index was built by both processes: each compressed a part, process 0 merged them
+    for rank in (0, 1):
+        assert re.search(
+            rf"^\[{rank}\] .* process {rank} of 2 compressed 6 of 12 ", outputs[1], re.M
+        )
+    assert "2 parts merged into segment-00001" in outputs[1]
+
+    rerun = jobs.launch(2, *_index_flags(corpus, killed), binary="index")
+    summaries = {  # each rank's last line: its JSON summary
+        int(line[1]): json.loads(line[4:])
+        for line in jobs.finish(rerun).splitlines()
+        if line[:5] in ("[0] {", "[1] {")
+    }
+    for rank in (0, 1):  # each rank resumed after the shards it had committed
+        done = len([i for i in markers if i % 2 == rank])
+        assert summaries[rank]["shards_skipped"] == done
+        assert summaries[rank]["shards_written"] == 6 - done
+    assert _shard_files(killed, markers) == committed
+    want = _search_index_meta(one)
+    assert want["num_centroids"] > 8 and want["num_cells"] > 1  # both k-means levels split
+    for index_dir in (two, killed):
+        assert _search_index_meta(index_dir) == want, index_dir
+        assert not list((index_dir / "search_index").glob("*part*"))  # merged, then removed
+    queries = {
+        q["_id"]: q["text"]
+        for q in map(json.loads, (toy / "queries.jsonl").read_text().splitlines())
+    }
+    top10, *others = _top10([one, two, killed], queries)
+    assert all(len(hits) == 10 for hits in top10.values())
+    assert others == [top10, top10]
+
+
+# k-means split between 2 processes (assignment chunks and cells handed out in turn, results
+# all-gathered) against the same fit on one process: equal bit for bit on both processes.
+KMEANS_SCRIPT = """
+import hashlib, json, sys
+import numpy as np
+from aligner_jax.common import distributed
+out, coordinator, rank = sys.argv[1:4]
+distributed.initialize(coordinator, 2, int(rank))
+from aligner_jax.indexing import distributed_build, kmeans
+kmeans.CHUNK = 64  # 16 assignment chunks of the 1,000 points
+rng = np.random.default_rng(0)
+sample = rng.normal(size=(1000, 8)).astype(np.float32)
+sample /= np.linalg.norm(sample, axis=1, keepdims=True)
+split = distributed_build.ProcessSplit()
+digest = lambda *arrays: hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
+split_fit = kmeans.fit_two_level(sample, 48, 6, 4, 0, split)
+one_fit = kmeans.fit_two_level(sample, 48, 6, 4, 0)
+result = {
+    "split": digest(*split_fit),
+    "one": digest(*one_fit),
+    "assign": [digest(*kmeans.assign(sample, one_fit[0], p)) for p in (split, kmeans.SERIAL)],
+    "one_item": [a.tolist() for a in split.map(lambda j: np.full(2, 7, np.int32), 1, np.zeros(2, np.int32))],
+}
+try:
+    split.map(lambda j: np.zeros(2), 2, np.zeros(2))
+except TypeError as e:
+    result["float64"] = str(e)
+with open(f"{out}.{rank}", "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_kmeans_split_between_processes_equals_one_process(tmp_path, jobs):
+    address, out = f"127.0.0.1:{_free_port()}", tmp_path / "kmeans.json"
+    procs = [
+        jobs.start([sys.executable, "-c", KMEANS_SCRIPT, str(out), address, str(rank)])
+        for rank in range(2)
+    ]
+    for proc in procs:
+        jobs.finish(proc, timeout=300)
+    results = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
+    assert results[0] == results[1]
+    result = results[0]
+    assert result["split"] == result["one"]
+    assert result["assign"][0] == result["assign"][1]
+    assert result["one_item"] == [[7, 7]]
+    assert "float64 does not cross processes exactly" in result["float64"]
 
 
 def _free_port() -> int:

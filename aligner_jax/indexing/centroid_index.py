@@ -209,13 +209,21 @@ class CentroidIndex:
     # -- building -------------------------------------------------------------------------------
     @classmethod
     def build(
-        cls, store: ts.TokenStore, config: CentroidIndexConfig | None = None, commit: bool = True
-    ) -> CentroidIndex:
+        cls,
+        store: ts.TokenStore,
+        config: CentroidIndexConfig | None = None,
+        commit: bool = True,
+        split=None,
+    ) -> CentroidIndex | None:
         """Two-level k-means on a sample of the kept tokens (gathered shard by shard), then every
         token's code, residual (and salience) streamed into one segment, then the inverted
         file; memory bounded as the module docstring says. Every file is new (named by the new
         generation); ``commit`` then publishes the index in the store's manifest (``commit``)
-        and removes the files of the index it replaces."""
+        and removes the files of the index it replaces.
+
+        ``split`` (``distributed_build.ProcessSplit``): every process of a multi-process job
+        calls ``build`` with it; the k-means work and the shards' compression are split among
+        them, process 0 writes the rest and returns the index, the others return None."""
         config = config or CentroidIndexConfig()
         pointer = store.manifest.get("search_index") or {}
         gen = int(pointer.get("generation", 0)) + 1
@@ -253,24 +261,29 @@ class CentroidIndex:
             del vectors, salience  # unmapped: one shard at a time
         cells = config.cells or kmeans.default_cells(c)
         centroids, cell_centroids = kmeans.fit_two_level(
-            sample, c, min(cells, c), config.kmeans_iterations, config.seed
+            sample, c, min(cells, c), config.kmeans_iterations, config.seed, split or kmeans.SERIAL
         )
         codes_s, _ = kmeans.assign_two_level(sample, centroids, cell_centroids)
         codec = codec_lib.ResidualCodec.fit(sample - centroids[codes_s], config.residual_bits)
         del sample
+        if split is not None:  # process 0's tables, whatever another host's arithmetic gave
+            centroids, cell_centroids, codec = split.share(centroids, cell_centroids, codec)
         kmeans_s = time.perf_counter() - start
         out = Path(store.directory) / SUBDIR
         out.mkdir(exist_ok=True)
+        salience = store.manifest["model"].get("salience") != "none"
+        score = _ScoreMean()
+        write_segment = _write_segment if split is None else split.write_segment
+        segment = write_segment(
+            store, range(len(spans)), f"segment-{gen:05d}", centroids, cell_centroids, codec, out,
+            salience, score,
+        )  # fmt: skip
+        if segment is None:  # a process of a ``split`` job other than 0: its part is written
+            return None
         tables = {kind: f"{kind}-{gen:05d}" for kind in ("centroids", "cells", "codec")}
         fileio.atomic_save_npy(out / f"{tables['centroids']}.npy", centroids)
         fileio.atomic_save_npy(out / f"{tables['cells']}.npy", cell_centroids)
         fileio.atomic_save_npy(out / f"{tables['codec']}.npy", np.stack([codec.lower, codec.step]))
-        salience = store.manifest["model"].get("salience") != "none"
-        score = _ScoreMean()
-        segment = _write_segment(
-            store, range(len(spans)), f"segment-{gen:05d}", centroids, cell_centroids, codec, out,
-            salience, score,
-        )  # fmt: skip
         meta = {
             "format": FORMAT,
             "generation": gen,

@@ -26,7 +26,7 @@ from aligner_jax.core import pruning
 from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
-from aligner_jax.indexing import centroid_index
+from aligner_jax.indexing import centroid_index, distributed_build
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 
@@ -196,23 +196,27 @@ def build_token_store(
     process_index: int = 0,
     process_count: int = 1,
     corpus_info: dict | None = None,
+    split: distributed_build.ProcessSplit | None = None,
 ) -> IndexingSummary:
     """Encodes ``documents`` into a token store at ``directory`` (resuming if interrupted).
 
     One writer per directory and process index: an advisory lock ``.lock-<process_index>`` is
     held while indexing; a second job on the same directory (and process index) is refused.
+    ``split``: the processes of one JAX job; once all have encoded their shards (a barrier),
+    process 0 writes the manifest, and every process returns after it.
     """
     config = config or IndexingConfig()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with writer_lock(directory, process_index):
         return _build_token_store(
-            documents, encoder, directory, config, process_index, process_count, corpus_info
-        )
+            documents, encoder, directory, config, process_index, process_count, corpus_info,
+            split,
+        )  # fmt: skip
 
 
 def _build_token_store(
-    documents, encoder, directory, config, process_index, process_count, corpus_info
+    documents, encoder, directory, config, process_index, process_count, corpus_info, split
 ) -> IndexingSummary:
     model_info = encoder.bundle.info()
     settings = {
@@ -252,7 +256,11 @@ def _build_token_store(
     if total_docs == 0:
         raise ConfigError("indexing: the corpus holds no documents")
     num_shards = -(-total_docs // config.shard_size)
-    complete = finalize(directory, num_shards, settings)
+    if split is not None:
+        split.barrier("every shard encoded")
+    complete = finalize(directory, num_shards, settings, write=split is None or split.leader)
+    if split is not None:
+        split.barrier("manifest written")
     stats = _sum_stats(directory, num_shards)
     return IndexingSummary(
         directory=directory,
@@ -296,8 +304,9 @@ def _sum_stats(directory: Path, num_shards: int) -> dict:
     return totals
 
 
-def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
-    """Writes the manifest once every shard's marker exists; returns whether it is complete.
+def finalize(directory: Path, num_shards: int, settings: dict, write: bool = True) -> bool:
+    """Writes the manifest once every shard's marker exists (unless ``write`` is False: another
+    process of the job writes it); returns whether it is complete.
 
     A manifest already updated by ``aligner-index --add/--delete`` is kept as it is (rewriting
     it from the original corpus's shards would drop the additions)."""
@@ -313,6 +322,8 @@ def finalize(directory: Path, num_shards: int, settings: dict) -> bool:
             num_shards,
         )
         return False
+    if not write:
+        return True
     manifest = {
         "model": settings["model"],
         "indexing": settings["indexing"],
@@ -357,10 +368,14 @@ def index_corpus(
     see :mod:`aligner_jax.data.corpus_sources`).
 
     Each process (``jax.process_index()`` of ``jax.process_count()`` by default) encodes its own
-    shards; every process finalises the manifest once all shards exist, so the last one to
-    finish completes the index. Re-running resumes after the last complete shard. With
-    ``search_index``, the compressed search index (``CentroidIndexConfig``) is built once the
-    store is complete (by the process that completes it), unless a valid one exists.
+    shards. Processes of one JAX job (``jax.distributed``, ``launch/local_processes.sh``) then
+    wait for each other: process 0 writes the manifest and, with ``search_index``, all of them
+    build the search index together (``distributed_build``). Processes started apart
+    (``process_index``/``process_count`` given) each finalise the manifest once all shards
+    exist, so the last one to finish completes the index and builds the search index alone.
+    Re-running resumes after the last complete shard. With ``search_index``, the compressed
+    search index (``CentroidIndexConfig``) is built once the store is complete, unless a valid
+    one exists.
     """
     config = config or IndexingConfig()
     process_index = jax.process_index() if process_index is None else process_index
@@ -373,6 +388,8 @@ def index_corpus(
     documents, info = corpus_sources.open_corpus(corpus, corpus_split)
     bundle = loading.load_encoder()
     encoder = Encoder(bundle, encoding_config or EncodingConfig())
+    one_job = (process_index, process_count) == (jax.process_index(), jax.process_count())
+    split = distributed_build.ProcessSplit() if one_job and process_count > 1 else None
     summary = build_token_store(
         documents,
         encoder,
@@ -381,8 +398,11 @@ def index_corpus(
         process_index=process_index,
         process_count=process_count,
         corpus_info=info,
+        split=split,
     )
-    if search_index and summary.complete:
+    if search_index and summary.complete and split is not None:
+        distributed_build.build_search_index(index_dir, split, writer_lock(index_dir))
+    elif search_index and summary.complete:
         store = ts.TokenStore(index_dir)
         try:
             centroid_index.CentroidIndex.load(store)

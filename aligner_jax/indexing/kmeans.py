@@ -11,12 +11,19 @@ cell. Assigning T tokens to C centroids then costs T·(cells + C/cells)·D inste
 C = 2^15 and 128 cells, 85× less): what makes the build of a 100M-token index hours, not days.
 The price is that a point near a cell boundary may miss its globally nearest centroid
 (measured in ``benchmarks/results/scale.md``).
+
+Split across processes (``parallel``, a :class:`Serial` or ``distributed_build.ProcessSplit``):
+the independent pieces of work — the assignment's fixed-shape chunks, the fit inside each cell
+— are handed out by ``parallel.map`` and their results come back, in order, on every process,
+which then does the rest (sums, normalisation, re-seeding) itself. Each piece is the very
+computation one process would do, so the centroids equal the one-process fit's bit for bit.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -50,19 +57,42 @@ def _assign_chunk(points: jax.Array, centroids: jax.Array) -> tuple[jax.Array, j
     return jnp.argmax(scores, axis=1).astype(jnp.int32), jnp.max(scores, axis=1)
 
 
-def assign(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest (max dot product) centroid of every point: (codes [N] int32, scores [N] f32)."""
+class Serial:
+    """Every piece of work done here, in order (one process)."""
+
+    def map(self, fn: Callable[[int], object], count: int, template: object) -> list:
+        """``[fn(0), …, fn(count - 1)]``; ``template``: zeros shaped as one result (unused
+        here; a split over processes pads with it)."""
+        del template
+        return [fn(i) for i in range(count)]
+
+
+SERIAL = Serial()
+
+
+def assign(
+    points: np.ndarray, centroids: np.ndarray, parallel: Serial = SERIAL
+) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest (max dot product) centroid of every point: (codes [N] int32, scores [N] f32).
+
+    Fixed-shape chunks (one compilation); ``parallel`` may hand them to other processes."""
+    n = len(points)
+    if n == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
     centroids = jnp.asarray(centroids, jnp.float32)
-    codes = np.empty(len(points), np.int32)
-    best = np.empty(len(points), np.float32)
-    chunk = min(CHUNK, 1 << max(int(len(points) - 1).bit_length(), 4))
-    for lo in range(0, len(points), chunk):
-        part = np.asarray(points[lo : lo + chunk], np.float32)
-        n = len(part)
-        if n < chunk:  # pad to the fixed shape
-            part = np.concatenate([part, np.zeros((chunk - n, part.shape[1]), np.float32)])
+    chunk = min(CHUNK, 1 << max(int(n - 1).bit_length(), 4))
+
+    def one(j: int) -> tuple[np.ndarray, np.ndarray]:
+        part = np.asarray(points[j * chunk : (j + 1) * chunk], np.float32)
+        if len(part) < chunk:  # pad to the fixed shape
+            part = np.concatenate([part, np.zeros((chunk - len(part), part.shape[1]), np.float32)])
         c, s = _assign_chunk(jnp.asarray(part), centroids)
-        codes[lo : lo + n], best[lo : lo + n] = np.asarray(c)[:n], np.asarray(s)[:n]
+        return np.asarray(c), np.asarray(s)
+
+    template = (np.zeros(chunk, np.int32), np.zeros(chunk, np.float32))
+    parts = parallel.map(one, -(-n // chunk), template)
+    codes = np.concatenate([c for c, _ in parts])[:n]
+    best = np.concatenate([s for _, s in parts])[:n]
     return codes, best
 
 
@@ -78,12 +108,18 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 
 def fit(
-    sample: np.ndarray, num_centroids: int, iterations: int = 8, seed: int = 0, log: bool = True
+    sample: np.ndarray,
+    num_centroids: int,
+    iterations: int = 8,
+    seed: int = 0,
+    log: bool = True,
+    parallel: Serial = SERIAL,
 ) -> np.ndarray:
     """Spherical k-means on ``sample [N, D]``: ``[min(num_centroids, N), D]`` float32 centroids.
 
     Initialised from distinct random sample points; each iteration assigns every point (chunked
-    jitted kernel) and sets each centroid to the normalised mean of its points.
+    jitted kernel, the chunks split by ``parallel``) and sets each centroid to the normalised
+    mean of its points.
     """
     sample = np.asarray(sample, np.float32)
     k = min(num_centroids, len(sample))
@@ -91,7 +127,7 @@ def fit(
     centroids = _normalise(sample[rng.choice(len(sample), k, replace=False)])
     bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter", enabled=log)
     for it in range(iterations):
-        codes, best = assign(sample, centroids)
+        codes, best = assign(sample, centroids, parallel)
         sums, counts = _sums(jnp.asarray(sample), jnp.asarray(codes), k)
         sums, counts = np.array(sums), np.asarray(counts)  # writable: re-seeding below
         empty = np.nonzero(counts == 0)[0]
@@ -118,31 +154,42 @@ def default_cells(num_centroids: int) -> int:
 
 
 def fit_two_level(
-    sample: np.ndarray, num_centroids: int, cells: int, iterations: int = 8, seed: int = 0
+    sample: np.ndarray,
+    num_centroids: int,
+    cells: int,
+    iterations: int = 8,
+    seed: int = 0,
+    parallel: Serial = SERIAL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Two-level spherical k-means: (centroids ``[cells·⌈C/cells⌉, D]`` ordered by cell, cell
     centroids ``[cells, D]``). ``cells = 1`` is ``fit`` (one level). A cell with fewer sample
-    points than centroids repeats its last centroid (the copies never win an assignment)."""
+    points than centroids repeats its last centroid (the copies never win an assignment).
+    ``parallel`` splits the coarse fit's assignment chunks and the cells' fits."""
     sample = np.asarray(sample, np.float32)
     if cells <= 1:
-        centroids = fit(sample, num_centroids, iterations, seed)
+        centroids = fit(sample, num_centroids, iterations, seed, parallel=parallel)
         return centroids, _normalise(centroids.mean(0, keepdims=True))
-    coarse = fit(sample, cells, iterations, seed)
+    coarse = fit(sample, cells, iterations, seed, parallel=parallel)
     per_cell = -(-num_centroids // len(coarse))
-    owner, _ = assign(sample, coarse)
+    owner, _ = assign(sample, coarse, parallel)
     order = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[order], np.arange(len(coarse) + 1))
-    out = np.empty((len(coarse) * per_cell, sample.shape[1]), np.float32)
     bar = progress.Progress(len(coarse), f"k-means: {per_cell} centroids in each cell", "cell")
-    for j in range(len(coarse)):
+
+    def cell(j: int) -> np.ndarray:
         points = sample[order[bounds[j] : bounds[j + 1]]]
         block = fit(points, per_cell, iterations, seed + 1 + j, log=False) if len(points) else None
         block = coarse[j : j + 1] if block is None else block
-        out[j * per_cell : j * per_cell + len(block)] = block
-        out[j * per_cell + len(block) : (j + 1) * per_cell] = block[-1]
+        out = np.empty((per_cell, sample.shape[1]), np.float32)
+        out[: len(block)] = block
+        out[len(block) :] = block[-1]
         bar.update(1)
+        return out
+
+    template = np.zeros((per_cell, sample.shape[1]), np.float32)
+    blocks = parallel.map(cell, len(coarse), template)
     bar.close()
-    return out, coarse
+    return np.concatenate(blocks), coarse
 
 
 def assign_two_level(
