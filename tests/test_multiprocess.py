@@ -182,14 +182,17 @@ def _search_index_meta(index_dir: Path) -> dict:
 
 
 def _top10(index_dirs: list[Path], queries: dict[str, str]) -> list[dict[str, list[tuple]]]:
-    """Each index's top 10 (doc id, score) for each query, searched with ``Searcher.load``
-    (the first index's encoder reused: compiled once)."""
+    """Each index's top 10 (doc id, score) for each query, searched with ``Searcher.load`` and
+    the model of the first index's ``encoder.json`` (queries of at most 16 tokens: the load's
+    warm-up compiles one query length bucket)."""
+    from aligner_jax.encoding import loading
+    from aligner_jax.encoding.encoder import Encoder
     from aligner_jax.retrieval.searcher import Searcher
 
-    encoder, tops = None, []
+    spec = json.loads((index_dirs[0] / "encoder.json").read_text())
+    encoder, tops = Encoder(loading.encoder_from_spec(spec), query_maxlen=16), []
     for index_dir in index_dirs:
         searcher = Searcher.load(str(index_dir), encoder=encoder)
-        encoder = searcher.encoder
         pages = searcher.search_batch(list(queries.values()), k=10)
         tops.append(
             {q: [tuple(hit) for hit in page] for q, page in zip(queries, pages, strict=True)}
@@ -490,6 +493,71 @@ def test_sharded_exhaustive_search_equals_unsharded_on_8_devices_and_2_processes
             for salience in (True, False):
                 want = _unsharded_top10(store, q, mask, u, salience)
                 _assert_same_ranking(result[str(salience)], want)
+
+
+# Searcher.load(mode="exhaustive", mesh=...) on 8 devices against the single-device exhaustive
+# Searcher, on a toy index of the tiny BERT (built here: exhaustive search needs no search index).
+SEARCHER_MESH_SCRIPT = """
+import json, sys
+import jax
+from aligner_jax.common import cli, errors
+from aligner_jax.encoding import loading
+from aligner_jax.encoding.encoder import Encoder
+from aligner_jax.indexing import indexer
+from aligner_jax.retrieval import sharded_search
+from aligner_jax.retrieval.searcher import Searcher
+corpus, index_dir, out = sys.argv[1:4]
+cli.parse_gin(["models/bert_tiny.gin", "index/default.gin"], ["IndexingConfig.shard_size = 7"])
+indexer.index_corpus(corpus, index_dir, search_index=False)
+queries = [json.loads(line)["text"] for line in open(corpus.replace("corpus", "queries"))]
+mesh = sharded_search.document_mesh()
+# queries of at most 16 tokens: the load's warm-up compiles one query length bucket
+encoder = Encoder(loading.load_encoder(), query_maxlen=16)
+result = {"devices": mesh.devices.size}
+for salience in (True, False):
+    one = Searcher.load(index_dir, mode="exhaustive", salience=salience, encoder=encoder)
+    sharded = Searcher.load(index_dir, mode="exhaustive", mesh=mesh, salience=salience,
+                            encoder=encoder)
+    assert one.sharded is None and sharded.sharded.mesh is mesh
+    result[str(salience)] = [
+        [[list(map(tuple, page)) for page in s.search_batch(queries, k=k)] for s in (one, sharded)]
+        for k in (10, 30)
+    ]
+refused = []
+for kwargs in ({"mesh": mesh}, {"mesh": mesh, "mode": "exhaustive", "alignment": "top_k:2"},
+               {"mesh": "all", "mode": "exhaustive"}):
+    try:
+        Searcher.load(index_dir, **kwargs)
+    except errors.ConfigError as e:
+        refused.append(str(e))
+result["refused"] = refused
+with open(out, "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_searcher_mesh_option_equals_single_device_exhaustive_search(toy, tmp_path, jobs):
+    """``Searcher.load(..., mode="exhaustive", mesh=document_mesh())`` over 8 devices ranks
+    every query's documents as the single-device exhaustive Searcher does (top 10 and all 24
+    documents, with and without saliences); a mesh with another mode or alignment is refused."""
+    out = tmp_path / "mesh.json"
+    script = [SEARCHER_MESH_SCRIPT, str(toy / "corpus.jsonl"), str(tmp_path / "index"), str(out)]
+    jobs.finish(jobs.start([sys.executable, "-c", *script], devices=8), timeout=300)
+    result = json.loads(out.read_text())
+    assert result["devices"] == 8
+    for salience in ("True", "False"):
+        for one, sharded in result[salience]:
+            for want, got in zip(one, sharded, strict=True):
+                assert [doc for doc, _ in got] == [doc for doc, _ in want]
+                np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-5)
+        assert [len(page) for page in result[salience][1][0]] == [24] * 24  # k=30: every doc
+    assert result["refused"] == [
+        "Searcher.load: mesh= shards the exhaustive search; use mode='exhaustive' (got "
+        "mode='fast')",
+        "Searcher.load: mesh= scores with top-1 alignment; use alignment='top_k:1' (got 'top_k:2')",
+        "Searcher.load: mesh must be a jax.sharding.Mesh (e.g. sharded_search.document_mesh()), "
+        "got str",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,9 @@ filter={...})`` → :class:`Hit` objects (doc id, score, rank, title, text, meta
 ``(doc_id, score)``), filters applied during candidate generation (``allowed``). Backends:
 ``centroid`` (the compressed index of :mod:`indexing.centroid_index`, four stages in
 :mod:`retrieval.centroid_search`: milliseconds per query on a CPU), ``scann`` and ``exact``
-(token MIPS, below), or exhaustive refinement (``k_prime = 0``: the quality ceiling).
+(token MIPS, below), or exhaustive refinement (``k_prime = 0``: the quality ceiling), which
+``Searcher.load(..., mode="exhaustive", mesh=MESH)`` runs sharded over the devices of a mesh
+(:mod:`retrieval.sharded_search`: processes × devices, each scoring its slice of the documents).
 
 For the token-MIPS backends the three steps are named and timed (XTR notebook habit):
 
@@ -43,6 +45,7 @@ from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import centroid_search as cs
 from aligner_jax.retrieval import refine as refine_lib
+from aligner_jax.retrieval import sharded_search
 
 REFINE_MODES = ("full", "xtr")
 BACKENDS = ("centroid",) + ti.BACKENDS
@@ -243,6 +246,7 @@ class Searcher:
         centroid_config: cs.CentroidSearchConfig | None = None,
         encoder: Encoder | None = None,
         alignment: str = "top_k:1",
+        sharded: sharded_search.ShardedExhaustiveSearch | None = None,
     ):
         if not config.exhaustive and config.backend == "centroid" and centroid_index is None:
             raise ValueError("a centroid index is needed for backend='centroid'")
@@ -253,6 +257,7 @@ class Searcher:
         self.token_index = token_index
         self.encoder = encoder
         self.alignment = scoring.AlignmentStrategy.parse(alignment)
+        self.sharded = sharded  # exhaustive search over a mesh (``load(..., mesh=)``)
         self.centroid = None
         if centroid_index is not None and not config.exhaustive:
             self.centroid = cs.CentroidSearcher(
@@ -273,7 +278,7 @@ class Searcher:
             )
         return self._refiner
 
-    LOAD_OPTIONS = ("mode", "checkpoint", "encoder", "alignment", "verify_checksums")
+    LOAD_OPTIONS = ("mode", "checkpoint", "encoder", "alignment", "verify_checksums", "mesh")
 
     @classmethod
     def load(
@@ -285,6 +290,7 @@ class Searcher:
         alignment: str = "top_k:1",
         verify_checksums: bool = False,
         centroid_config: cs.CentroidSearchConfig | None = None,
+        mesh=None,
         **overrides,
     ) -> Searcher:
         """Opens a persisted index for free-text search.
@@ -297,6 +303,13 @@ class Searcher:
           checkpoint: a trained model folder replacing the recorded one (same fingerprint).
           encoder: a ready :class:`Encoder` instead of the recorded model.
           alignment: the alignment strategy of the final stage (§3.1).
+          mesh: with ``mode="exhaustive"``, a ``jax.sharding.Mesh`` (e.g.
+            ``sharded_search.document_mesh()``: every device of every process) over which the
+            documents' token vectors are laid out and searched (``ShardedExhaustiveSearch``,
+            configured by ``ShardedSearchConfig``): the same ranking as one device, for an
+            index larger than one device's or host's memory. Top-1 alignment only; filtered
+            searches refine their documents on this host instead. Each query length bucket
+            and ``k`` compiles on its first search.
           overrides: ``SearchConfig`` fields (e.g. ``top_k``, ``beta_q``).
         Refuses an encoder whose fingerprint differs from the store's. Exhaustive mode reads the
         token store alone (no search index needed).
@@ -315,6 +328,8 @@ class Searcher:
             )
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}: choose one of {MODES}")
+        if mesh is not None:
+            sharded_search.check_mesh(mesh, mode, alignment)
         if encoder is not None and not isinstance(encoder, Encoder):
             raise ConfigError(
                 f"Searcher.load: encoder must be an aligner_jax.Encoder, got "
@@ -338,7 +353,13 @@ class Searcher:
             store, index = ci.CentroidIndex.open_snapshot(index_dir, verify_checksums, store=store)
         if mode == "exhaustive":
             config = SearchConfig(**{"backend": "exact", **overrides, "k_prime": 0})
-            searcher = cls(store, config, encoder=encoder, alignment=alignment)
+            sharded = None
+            if mesh is not None:
+                settings = sharded_search.ShardedSearchConfig()
+                sharded = sharded_search.ShardedExhaustiveSearch(
+                    store, mesh, dataclasses.replace(settings, salience=config.salience)
+                )
+            searcher = cls(store, config, encoder=encoder, alignment=alignment, sharded=sharded)
         else:
             config = SearchConfig(**{"backend": "centroid", "k_prime": 1, **overrides})
             searcher = cls(
@@ -351,7 +372,7 @@ class Searcher:
             )
         # Every shape a single query's search or rerank takes compiles now, none after load.
         refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
-        searcher._load_args = (index_dir, mode, alignment, verify_checksums, centroid_config)
+        searcher._load_args = (index_dir, mode, alignment, verify_checksums, centroid_config, mesh)
         searcher._load_overrides = overrides
         return searcher
 
@@ -368,12 +389,13 @@ class Searcher:
         ``self`` when nothing was committed since."""
         if not hasattr(self, "_load_args"):
             raise ConfigError("Searcher.refresh: open the searcher with Searcher.load")
-        index_dir, mode, alignment, verify, centroid_config = self._load_args
+        index_dir, mode, alignment, verify, centroid_config, mesh = self._load_args
         if ts.read_manifest(index_dir) == self.store.manifest:
             return self
         return type(self).load(
             index_dir, mode=mode, encoder=self.encoder, alignment=alignment,
-            verify_checksums=verify, centroid_config=centroid_config, **self._load_overrides,
+            verify_checksums=verify, centroid_config=centroid_config, mesh=mesh,
+            **self._load_overrides,
         )  # fmt: skip
 
     # -- free text -------------------------------------------------------------------------------
@@ -604,6 +626,9 @@ class Searcher:
             return SearchOutput(
                 none, zeros, zeros, [0] * len(queries), [], 0.0, [True] * len(queries)
             )
+        top1 = strategies == (scoring.AlignmentStrategy.parse("top_k:1"),)
+        if self.sharded is not None and allowed is None and cfg.refine == "full" and top1:
+            return self._run_sharded(query_ids, queries, show_progress, k, int(live.sum()))
         subset = None
         if allowed is not None:
             allowed = np.asarray(allowed, bool) & ~self.store.deleted
@@ -745,6 +770,41 @@ class Searcher:
         wall = time.perf_counter() - start_all
         exact = [False] * len(queries)
         return SearchOutput(results, token_ms, refine_ms, num_candidates, costs, wall, exact)
+
+    def _run_sharded(self, query_ids, queries, show_progress, k: int, live: int) -> SearchOutput:
+        """Exhaustive top-1 search of query batches over the mesh (``self.sharded``): every
+        live document scored on the device that holds it, the global top ``k`` gathered."""
+        name = str(scoring.AlignmentStrategy.parse("top_k:1"))
+        results: dict[str, dict[str, float]] = {}
+        search_ms, costs = [], []
+        ids, tokens = self.store.doc_ids, int(self.store.doc_lengths.sum())
+        qb = self.config.query_batch_size
+        bar = progress.Progress(len(queries), "search (sharded)", "query", enabled=show_progress)
+        start_all = time.perf_counter()
+        for lo in range(0, len(queries), qb):
+            batch, batch_ids = list(queries[lo : lo + qb]), list(query_ids[lo : lo + qb])
+            t0 = time.perf_counter()
+            length = self.refiner.config.query_bucket(max(len(q.token_ids) for q in batch))
+            qbatch = refine_lib.QueryBatch.from_encoded(batch, length)
+            ranked = self.sharded.search(qbatch.vectors, qbatch.mask, qbatch.salience, k)
+            for qid, q, top in zip(batch_ids, batch, ranked, strict=True):
+                results[qid] = {ids[p]: s for p, s in top}
+                costs.append(
+                    flops.QueryCost(
+                        query_tokens=len(q.token_ids),
+                        searched_tokens=len(q.token_ids),
+                        candidates=live,
+                        candidate_doc_tokens=tokens,
+                        retrieved_hits=0,
+                    )
+                )
+            search_ms += [1000.0 * (time.perf_counter() - t0)] * len(batch)
+            bar.update(len(batch))
+        bar.close()
+        wall = time.perf_counter() - start_all
+        zeros, exact = [0.0] * len(queries), [True] * len(queries)
+        return SearchOutput({name: results}, zeros, search_ms, [live] * len(queries), costs, wall,
+                            exact)  # fmt: skip
 
     def _run_centroid(
         self, query_ids, queries, strategies, show_progress, k, allowed=None, subset=None

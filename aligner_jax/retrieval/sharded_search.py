@@ -8,7 +8,8 @@ them — ColBERT's sum of maxima, averaged) and keeps its exact top-k (``jax.lax
 per-device lists are all-gathered and the global top-k taken from them. Only the k best of each
 device cross the interconnect, and a process reads only the documents of its own devices
 (``jax.make_array_from_callback``), so an index larger than one host's memory can be searched by
-a multi-host slice.
+a multi-host slice. A :class:`~aligner_jax.retrieval.searcher.Searcher` uses it when opened with
+``Searcher.load(index_dir, mode="exhaustive", mesh=document_mesh())``.
 
 The ranking equals the single-device exhaustive ranking (``Refiner`` over every document, the
 same kernel, ``refine.score_chunk``'s scores): a device's top-k holds every document of the
@@ -32,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from aligner_jax.common import checks
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.indexing import token_store as ts
 
@@ -56,6 +58,25 @@ class ShardedSearchConfig:
     def __post_init__(self):
         checks.integer("ShardedSearchConfig.block_docs", self.block_docs, minimum=1)
         checks.integer("ShardedSearchConfig.length_multiple", self.length_multiple, minimum=1)
+
+
+def check_mesh(mesh, mode: str, alignment: str) -> None:
+    """Refuses a ``Searcher.load(mesh=...)`` this search cannot serve, in one line."""
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(
+            f"Searcher.load: mesh must be a jax.sharding.Mesh (e.g. "
+            f"sharded_search.document_mesh()), got {type(mesh).__name__}"
+        )
+    if mode != "exhaustive":
+        raise ConfigError(
+            f"Searcher.load: mesh= shards the exhaustive search; use mode='exhaustive' (got "
+            f"mode={mode!r})"
+        )
+    if scoring.AlignmentStrategy.parse(alignment) != _TOP1[0]:
+        raise ConfigError(
+            f"Searcher.load: mesh= scores with top-1 alignment; use alignment='top_k:1' (got "
+            f"{alignment!r})"
+        )
 
 
 def document_mesh(devices=None) -> Mesh:
