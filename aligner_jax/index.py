@@ -9,17 +9,23 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
     --gin.IndexingConfig.shard_size=500
 
 Without ``--gin_file``: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus`` may
-name a seqio task (``seqio:TASK``) or TFDS dataset (``tfds:NAME``), split ``--corpus_split``.
+name a seqio task (``seqio:TASK``) or TFDS dataset (``tfds:NAME``), split ``--corpus_split``;
+``--dataset_dir=DIR`` (a BEIR folder) is ``--corpus=DIR/corpus.jsonl``.
 Updates (indexing/updates.py): ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact``, and
 ``--index_dir=DIR --search_index`` (no ``--corpus``) rebuilds the store's search index. A killed
-job re-run resumes after its last complete shard; on N hosts, run it on each (``--multiprocess``,
-or ``--process_index``/``--process_count``). ``--nosearch_index``: no search index.
+job re-run resumes after its last complete shard. On N hosts as one JAX job
+(``launch/local_processes.sh N index ...``, ``--coordinator_address``/``--num_processes``/
+``--process_id``, or ``--multiprocess``) each process encodes its shards and all build the search
+index together (``indexing/distributed_build.py``); processes started apart
+(``--process_index``/``--process_count``) split the shards, and the last to finish builds the
+search index alone. ``--nosearch_index``: no search index.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from absl import app, flags
 
@@ -33,6 +39,7 @@ flags.DEFINE_string(
     "corpus", None, "What to index: a BEIR corpus.jsonl, seqio:TASK_NAME or tfds:NAME[:VERSION]."
 )
 flags.DEFINE_string("corpus_split", "train", "Split of a seqio:/tfds: corpus.")
+flags.DEFINE_string("dataset_dir", None, "A BEIR folder: index its corpus.jsonl (or --corpus).")
 flags.DEFINE_string("index_dir", None, "Output folder of the token store (resumable).")
 flags.DEFINE_integer("process_index", None, "This process's index (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
@@ -48,7 +55,8 @@ flags.DEFINE_bool("force_compact", False, "Update: re-cluster (or rebuild) it re
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    rebuild = FLAGS["search_index"].present and FLAGS.search_index and not FLAGS.corpus
+    given = FLAGS.corpus or FLAGS.dataset_dir
+    rebuild = FLAGS["search_index"].present and FLAGS.search_index and not given
     updates_asked = (rebuild, FLAGS.add, FLAGS.delete, FLAGS.compact, FLAGS.force_compact)
     if FLAGS.index_dir and any(updates_asked):
         summary = cli.run_job(
@@ -58,13 +66,20 @@ def main(argv: Sequence[str]) -> None:
         )  # fmt: skip
         print(json.dumps(summary))
         return
-    if not FLAGS.corpus or not FLAGS.index_dir:
-        raise app.UsageError("--corpus and --index_dir are required")
+    if FLAGS.dataset_dir and FLAGS.corpus:
+        raise app.UsageError("give --corpus or --dataset_dir (its corpus.jsonl), not both")
+    corpus = FLAGS.corpus
+    if FLAGS.dataset_dir:
+        corpus = str(Path(FLAGS.dataset_dir) / "corpus.jsonl")
+        if not Path(corpus).is_file():
+            raise app.UsageError(f"--dataset_dir={FLAGS.dataset_dir}: no corpus.jsonl in it")
+    if not corpus or not FLAGS.index_dir:
+        raise app.UsageError("--corpus (or --dataset_dir) and --index_dir are required")
     cli.call_or_exit("aligner-index", distributed.initialize_from_flags)
     summary = cli.run_job(
         "aligner-index", indexer.index_corpus, default_gin_files=DEFAULT_GIN_FILES,
         on_interrupt=f"the complete shards in {FLAGS.index_dir} are kept; re-run the same "
-        "command to resume after the last one", corpus=FLAGS.corpus, index_dir=FLAGS.index_dir,
+        "command to resume after the last one", corpus=corpus, index_dir=FLAGS.index_dir,
         process_index=FLAGS.process_index, process_count=FLAGS.process_count,
         corpus_split=FLAGS.corpus_split, search_index=FLAGS.search_index,
     )  # fmt: skip

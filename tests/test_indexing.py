@@ -112,6 +112,15 @@ def test_bad_corpus_and_flags_name_the_problem(tmp_path):
     assert proc.returncode != 0 and "--corpus=" in proc.stderr
     proc = run_python(*_index_cmd(bad, tmp_path / "i3", "--process_index=2", "--process_count=2"))
     assert proc.returncode != 0 and "--process_index=2" in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    index_dir = tmp_path / "i4"
+    proc = run_python(
+        "-m", "aligner_jax.index", f"--dataset_dir={empty}", f"--index_dir={index_dir}"
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"--dataset_dir={empty}: no corpus.jsonl in it")
     assert "Traceback" not in proc.stderr
 
 

@@ -159,13 +159,14 @@ def test_two_processes_train_like_one_process_with_two_devices_and_resume_across
         assert (model_dir / "checkpoints" / str(steps)).is_dir()
 
 
-def _index_flags(corpus: Path, index_dir: Path) -> list[str]:
-    """aligner-index on the toy corpus with the tiny BERT: 12 shards of 2 documents."""
+def _index_flags(data: Path, index_dir: Path, source: str = "--dataset_dir") -> list[str]:
+    """aligner-index on the toy BEIR folder ``data`` (``--dataset_dir``, or ``--corpus`` its
+    corpus.jsonl) with the tiny BERT: 12 shards of 2 documents."""
     return [
         "--gin_file=models/bert_tiny.gin",
         "--gin_file=index/default.gin",
         "--gin.IndexingConfig.shard_size=2",
-        f"--corpus={corpus}",
+        f"--dataset_dir={data}" if source == "--dataset_dir" else f"--corpus={data}/corpus.jsonl",
         f"--index_dir={index_dir}",
     ]
 
@@ -213,8 +214,7 @@ def test_two_process_index_equals_one_process_and_a_killed_rank_resumes(toy, tmp
     """aligner-index under 2 processes builds the 1-process search index bit for bit (the same
     top-10 for every query). A rank killed with SIGKILL part-way stops the job (the launcher
     exits 137, no process left), the shards committed before stay as they were, and re-running
-    the same command completes the same index."""
-    corpus = toy / "corpus.jsonl"
+    the same command completes the same index; re-run on a finished index, it changes nothing."""
     one, two, killed = tmp_path / "one", tmp_path / "two", tmp_path / "killed"
     pids = tmp_path / "pids"
     wrapper = tmp_path / "python"  # records each rank's pid (exec keeps it)
@@ -226,10 +226,12 @@ def test_two_process_index_equals_one_process_and_a_killed_rank_resumes(toy, tmp
     )
     wrapper.chmod(0o755)
     started = [
-        jobs.start([sys.executable, "-m", "aligner_jax.index", *_index_flags(corpus, one)]),
-        jobs.launch(2, *_index_flags(corpus, two), binary="index"),
+        jobs.start(
+            [sys.executable, "-m", "aligner_jax.index", *_index_flags(toy, one, "--corpus")]
+        ),
+        jobs.launch(2, *_index_flags(toy, two), binary="index"),
     ]
-    victim = jobs.launch(2, *_index_flags(corpus, killed), binary="index", PYTHON=str(wrapper))
+    victim = jobs.launch(2, *_index_flags(toy, killed), binary="index", PYTHON=str(wrapper))
     deadline = time.monotonic() + 300
     rank1_shards = [killed / f"shard-{i:05d}.json" for i in (1, 3)]  # shard i on rank i mod 2
     while not all(p.exists() for p in rank1_shards):
@@ -257,7 +259,7 @@ def test_two_process_index_equals_one_process_and_a_killed_rank_resumes(toy, tmp
         )
     assert "2 parts merged into segment-00001" in outputs[1]
 
-    rerun = jobs.launch(2, *_index_flags(corpus, killed), binary="index")
+    rerun = jobs.launch(2, *_index_flags(toy, killed), binary="index")
     summaries = {  # each rank's last line: its JSON summary
         int(line[1]): json.loads(line[4:])
         for line in jobs.finish(rerun).splitlines()
@@ -280,6 +282,13 @@ def test_two_process_index_equals_one_process_and_a_killed_rank_resumes(toy, tmp
     top10, *others = _top10([one, two, killed], queries)
     assert all(len(hits) == 10 for hits in top10.values())
     assert others == [top10, top10]
+
+    # the same command on the finished index: nothing encoded, nothing rebuilt, nothing rewritten
+    manifest = (two / "manifest.json").read_bytes()
+    again = jobs.finish(jobs.launch(2, *_index_flags(toy, two), binary="index"))
+    assert f"the search index of {two} is up to date" in again
+    assert again.count('"shards_written": 0') == 2
+    assert (two / "manifest.json").read_bytes() == manifest
 
 
 # k-means split between 2 processes (assignment chunks and cells handed out in turn, results

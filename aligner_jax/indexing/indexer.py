@@ -12,6 +12,7 @@ manifest is written when all shards are complete.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -309,10 +310,14 @@ def finalize(directory: Path, num_shards: int, settings: dict, write: bool = Tru
     process of the job writes it); returns whether it is complete.
 
     A manifest already updated by ``aligner-index --add/--delete`` is kept as it is (rewriting
-    it from the original corpus's shards would drop the additions)."""
-    if (directory / ts.MANIFEST).exists() and ts.read_manifest(directory).get("updates"):
-        logging.info("indexing: %s was updated (--add/--delete); manifest kept", directory)
-        return True
+    it from the original corpus's shards would drop the additions), and so is one that already
+    lists these shards (a re-run of a finished job: its search index stays published)."""
+    existing = None
+    if (directory / ts.MANIFEST).exists():
+        existing = ts.read_manifest(directory)
+        if existing.get("updates"):
+            logging.info("indexing: %s was updated (--add/--delete); manifest kept", directory)
+            return True
     markers = [ts.read_shard_marker(directory, i) for i in range(num_shards)]
     missing = [i for i, m in enumerate(markers) if m is None]
     if missing:
@@ -336,6 +341,11 @@ def finalize(directory: Path, num_shards: int, settings: dict, write: bool = Tru
         "stats": _sum_stats(directory, num_shards),
         "shards": [{k: v for k, v in m.items() if k != "stats"} for m in markers],
     }
+    if existing is not None:
+        kept = {k: v for k, v in existing.items() if k not in ("format", "search_index")}
+        if kept == json.loads(json.dumps(manifest)):
+            logging.info("indexing: %s was complete already; manifest kept", directory)
+            return True
     ts.write_manifest(directory, manifest)
     return True
 
