@@ -95,7 +95,9 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
             m = rng.choice(lengths, n)
             rows = rng.integers(0, source.num_tokens, int(m.sum()))
             v = vectors[rows].astype(np.float32)
-            v += rng.normal(scale=sigma, size=v.shape).astype(np.float32)
+            noise = rng.standard_normal(size=v.shape, dtype=np.float32)  # float32: 2x faster
+            noise *= sigma
+            v += noise
             v /= np.linalg.norm(v, axis=1, keepdims=True)
             v = v.astype(np.float16)
             cuts = np.concatenate([[0], np.cumsum(m)])
@@ -146,14 +148,17 @@ def run_child(cmd: list[str], threads: int, log: Path) -> dict:
     return result
 
 
-def encode_queries(source_dir: Path, dataset_dir: Path, num_queries: int, out: Path) -> None:
-    """(child) Encodes a fixed sample of test queries with the store's own model."""
+def encode_queries(
+    source_dir: Path, dataset_dir: Path, num_queries: int, out: Path, split: str = "test"
+) -> None:
+    """(child) Encodes a fixed sample of the queries of ``split`` (those with qrels there) with
+    the store's own model."""
     from aligner_jax.data import beir
     from aligner_jax.encoding import loading
     from aligner_jax.indexing import token_store as ts
     from aligner_jax.retrieval import searcher as searcher_lib
 
-    qrels = beir.load_qrels(dataset_dir / "qrels" / "test.tsv")
+    qrels = beir.load_qrels(dataset_dir / "qrels" / f"{split}.tsv")
     queries = beir.load_queries(dataset_dir / "queries.jsonl")
     ids = sorted(q for q in qrels if q in queries)
     rng = np.random.default_rng(0)
@@ -406,6 +411,9 @@ def define_flags() -> None:
     flags.DEFINE_string("index_dir", None, "(internal) the store of a child.")
     flags.DEFINE_string("queries_npz", None, "(internal) encoded queries.")
     flags.DEFINE_string("out", None, "(internal) the child's output file.")
+    flags.DEFINE_string(
+        "query_split", "test", "(internal) the qrels split an encode child samples."
+    )
 
 
 def main(argv) -> None:
@@ -413,7 +421,11 @@ def main(argv) -> None:
     out_dir = (REPO / FLAGS.output_dir).resolve()
     if FLAGS.child == "encode":
         return encode_queries(
-            Path(FLAGS.index_dir), Path(FLAGS.dataset_dir), FLAGS.num_queries, Path(FLAGS.out)
+            Path(FLAGS.index_dir),
+            Path(FLAGS.dataset_dir),
+            FLAGS.num_queries,
+            Path(FLAGS.out),
+            FLAGS.query_split,
         )
     if FLAGS.child == "search":
         return search_child(Path(FLAGS.index_dir), Path(FLAGS.queries_npz), Path(FLAGS.out))

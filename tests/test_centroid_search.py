@@ -283,16 +283,19 @@ def test_config_ranges_are_checked():
         cs.CentroidSearchConfig(probes=0)
     with pytest.raises(errors.ConfigError, match="residual_bits"):
         ci.CentroidIndexConfig(residual_bits=3)
-    # probes follow the built index's list lengths (a query token reaches ~320 documents),
-    # between 2 and 8; refinement follows k up to 128
+    # probes follow the built index's list lengths (a query token reaches ~640 documents),
+    # between 2 and 32; refinement follows k (3 refined per requested) above a floor in √N
     resolved = cs.CentroidSearchConfig().resolved
-    assert resolved(5183, 16384, 40.0) == (8, 216, 54)
-    assert resolved(5183, 16384, 40.0, k=100) == (8, 400, 100)
-    assert resolved(5183, 16384, 40.0, k=1000) == (8, 512, 128)
-    assert resolved(518_300, 65536, 950.0) == (2, 512, 128)  # 100x SciFact: long lists
-    assert resolved(1460, 4096, 80.0) == (4, 160, 40)
-    assert resolved(100, 64, 10.0) == (8, 160, 40)
+    assert resolved(5183, 16384, 40.0) == (16, 216, 54)
+    assert resolved(5183, 16384, 80.0, k=100) == (8, 1200, 300)
+    assert resolved(5183, 16384, 80.0, k=1000) == (8, 12000, 3000)
+    assert resolved(518_300, 65536, 950.0, k=10) == (2, 512, 128)  # 100x SciFact: long lists
+    assert resolved(1460, 4096, 80.0) == (8, 160, 40)
+    assert resolved(100, 64, 10.0) == (32, 160, 40)
     assert resolved(100, 4, 10.0) == (4, 160, 40)  # never more probes than centroids
+    # the scale-free rules are knobs of their own
+    custom = cs.CentroidSearchConfig(probe_docs=160, refine_per_k=1.5, interaction_per_refine=2)
+    assert custom.resolved(5183, 16384, 40.0, k=100) == (4, 300, 150)
     assert cs.CentroidSearchConfig(probes=3, refine_docs=7).resolved(100, 64, 10.0, 50) == (
         3,
         28,

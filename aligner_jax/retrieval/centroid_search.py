@@ -34,11 +34,15 @@ then the other candidates, each block by its own estimate, shifted below the blo
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults follow the index actually built, so that the work per query stays nearly flat as the
-corpus grows: ``probes = clip(round(320 / L), 2, 8)`` for L the mean number of documents in an
-inverted list (a query token reaches about 320 documents: 8 probes on SciFact, whose lists hold
-about 40; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs = max(clip(⌈0.75·√N⌉,
-40, 128), min(k, 128))`` for N documents and k requested (Recall@100 needs the 100 best
-refined), ``interaction_docs = 4·refine_docs``; ``xtr_probes = 4·probes``.
+corpus grows: ``probes = clip(round(640 / L), 2, 32)`` for L the mean number of documents in an
+inverted list (a query token reaches about 640 documents: 8 probes on SciFact zero-shot, whose
+lists hold about 80; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs =
+max(clip(⌈0.75·√N⌉, 40, 128), 3·k)`` for N documents and k requested, ``interaction_docs =
+4·refine_docs``; ``xtr_probes = 4·probes``. The constants were chosen by
+``benchmarks/tune_search.py`` on SciFact's *train* queries (200), never the test queries, by
+the rule written there: refining 3·k documents is the least that returns ≥ 95 % of the
+exhaustive top 100 at k = 100 (k documents return 70 %: the centroid interaction orders
+documents near the cut poorly).
 """
 
 from __future__ import annotations
@@ -54,37 +58,56 @@ from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 
-PROBE_DOCS = 320  # documents a query token reaches (8 probes of SciFact's 40-document lists)
-MAX_REFINE = 128  # refined documents follow k up to this
+PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
+MAX_PROBES = 32  # probes per query token, at most
+REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
+MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
+INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class CentroidSearchConfig:
-    """Candidate counts of the four stages (None: the corpus-scaled defaults of the module)."""
+    """Candidate counts of the four stages. Absolute counts (``probes``, ``interaction_docs``,
+    ``refine_docs``) override the scale-free rules, which follow the index actually built:
+
+      probes = clip(round(probe_docs / L), 2, MAX_PROBES)   (L: mean documents per inverted list)
+      refine = max(clip(⌈0.75·√N⌉, 40, 128), ⌈refine_per_k · k⌉)    (N documents, k requested)
+      interaction = interaction_per_refine · refine
+    """
 
     probes: int | None = None
     interaction_docs: int | None = None
     refine_docs: int | None = None
     refine_margin: float | None = None
     xtr_probes: int | None = None
+    probe_docs: int = PROBE_DOCS
+    refine_per_k: float = REFINE_PER_K
+    interaction_per_refine: int = INTERACTION_PER_REFINE
 
     def __post_init__(self):
         name = type(self).__name__
         checks.number(f"{name}.refine_margin", self.refine_margin, low=0.0, allow_none=True)
         for field in ("probes", "interaction_docs", "refine_docs", "xtr_probes"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
+        checks.integer(f"{name}.probe_docs", self.probe_docs, minimum=1)
+        checks.integer(f"{name}.interaction_per_refine", self.interaction_per_refine, minimum=1)
+        checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
 
     def resolved(
         self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
     ) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) for an index of these sizes (``list_docs``:
         the mean number of documents in an inverted list) and ``k`` requested documents."""
-        probes = self.probes or int(np.clip(round(PROBE_DOCS / max(list_docs, 1e-9)), 2, 8))
-        refine = self.refine_docs or max(
-            int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), 40, 128)), min(k, MAX_REFINE)
+        probes = self.probes or int(
+            np.clip(round(self.probe_docs / max(list_docs, 1e-9)), 2, MAX_PROBES)
         )
-        interaction = self.interaction_docs or 4 * refine
+        low, high = MIN_REFINE
+        refine = self.refine_docs or max(
+            int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), low, high)),
+            math.ceil(self.refine_per_k * k),
+        )
+        interaction = self.interaction_docs or self.interaction_per_refine * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
 
 

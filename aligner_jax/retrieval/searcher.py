@@ -414,6 +414,12 @@ class Searcher:
         :mod:`indexing.documents`); ``subset``: document ids (PyLate's ``subset=``). Both restrict
         candidate generation (not the cut top-k): whenever ``k + offset`` documents pass, that
         many are ranked (see ``SearchConfig.filter_exact_docs``).
+
+        A page is ranks ``offset + 1`` to ``offset + k`` of the ranking at depth ``k + offset``
+        (as Qdrant's ``limit`` + ``offset``). The exhaustive mode's ranking does not depend on
+        the depth, so its pages are consecutive slices of one ranking; the fast index refines
+        more documents for deeper requests (``CentroidSearchConfig.refine_per_k``), so a deeper
+        page can reorder documents near an earlier page's boundary.
         """
         return self.search_batch([_check_query(text)], k, offset, filter, subset)[0]
 
