@@ -5,9 +5,19 @@ Run with the peer virtualenv, never with the aligner_jax environment:
 
     /work/peer-venv/bin/python benchmarks/peers/run_peer.py \
         --system fast-plaid --vectors DIR --work_dir DIR --threads 2 --k 100 \
-        --out result.json [--setting nbits=2 --setting n_ivf_probe=16 ...]
+        --out result.json [--setting nbits=2 --setting n_ivf_probe=16 ...] \
+        [--sweep '[{"n_ivf_probe": 1, "n_full_scores": 256}, {"n_ivf_probe": 8}]'] \
+        [--retry_setting codec_sample_max_tokens=856337 ...]
 
 This file imports only numpy, torch and the peer package (no aligner_jax).
+
+``--sweep`` (a JSON list of objects of search settings, or ``@FILE`` holding one) searches every
+query at every listed setting with the index built (or reused) once: one entry per setting in
+the output's ``sweep`` list (``--setting`` search keys are the base each entry overrides). A
+setting whose search fails is recorded with its error and the next one runs.
+``--retry_setting`` (build or load keys, repeatable): if the build fails, it is retried once
+with these settings on top of ``--setting``'s; ``build_attempts`` records every attempt
+(settings, error) and ``build_settings`` the ones the index was built with.
 
 Input folder (``--vectors``):
     doc_vectors.npy    float16 [T, D]   L2-normalised token vectors, all docs concatenated
@@ -21,6 +31,9 @@ Output JSON keys: system, setting, settings, threads, k, phase ("done" or the
 phase that failed), build_s, load_s (opening the built index afresh),
 index_bytes (all files in the index folder), index_bytes_search (without the
 copies kept only for later updates), index_files, num_docs, num_tokens, dim,
+build_settings, build_attempts, sweep ([{setting, settings, latency_ms, cpu_ms,
+results, params, load_avg_1m, error}], one per --sweep entry; the top-level
+latency_ms / cpu_ms / results / params are the first entry's),
 peak_rss_bytes (ru_maxrss, whole run), peak_rss_build_bytes (ru_maxrss after
 the build), rss_after_search_bytes, latency_ms (wall, one per query, batch 1,
 after one untimed warm-up query), cpu_ms (process CPU time per query, all
@@ -84,6 +97,10 @@ SETTINGS = {
             "indexing_chunk_size": "indexing_chunk_size",  # default 256
             "compression_batch_size": "compression_batch_size",  # default 32_768
             "kmeans_sample_max_bytes": "kmeans_sample_max_bytes",  # default 2 GiB
+            # True: create() streams the documents from a folder of .npy files with .doclens.npy
+            # sidecars (its README's "Streaming from Disk" for large datasets) instead of a list
+            # of tensors; handled here, not a create() keyword.
+            "embeddings_from_disk": "embeddings_from_disk",
         },
         # XTRWarp.load(...) kwargs
         "load": {
@@ -141,6 +158,42 @@ def parse_settings(system: str, items: list[str]) -> tuple[dict, dict, dict, dic
             known = sorted(k for keys in table.values() for k in keys)
             raise SystemExit(f"unknown setting {name!r} for {system}; known: {', '.join(known)}")
     return raw, groups["build"], groups["load"], groups["search"]
+
+
+def setting_label(raw: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in raw.items()) or "default"
+
+
+def parse_sweep(system: str, text: str | None, base: dict) -> list[tuple[str, dict, dict]]:
+    """(label, raw settings, search kwargs) of every ``--sweep`` entry (one entry of the
+    ``--setting`` search keys alone without ``--sweep``); build or load keys are refused."""
+    if not text:
+        return [(setting_label(base), dict(base), _search_kwargs(system, base))]
+    if text.startswith("@"):
+        with open(text[1:]) as f:
+            text = f.read()
+    try:
+        entries = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"--sweep: not JSON ({exc}); give a list of objects") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SystemExit('--sweep: expected a JSON list of objects, e.g. [{"n_ivf_probe": 1}]')
+    out = []
+    for entry in entries:
+        unknown = sorted(set(entry) - set(SETTINGS[system]["search"]))
+        if unknown:
+            known = ", ".join(sorted(SETTINGS[system]["search"]))
+            raise SystemExit(
+                f"--sweep: {unknown[0]!r} is not a search setting of {system}; known: {known}"
+            )
+        raw = {**base, **entry}
+        out.append((setting_label(entry), raw, _search_kwargs(system, raw)))
+    return out
+
+
+def _search_kwargs(system: str, raw: dict) -> dict:
+    table = SETTINGS[system]["search"]
+    return {table[k]: v for k, v in raw.items() if k in table}
 
 
 def dir_bytes(path: str) -> tuple[int, dict]:
@@ -207,14 +260,34 @@ def main(argv=None) -> int:
         default=0,
         help="kill the run after this many seconds and record a TimeoutError (0 = no limit)",
     )
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="JSON list of objects of search settings (or @FILE): each is searched in turn",
+    )
+    ap.add_argument(
+        "--retry_setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="build/load settings of one retry if the build fails (repeatable)",
+    )
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     raw, build_kw, load_kw, search_kw = parse_settings(args.system, args.setting)
+    retry_raw, retry_build, retry_load, retry_search = parse_settings(
+        args.system, args.retry_setting
+    )
+    if retry_search:
+        raise SystemExit(f"--retry_setting: {sorted(retry_search)} are search settings")
+    search_raw = {k: v for k, v in raw.items() if k in SETTINGS[args.system]["search"]}
+    sweep = parse_sweep(args.system, args.sweep, search_raw)
     result = new_result(args, raw)
 
     if not args._child:
         return supervise(args, result, argv)
-    return work(args, result, build_kw, load_kw, search_kw)
+    retry = (retry_raw, retry_build, retry_load) if args.retry_setting else None
+    return work(args, result, build_kw, load_kw, sweep, retry)
 
 
 def new_result(args, raw) -> dict:
@@ -239,6 +312,9 @@ def new_result(args, raw) -> dict:
         "results": {},
         "params": {},
         "versions": {},
+        "build_settings": None,
+        "build_attempts": [],
+        "sweep": [],
         "error": None,
     }
 
@@ -326,7 +402,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def work(args, result, build_kw, load_kw, search_kw) -> int:
+def _error_text(exc: BaseException) -> str:
+    """'<Type>: <first line> ... <last line>' (at most 2000 characters of message)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt: interrupted"
+    msg = str(exc).strip().splitlines()
+    text = msg[0] if msg else ""
+    if len(msg) > 1 and msg[-1] != text:
+        text = f"{text} ... {msg[-1].strip()}"
+    return f"{type(exc).__name__}: {text[:2000]}"
+
+
+def work(args, result, build_kw, load_kw, sweep, retry=None) -> int:
     _die_with_parent()
     # Thread limits must be in the environment before torch / the Rust
     # extensions start their pools.
@@ -392,27 +479,64 @@ def work(args, result, build_kw, load_kw, search_kw) -> int:
         index_dir = os.path.join(args.work_dir, "index")
         os.makedirs(args.work_dir, exist_ok=True)
 
-        if args.system == "fast-plaid":
-            engine = FastPlaidRunner(index_dir, args, build_kw, load_kw, search_kw)
-        else:
-            engine = XtrWarpRunner(index_dir, args, build_kw, load_kw, search_kw)
+        runner = FastPlaidRunner if args.system == "fast-plaid" else XtrWarpRunner
+        engine = runner(index_dir, args, build_kw, load_kw, {})
         result["versions"].update(engine.versions())
 
         build_record = os.path.join(args.work_dir, "build.json")
         reuse = args.reuse_index and engine.index_exists() and os.path.exists(build_record)
-        if reuse:  # the build's own time and memory, recorded when it finished
+        if reuse:  # the build's own time, memory and settings, recorded when it finished
             with open(build_record) as f:
                 result.update(json.load(f), reused_index=True)
         else:
             if os.path.exists(build_record):
                 os.remove(build_record)  # a build stopped half way must not look complete
-            phase("build")
-            t0 = time.perf_counter()
-            engine.build(doc_list)
-            result["build_s"] = time.perf_counter() - t0
+            search_keys = SETTINGS[args.system]["search"]
+            base = {k: v for k, v in result["settings"].items() if k not in search_keys}
+            attempts = [(base, build_kw, load_kw)]
+            if retry is not None:
+                retry_raw, retry_build, retry_load = retry
+                attempts.append(
+                    (
+                        {**base, **retry_raw},
+                        {**build_kw, **retry_build},
+                        {**load_kw, **retry_load},
+                    )
+                )
+            for i, (raw, b_kw, l_kw) in enumerate(attempts):
+                phase("build" if i == 0 else "build (retry)")
+                engine.build_kw, engine.load_kw = dict(b_kw), dict(l_kw)
+                t0 = time.perf_counter()
+                try:
+                    engine.build(doc_list)
+                except BaseException as exc:  # noqa: BLE001 - pyo3's PanicException is one
+                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    result["build_attempts"].append(
+                        {
+                            "settings": raw,
+                            "error": _error_text(exc),
+                            "seconds": time.perf_counter() - t0,
+                        }
+                    )
+                    if i + 1 == len(attempts):
+                        raise
+                    continue
+                result["build_s"] = time.perf_counter() - t0
+                result["build_attempts"].append(
+                    {"settings": raw, "error": None, "seconds": result["build_s"]}
+                )
+                result["build_settings"] = raw
+                break
             with open(build_record + ".tmp", "w") as f:
                 json.dump(
-                    {"build_s": result["build_s"], "peak_rss_build_bytes": peak_rss_bytes()}, f
+                    {
+                        "build_s": result["build_s"],
+                        "peak_rss_build_bytes": peak_rss_bytes(),
+                        "build_settings": result["build_settings"],
+                        "build_attempts": result["build_attempts"],
+                    },
+                    f,
                 )
             os.replace(build_record + ".tmp", build_record)
         del doc_list, doc_matrix
@@ -432,38 +556,53 @@ def work(args, result, build_kw, load_kw, search_kw) -> int:
         t0 = time.perf_counter()
         engine.load()
         result["load_s"] = time.perf_counter() - t0
-        result["params"] = engine.params()
 
-        phase("search")
-        if queries:
-            engine.search(queries[0], args.k)  # warm-up, untimed
-        latencies = result["latency_ms"]
-        cpu_ms = result["cpu_ms"]
-        results = result["results"]
         last_flush = time.perf_counter()
-        for qid, q in zip(query_ids, queries, strict=False):
-            if time.perf_counter() - last_flush > 10.0:
-                phase(f"search ({len(latencies)}/{len(queries)} queries done)")
-                last_flush = time.perf_counter()
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            hits = engine.search(q, args.k)
-            latencies.append((time.perf_counter() - t0) * 1000.0)
-            cpu_ms.append((time.process_time() - c0) * 1000.0)
-            results[qid] = [[doc_ids[int(pid)], float(score)] for pid, score in hits]
+        for label, raw, search_kw in sweep:
+            entry = {
+                "setting": label,
+                "settings": raw,
+                "latency_ms": [],
+                "cpu_ms": [],
+                "results": {},
+                "params": {},
+                "load_avg_1m": None,
+                "error": None,
+            }
+            result["sweep"].append(entry)
+            phase(f"search {label}")
+            engine.search_kw = engine.search_settings(search_kw)
+            engine.reset_params()
+            try:
+                if queries:
+                    engine.search(queries[0], args.k)  # warm-up, untimed
+                for qid, q in zip(query_ids, queries, strict=False):
+                    if time.perf_counter() - last_flush > 10.0:
+                        done = len(entry["latency_ms"])
+                        phase(f"search {label} ({done}/{len(queries)} queries done)")
+                        last_flush = time.perf_counter()
+                    c0 = time.process_time()
+                    t0 = time.perf_counter()
+                    hits = engine.search(q, args.k)
+                    entry["latency_ms"].append((time.perf_counter() - t0) * 1000.0)
+                    entry["cpu_ms"].append((time.process_time() - c0) * 1000.0)
+                    entry["results"][qid] = [
+                        [doc_ids[int(pid)], float(score)] for pid, score in hits
+                    ]
+            except BaseException as exc:  # noqa: BLE001 - this setting fails, the next one runs
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                entry["error"] = _error_text(exc)
+                print(f"{label}: {entry['error']}", file=sys.stderr)
+            entry["load_avg_1m"] = os.getloadavg()[0]
+            entry["params"] = engine.params()
+        first = result["sweep"][0] if result["sweep"] else {}
+        for key in ("setting", "latency_ms", "cpu_ms", "results", "params"):
+            result[key] = first.get(key, result[key])
         result["rss_after_search_bytes"] = current_rss_bytes()
-        result["params"] = engine.params()
         result["phase"] = "done"
     except BaseException as exc:  # noqa: BLE001 - record any peer failure
-        if isinstance(exc, KeyboardInterrupt):
-            result["error"] = "KeyboardInterrupt: interrupted"
-        else:
-            msg = str(exc).strip().splitlines()
-            # Keep the message short but informative (first + last line).
-            text = msg[0] if msg else ""
-            if len(msg) > 1 and msg[-1] != text:
-                text = f"{text} ... {msg[-1].strip()}"
-            result["error"] = f"{type(exc).__name__}: {text[:2000]}"
+        result["error"] = _error_text(exc)
         result["traceback"] = traceback.format_exc()[-4000:]
         print(result["error"], file=sys.stderr)
     write()
@@ -530,6 +669,12 @@ class FastPlaidRunner:
 
         self.index = search.FastPlaid(index=self.index_dir, device="cpu", **self.load_kw)
 
+    def search_settings(self, search_kw):
+        return dict(search_kw)
+
+    def reset_params(self):
+        pass
+
     def search(self, q, k):
         out = self.index.search(
             queries_embeddings=[q],
@@ -568,10 +713,10 @@ class XtrWarpRunner:
         self.args = args
         self.build_kw = build_kw
         self.load_kw = dict(load_kw)
-        self.search_kw = dict(search_kw)
-        self.search_kw.setdefault("num_threads", args.threads)
+        self.search_kw = self.search_settings(search_kw)
         self.index = None
         self._auto = None
+        self._bound = None
 
     def versions(self):
         from importlib.metadata import version
@@ -594,17 +739,38 @@ class XtrWarpRunner:
 
         return re.fullmatch(r"\d+\.(codes|residuals|passage_ids)\.npy", name) is not None
 
+    def search_settings(self, search_kw):
+        return {"num_threads": self.args.threads, **search_kw}
+
+    def reset_params(self):
+        self._auto = None
+        self._bound = None
+
     def build(self, doc_list):
         import shutil
 
+        import numpy as np
         from xtr_warp import XTRWarp
 
         if os.path.isdir(self.index_dir):
             shutil.rmtree(self.index_dir)
+        kw = dict(self.build_kw)
+        source = doc_list
+        if kw.pop("embeddings_from_disk", False):
+            # The README's streaming input: one .npy of all token vectors and its
+            # .doclens.npy sidecar (a link to the input file, not a copy).
+            source = os.path.join(self.args.work_dir, "disk_embeddings")
+            if os.path.isdir(source):
+                shutil.rmtree(source)
+            os.makedirs(source)
+            os.symlink(
+                os.path.abspath(os.path.join(self.args.vectors, "doc_vectors.npy")),
+                os.path.join(source, "embeddings_0.npy"),
+            )
+            offsets = np.load(os.path.join(self.args.vectors, "doc_offsets.npy"))
+            np.save(os.path.join(source, "embeddings_0.doclens.npy"), np.diff(offsets))
         builder = XTRWarp(index=self.index_dir)
-        builder.create(
-            embeddings_source=doc_list, device="cpu", show_progress=False, **self.build_kw
-        )
+        builder.create(embeddings_source=source, device="cpu", show_progress=False, **kw)
         builder.free()
         del builder
 
@@ -623,11 +789,21 @@ class XtrWarpRunner:
             # Record what the library's heuristic picks for this query length
             # (all our queries are searched one at a time, so it is per query).
             self._auto = self.index.optimize_hyperparams(k, q.unsqueeze(0))
+            nprobe = self.search_kw.get("nprobe")
+            if nprobe is not None and "bound" not in self.search_kw and self._auto:
+                # A given nprobe with the library's bound rule, max(8·nprobe, 5 % of the
+                # centroids): its automatic bound follows its own nprobe, which may be smaller
+                # than the one given (bound is how many centroids are scored before the top
+                # nprobe are taken).
+                self._bound = max(int(self._auto[0]), 8 * int(nprobe))
+        kw = dict(self.search_kw)
+        if self._bound is not None:
+            kw["bound"] = self._bound
         out = self.index.search(
             queries_embeddings=q.unsqueeze(0),
             top_k=k,
             show_progress=False,
-            **self.search_kw,
+            **kw,
         )
         return out[0]
 
@@ -649,7 +825,11 @@ class XtrWarpRunner:
                 "mmap": True,
                 **{k: str(v) for k, v in self.load_kw.items()},
             },
-            "search": {"batch_size": 8192, **self.search_kw},
+            "search": {
+                "batch_size": 8192,
+                **self.search_kw,
+                **({"bound": self._bound} if self._bound is not None else {}),
+            },
             "search_auto_first_query": auto,
             "index_metadata": meta,
         }
