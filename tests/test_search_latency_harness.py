@@ -1,0 +1,253 @@
+"""benchmarks/search_latency.py's sweep harness on hand-made inputs (no peers, no encoder): the
+operating-point rule, the query splits, the paired bootstrap, the bytes rule and the reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from fixtures import REPO, write_beir_fixture
+from index_utils import random_documents, write_store
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import search_latency as sl  # noqa: E402
+
+from aligner_jax.indexing import centroid_index as ci  # noqa: E402
+
+
+def _row(setting, ndcg, recall, p50, complete=True, error=None):
+    return {
+        "setting": setting,
+        "error": error,
+        "tuning": {"ndcg@10": ndcg, "recall@100": recall, "p50_ms": p50, "complete": complete},
+    }
+
+
+EXACT = {"ndcg@10": 0.700, "recall@100": 0.900, "p50_ms": 80.0, "complete": True}
+
+
+def test_rule_picks_the_fastest_setting_within_half_a_point_of_exact():
+    rows = [
+        _row("slow and exact", 0.700, 0.900, 30.0),
+        _row("fast but short of recall", 0.700, 0.894, 2.0),  # 0.6 point below: out
+        _row("fast but short of ndcg", 0.6949, 0.900, 3.0),  # 0.51 point below: out
+        _row("fastest, errored", 0.700, 0.900, 1.0, error="TimeoutError"),
+        _row("fastest, some queries unanswered", 0.700, 0.900, 1.5, complete=False),
+        _row("at the edge", 0.695, 0.895, 9.0),  # exactly 0.5 point below both: in
+        _row("above exact", 0.710, 0.910, 12.0),
+    ]
+    choice = sl.choose(rows, EXACT, tolerance=0.005)
+    assert choice["setting"] == "at the edge"
+    assert choice["admissible"] == ["slow and exact", "at the edge", "above exact"]
+    assert choice["reason"] is None
+    # a tighter tolerance leaves the slower ones
+    assert sl.choose(rows, EXACT, tolerance=0.001)["setting"] == "above exact"
+
+
+def test_rule_records_when_no_setting_is_admissible():
+    rows = [_row("a", 0.60, 0.90, 1.0), _row("b", 0.70, 0.80, 2.0)]
+    choice = sl.choose(rows, EXACT, tolerance=0.005)
+    assert choice == {
+        "setting": None,
+        "admissible": [],
+        "reason": "no setting within 0.5 point of exact on both metrics",
+    }
+    assert sl.choose(rows, None, 0.005)["setting"] is None  # no exact reference: none chosen
+
+
+def test_half_split_is_deterministic_disjoint_and_complete():
+    qids = [str(i) for i in range(1, 77)]  # CISI's 76 test queries
+    tuning, report = sl.half_split(qids, seed=0)
+    assert (tuning, report) == sl.half_split(list(reversed(qids)), seed=0)  # order-free
+    assert set(tuning).isdisjoint(report) and set(tuning) | set(report) == set(qids)
+    assert len(tuning) == 38 and len(report) == 38
+    assert tuning == sorted(tuning) and report == sorted(report)
+    other, _ = sl.half_split(qids, seed=1)
+    assert other != tuning  # the seed chooses the half
+    # not the first or last half in id order: a random half
+    assert tuning != sorted(qids)[:38] and tuning != sorted(qids)[38:]
+
+
+def test_split_tunes_on_train_queries_when_the_collection_has_them(tmp_path):
+    docs = {f"d{i}": f"text {i}" for i in range(4)}
+    queries = {f"q{i}": f"query {i}" for i in range(10)}
+    test_qrels = {"q0": {"d0": 1}, "q1": {"d1": 1}, "q2": {"d2": 1}}
+    folder = write_beir_fixture(tmp_path, docs, queries, test_qrels, name="cisi_like")
+    half = sl.split_queries(folder, test_qrels, seed=0)
+    assert set(half.tuning).isdisjoint(half.report)
+    assert set(half.tuning) | set(half.report) == set(test_qrels)
+    assert "no train split" in half.description and "seed 0" in half.description
+
+    train_qrels = {f"q{i}": {"d3": 1} for i in range(3, 10)}
+    write_beir_fixture(tmp_path, docs, queries, train_qrels, split="train", name="cisi_like")
+    write_beir_fixture(tmp_path, docs, queries, test_qrels, name="cisi_like")
+    split = sl.split_queries(folder, test_qrels, seed=0)
+    assert split.tuning == sorted(train_qrels) and split.report == sorted(test_qrels)
+    assert split.qrels == {**train_qrels, **test_qrels}
+    assert "train queries" in split.description and "7 of 7" in split.description
+    sample = sl.split_queries(folder, test_qrels, seed=0, tuning_queries=4)
+    assert len(sample.tuning) == 4 and set(sample.tuning) <= set(train_qrels)
+    assert sample.tuning == sl.split_queries(folder, test_qrels, 0, 4).tuning  # seeded
+    assert "4 of 7" in sample.description
+
+
+def test_paired_bootstrap_intervals():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, 300)
+    assert sl.paired_bootstrap(x, x, 1000, seed=0) == [0.0, 0.0]  # identical runs
+    lo, hi = sl.paired_bootstrap(x + 0.02, x, 1000, seed=0)  # a constant shift
+    assert lo == pytest.approx(0.02) and hi == pytest.approx(0.02)
+    noisy = x + 0.02 + rng.normal(0, 0.05, 300)
+    lo, hi = sl.paired_bootstrap(noisy, x, 1000, seed=0)
+    assert lo < 0.02 < hi and hi - lo < 0.03  # around the shift, about ±2 standard errors
+    assert [lo, hi] == sl.paired_bootstrap(noisy, x, 1000, seed=0)  # seeded
+    # paired: a query-level offset shared by both runs does not widen the interval
+    assert sl.paired_bootstrap(x + 5 * x, x + 5 * x, 200, seed=1) == [0.0, 0.0]
+    assert sl.paired_bootstrap([], [], 10) is None
+
+
+def test_p50_interval_needs_three_rounds():
+    assert sl.p50_interval([5.0, 7.0]) is None
+    assert sl.p50_interval([6.0, 5.0, 7.5]) == [5.0, 7.5]
+
+
+def test_grids_and_labels():
+    grid = sl.parse_grid("n_ivf_probe=1,2;n_full_scores=256,4096", "fast_plaid_grid")
+    assert grid == [
+        {"n_ivf_probe": 1, "n_full_scores": 256},
+        {"n_ivf_probe": 1, "n_full_scores": 4096},
+        {"n_ivf_probe": 2, "n_full_scores": 256},
+        {"n_ivf_probe": 2, "n_full_scores": 4096},
+    ]
+    assert sl.parse_grid("refine_per_k=1.5", "ours_grid") == [{"refine_per_k": 1.5}]
+    with pytest.raises(sl.app.UsageError, match="--warp_grid"):
+        sl.parse_grid("nprobe", "warp_grid")
+    assert sl.short_label({"bits": 4, "probe_docs": 640, "refine_per_k": 3.0}) == "4/640/3"
+    assert sl.short_label({}) == "default"
+
+
+def test_warp_retry_keeps_the_codec_sample_within_torch_quantile():
+    for dim in (128, 384, 768):
+        settings = dict(s.split("=") for s in sl.warp_large_input(dim))
+        assert settings["embeddings_from_disk"] == "true"
+        cap = int(settings["codec_sample_max_tokens"])
+        assert cap <= sl.WARP_DEFAULT_CODEC_SAMPLE
+        assert round(min(0.05 * cap, 50_000)) * dim <= sl.QUANTILE_LIMIT  # its held-out sample
+    assert dict(s.split("=") for s in sl.warp_large_input(128))["codec_sample_max_tokens"] == (
+        "1000000"  # 50,000 × 128 fits: the default
+    )
+
+
+def test_bytes_rule_counts_every_system_the_same_way(tmp_path):
+    dim = 16
+    store = write_store(tmp_path / "s", random_documents(40, dim, seed=2), dim, shard_size=15)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=4))
+    (tmp_path / "s" / "documents.sqlite").write_bytes(b"x" * 1000)  # text: never counted
+    files = sl.store_files(tmp_path / "s")
+    t = store.num_tokens
+    published = {f"search_index/{n}.npy": e["bytes"] for n, e in index.meta["files"].items()}
+    assert set(published) <= set(files)
+    meta_json = f"search_index/{index.meta_path.name}"
+    small = [n for n in files if n.startswith("shard-") and n.endswith(".offsets.npy")]
+    small += [f"{shard['name']}.json" for shard in store.manifest["shards"]]
+    resident = sum(published.values()) + files[meta_json] + files["manifest.json"]
+    resident += sum(files[n] for n in small)
+    kept = sum(s for n, s in files.items() if n.endswith((".vectors.npy", ".salience.npy")) and n.startswith("shard-"))  # fmt: skip
+    got = sl.ours_bytes(tmp_path / "s", t)
+    assert got["index_bytes_resident"] == resident
+    assert got["index_bytes"] == resident + kept
+    assert got["bytes_per_token_resident"] == pytest.approx(resident / t)
+    assert (
+        got["bytes_per_token_disk"]
+        == got["bytes_per_token"]
+        == pytest.approx((resident + kept) / t)
+    )
+    # ids, token ids and text are nobody's index bytes
+    kind = sl.ours_kind(tmp_path / "s")
+    assert {kind(n) for n in files if "doc_ids" in n or "token_ids" in n} == {None}
+    assert kind("documents.sqlite") is None and kind("search_index/centroids-00000.npy") is None
+    # the residuals take 4 bits a dimension: the search index's largest file per token
+    residuals = next(v for n, v in published.items() if "residuals" in n)
+    assert residuals == pytest.approx(t * dim * 4 / 8, abs=256)
+
+    exact = sl.exact_bytes(tmp_path / "s", t, dim)
+    offsets = sum(s for n, s in files.items() if n.endswith(".offsets.npy"))
+    vectors = sum(s for n, s in files.items() if n.endswith(".vectors.npy"))
+    assert exact["index_bytes_resident"] == 4 * dim * t + offsets
+    assert exact["index_bytes"] == vectors + offsets
+
+    # peers: the same rule over their folder, the update-only copies on disk only
+    fp = {"centroids.npy": 400, "ivf.npy": 100, "embeddings.npy": 5000, "metadata.json": 10}
+    got = sl.bytes_rule(fp, sl.peer_kind("fast-plaid"), 100)
+    assert (got["index_bytes_resident"], got["index_bytes"]) == (510, 5510)
+    warp = {"0.codes.npy": 7, "0.residuals.npy": 70, "codes.compacted.npy": 7, "residuals.compacted.npy": 70}  # fmt: skip
+    got = sl.bytes_rule(warp, sl.peer_kind("xtr-warp"), 7)
+    assert (got["bytes_per_token_resident"], got["bytes_per_token_disk"]) == (11.0, 22.0)
+
+
+def _payload():
+    def row(system, setting, settings, threads, ndcg, recall, p50, default=False):
+        return {"system": system, "setting": setting, "settings": settings,
+                "short": sl.short_label(settings), "model": "zero_shot", "dataset": "toy",
+                "threads": threads, "ndcg@10": ndcg, "recall@100": recall, "p50_ms": p50,
+                "p99_ms": 2 * p50, "e2e_p50_ms": p50 + 5, "e2e_p99_ms": 2 * p50 + 9,
+                "ci95": {"ndcg@10": [-0.01, 0.0], "recall@100": [-0.02, 0.01], "p50_ms": [p50 - 1, p50 + 1]},
+                "tuned_on": "toy split" if default else None, "default": default,
+                "bytes_per_token_resident": 80.0, "bytes_per_token": 160.0, "load_avg_1m": 1.0,
+                "error": None}  # fmt: skip
+
+    rows = []
+    for threads in (2, 1):
+        rows += [
+            row("aligner_jax", "pd=320", {"probe_docs": 320}, threads, 0.69, 0.90, 5.0),
+            row("aligner_jax", "pd=640", {"probe_docs": 640}, threads, 0.70, 0.93, 8.0, True),
+            row("fast-plaid", "n=1", {"n_ivf_probe": 1}, threads, 0.70, 0.92, 150.0, True),
+            row("fast-plaid", "n=8", {"n_ivf_probe": 8}, threads, 0.71, 0.94, 900.0),
+            row("exact", "exhaustive", {}, threads, 0.71, 0.94, 70.0, True),
+        ]
+    for r in rows:
+        if r["system"] == "exact":
+            r["tuned_on"] = None  # no knob: a default the rule did not choose
+    failed = {"system": "xtr-warp", "setting": "—", "settings": {}, "short": "—", "p50_ms": None}
+    failed.update({"ndcg@10": None, "recall@100": None, "default": False, "tuned_on": None})
+    failed["error"] = "PanicException: quantile() input tensor is too large"
+    rows.append({**rows[0], **failed})
+    return {"rows": rows, "query_encoding": [], "machine": "toy", "k": 100, "rounds": 3,
+            "rule": "the rule", "splits": {"toy/zero_shot": {"description": "toy split"}},
+            "choices": [{"dataset": "toy", "model": "zero_shot", "threads": 2,
+                         "system": "xtr-warp", "settings_swept": 0, "setting": None,
+                         "admissible": [], "reason": "no setting within 0.5 point"}]}  # fmt: skip
+
+
+def test_reports_draw_one_figure_per_store_and_thread_count(tmp_path):
+    out = tmp_path / "search_latency"
+    out.with_suffix(".json").write_text(json.dumps(_payload()))
+    written = sl.write_outputs(json.loads(out.with_suffix(".json").read_text()), out)
+    names = sorted(p.name for p in written)
+    assert names == [
+        "search_latency.md",
+        "search_latency.png",
+        "search_latency_toy_zero_shot_t1.png",
+        "search_latency_toy_zero_shot_t2.png",
+    ]
+    assert all(p.stat().st_size > 0 for p in written)
+    md = out.with_suffix(".md").read_text()
+    assert "| pd=640 ★ |" in md and "| pd=320 |" in md and "| exhaustive |" in md
+    assert "[-1.0, +0.0]" in md and "[7.0, 9.0]" in md  # metric and p50 intervals
+    assert "none (no setting within 0.5 point)" in md and "quantile() input tensor" in md
+
+    fig = sl.sweep_figure(_payload(), "toy", "zero_shot", 2)
+    left, right = fig.axes
+    assert left.get_ylabel().startswith("R@100") and right.get_ylabel().startswith("nDCG@10")
+    labels = {t.get_text() for t in left.texts}
+    assert {"320", "640", "1", "8", "default"} <= labels  # every setting labelled
+    starred = [ln for ln in left.get_lines() if ln.get_marker() == "*"]
+    assert len(starred) == 2  # ours and fast-plaid (exact has no knob: not chosen by the rule)
+    sl.plotting.pyplot().close(fig)
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    points = [(5.0, 90.0), (8.0, 93.0), (9.0, 92.0), (150.0, 92.0), (900.0, 94.0), (5.0, 80.0)]
+    assert sl.pareto_front(points) == [0, 1, 4]
