@@ -288,7 +288,7 @@ def test_config_ranges_are_checked():
     resolved = cs.CentroidSearchConfig().resolved
     assert resolved(5183, 16384, 40.0) == (16, 216, 54)
     assert resolved(5183, 16384, 80.0, k=100) == (8, 1200, 300)
-    assert resolved(5183, 16384, 80.0, k=1000) == (8, 12000, 3000)
+    assert resolved(5183, 16384, 80.0, k=1000) == (8, 2048, 512)  # at most 512 refined
     assert resolved(518_300, 65536, 950.0, k=10) == (2, 512, 128)  # 100x SciFact: long lists
     assert resolved(1460, 4096, 80.0) == (8, 160, 40)
     assert resolved(100, 64, 10.0) == (32, 160, 40)

@@ -37,7 +37,7 @@ Defaults follow the index actually built, so that the work per query stays nearl
 corpus grows: ``probes = clip(round(640 / L), 2, 32)`` for L the mean number of documents in an
 inverted list (a query token reaches about 640 documents: 8 probes on SciFact zero-shot, whose
 lists hold about 80; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs =
-max(clip(⌈0.75·√N⌉, 40, 128), 3·k)`` for N documents and k requested, ``interaction_docs =
+max(clip(⌈0.75·√N⌉, 40, 128), min(3·k, 512))`` for N documents and k requested, ``interaction_docs =
 4·refine_docs``; ``xtr_probes = 4·probes``. The constants were chosen by
 ``benchmarks/tune_search.py`` on SciFact's *train* queries (200), never the test queries, by
 the rule written there: refining 3·k documents is the least that returns ≥ 95 % of the
@@ -61,6 +61,7 @@ from aligner_jax.indexing import token_store as ts
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
+MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 
@@ -72,7 +73,7 @@ class CentroidSearchConfig:
     ``refine_docs``) override the scale-free rules, which follow the index actually built:
 
       probes = clip(round(probe_docs / L), 2, MAX_PROBES)   (L: mean documents per inverted list)
-      refine = max(clip(⌈0.75·√N⌉, 40, 128), ⌈refine_per_k · k⌉)    (N documents, k requested)
+      refine = max(clip(⌈0.75·√N⌉, 40, 128), min(⌈refine_per_k · k⌉, 512))   (N docs, k asked)
       interaction = interaction_per_refine · refine
     """
 
@@ -105,7 +106,7 @@ class CentroidSearchConfig:
         low, high = MIN_REFINE
         refine = self.refine_docs or max(
             int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), low, high)),
-            math.ceil(self.refine_per_k * k),
+            min(math.ceil(self.refine_per_k * k), MAX_REFINE),
         )
         interaction = self.interaction_docs or self.interaction_per_refine * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
