@@ -1,24 +1,15 @@
-r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token store.
+r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token store + search index.
 
-  python -m aligner_jax.index --corpus=../shared/data/beir/scifact/corpus.jsonl \
-    --index_dir=outputs/scifact_zero_shot_index
-
+  python -m aligner_jax.index --dataset_dir=../shared/data/beir/scifact --index_dir=outputs/idx
   python -m aligner_jax.index --gin_file=models/minilm.gin --gin_file=index/default.gin \
-    --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" \
-    --corpus=../shared/data/beir/scifact/corpus.jsonl --index_dir=outputs/scifact_index \
-    --gin.IndexingConfig.shard_size=500
+    --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" --corpus=corpus.jsonl --index_dir=X
 
-Without ``--gin_file``: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus`` may
-name a seqio task (``seqio:TASK``) or TFDS dataset (``tfds:NAME``), split ``--corpus_split``;
-``--dataset_dir=DIR`` (a BEIR folder) is ``--corpus=DIR/corpus.jsonl``.
-Updates (indexing/updates.py): ``--add=more.jsonl``, ``--delete=ID,ID``, ``--compact``, and
-``--index_dir=DIR --search_index`` (no ``--corpus``) rebuilds the store's search index. A killed
-job re-run resumes after its last complete shard. On N hosts as one JAX job
-(``launch/local_processes.sh N index ...``, ``--coordinator_address``/``--num_processes``/
-``--process_id``, or ``--multiprocess``) each process encodes its shards and all build the search
-index together (``indexing/distributed_build.py``); processes started apart
-(``--process_index``/``--process_count``) split the shards, and the last to finish builds the
-search index alone. ``--nosearch_index``: no search index.
+Without ``--gin_file``: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: a
+JSONL file, ``seqio:TASK`` or ``tfds:NAME`` (split ``--corpus_split``); ``--dataset_dir=DIR`` is
+``--corpus=DIR/corpus.jsonl``. Updates (indexing/updates.py): ``--add``, ``--delete``,
+``--compact``; ``--index_dir=DIR --search_index`` rebuilds the search index. A killed job re-run
+resumes after its last complete shard. On N hosts each process encodes its shards and all build
+the search index together: WORKSPACE.md "Running on many hosts".
 """
 
 from __future__ import annotations
@@ -35,17 +26,13 @@ from aligner_jax.indexing import indexer, updates
 FLAGS = flags.FLAGS
 distributed.declare_key_flags()
 DEFAULT_GIN_FILES = ("models/minilm_identity.gin", "index/default.gin")
-flags.DEFINE_string(
-    "corpus", None, "What to index: a BEIR corpus.jsonl, seqio:TASK_NAME or tfds:NAME[:VERSION]."
-)
+flags.DEFINE_string("corpus", None, "What to index: corpus.jsonl, seqio:TASK or tfds:NAME.")
 flags.DEFINE_string("corpus_split", "train", "Split of a seqio:/tfds: corpus.")
 flags.DEFINE_string("dataset_dir", None, "A BEIR folder: index its corpus.jsonl (or --corpus).")
 flags.DEFINE_string("index_dir", None, "Output folder of the token store (resumable).")
 flags.DEFINE_integer("process_index", None, "This process's index (default: jax.process_index()).")
 flags.DEFINE_integer("process_count", None, "Number of processes (default: jax.process_count()).")
-flags.DEFINE_bool(
-    "search_index", True, "Build the search index (with --corpus; alone: rebuild --index_dir's)."
-)
+flags.DEFINE_bool("search_index", True, "Build the search index (alone: rebuild --index_dir's).")
 flags.DEFINE_string("add", None, "Update: add the documents of a corpus.jsonl to --index_dir.")
 flags.DEFINE_string("delete", None, "Update: tombstone documents (ID,ID,... or @file).")
 flags.DEFINE_bool("compact", False, "Update: re-cluster the search index if it drifted.")
@@ -68,11 +55,9 @@ def main(argv: Sequence[str]) -> None:
         return
     if FLAGS.dataset_dir and FLAGS.corpus:
         raise app.UsageError("give --corpus or --dataset_dir (its corpus.jsonl), not both")
-    corpus = FLAGS.corpus
-    if FLAGS.dataset_dir:
-        corpus = str(Path(FLAGS.dataset_dir) / "corpus.jsonl")
-        if not Path(corpus).is_file():
-            raise app.UsageError(f"--dataset_dir={FLAGS.dataset_dir}: no corpus.jsonl in it")
+    corpus = FLAGS.corpus or (FLAGS.dataset_dir and str(Path(FLAGS.dataset_dir) / "corpus.jsonl"))
+    if FLAGS.dataset_dir and not Path(corpus).is_file():
+        raise app.UsageError(f"--dataset_dir={FLAGS.dataset_dir}: no corpus.jsonl in it")
     if not corpus or not FLAGS.index_dir:
         raise app.UsageError("--corpus (or --dataset_dir) and --index_dir are required")
     cli.call_or_exit("aligner-index", distributed.initialize_from_flags)
