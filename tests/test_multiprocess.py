@@ -375,7 +375,11 @@ def test_launcher_stops_every_process_when_one_fails(tmp_path):
     wrapper.write_text(
         "#!/bin/bash\n"
         f'echo $$ >> "{pids}"\n'
-        'if [[ " $* " == *" --process_id=1 "* ]]; then echo "rank 1 fails" >&2; exit 1; fi\n'
+        # rank 1 fails once both ranks have started (so that rank 0 is there to be stopped)
+        'if [[ " $* " == *" --process_id=1 "* ]]; then\n'
+        f'  for i in $(seq 100); do [ "$(wc -l < "{pids}")" -ge 2 ] && break; sleep 0.1; done\n'
+        '  echo "rank 1 fails" >&2; exit 1\n'
+        "fi\n"
         f'exec "{sys.executable}" "$@"\n'
     )
     wrapper.chmod(0o755)
