@@ -17,7 +17,8 @@ The scan below finds numbers with a unit of time, rate, memory or size (ms, s, m
 per token, %, x faster, ...) or next to a retrieval metric (nDCG@10, R@100, MRR@10, p50, ...); each
 must lie in a registered snippet (with that value) or an allowed one, so a new figure without an
 artefact fails here. Token and document counts are not scanned (registered where a sentence states
-them as measured).
+them as measured). benchmarks/results/README.md is mostly a dated log of measurements: the figures
+of its headline table that have a JSON are registered and checked, the file is not scanned.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = "benchmarks/results/figures.json"
-DOCS = ("README.md", "WORKSPACE.md")
+DOCS = ("README.md", "WORKSPACE.md")  # registered and scanned
+# registered only: the results README is mostly a history log; its headline table is registered
+RESULTS_README = "benchmarks/results/README.md"
 
 NUM = r"[−-]?\d+(?:,\d{3})*(?:\.\d+)?"
 _START = r"(?<![\w.@=/′-])"  # not inside an identifier, flag value, version or other number
@@ -58,7 +61,7 @@ def _json(path: str):
 
 
 def _docs() -> dict[str, str]:
-    return {doc: (ROOT / doc).read_text() for doc in DOCS}
+    return {doc: (ROOT / doc).read_text() for doc in (*DOCS, RESULTS_README)}
 
 
 def snippet_pattern(text: str) -> re.Pattern:
@@ -204,7 +207,8 @@ def test_each_registered_figure_matches_its_json():
 
 
 def test_every_figure_in_the_docs_is_registered():
-    problems = unregistered_figures(_registry(), _docs())
+    docs = {doc: text for doc, text in _docs().items() if doc in DOCS}
+    problems = unregistered_figures(_registry(), docs)
     assert not problems, (
         f"figures without an artefact: register each in {REGISTRY} (figures: doc, text, value,"
         " json, key; the JSON's command in commands), or list it under not_measurements with the"
