@@ -66,8 +66,15 @@ def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d):
     for i, cs in enumerate(doc_codes):
         lo, hi = index.doc_code_offsets[i], index.doc_code_offsets[i + 1]
         assert index.doc_codes[lo:hi].tolist() == cs
-    np.testing.assert_array_equal(
-        np.asarray(index.salience, np.float32), np.asarray(store.salience(), np.float32)
+    # u^d in uint8 steps of the segment's largest / 255: within half a step of the store's
+    step = index.meta["segments"][0]["salience_scale"]
+    assert step == pytest.approx(float(np.max(store.salience())) / 255)
+    assert index.salience.arrays[0].dtype == np.uint8
+    np.testing.assert_allclose(
+        index.salience[np.arange(store.num_tokens)],
+        np.asarray(store.salience(), np.float32),
+        rtol=0,
+        atol=step / 2 + 1e-7,
     )
 
 
@@ -136,6 +143,30 @@ def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_p
     np.testing.assert_array_equal(updated.residuals[rows], np.asarray(updated.residuals)[rows])
     reloaded = ci.CentroidIndex.load(ts.TokenStore(store.directory))
     assert len(reloaded.codes) == grown.num_tokens
+    # each segment's saliences in steps of its own largest u^d, read as one float32 array
+    steps = [g["salience_scale"] for g in reloaded.meta["segments"]]
+    truth = np.asarray(grown.salience(), np.float32)
+    cut = int(grown.offsets[30])
+    assert steps == pytest.approx([truth[:cut].max() / 255, truth[cut:].max() / 255])
+    np.testing.assert_allclose(np.asarray(reloaded.salience), truth, atol=max(steps) / 2 + 1e-7)
+
+
+def test_quantised_saliences_keep_zero_and_read_across_old_and_new_segments():
+    """uint8 saliences: 0 stays exactly 0 (a pruned token stays pruned), the largest is 255
+    steps; a format-3 segment (float16, no step) reads beside a quantised one."""
+    u = np.array([0.0, 0.004, 0.5, 1.3, 2.35], np.float16)
+    step = 2.35 / 255
+    q = ci.quantize_salience(u, step)
+    assert q.dtype == np.uint8 and q[0] == 0 and q[-1] == 255
+    np.testing.assert_allclose(q * np.float32(step), u.astype(np.float32), atol=step / 2 + 1e-6)
+    old = np.array([0.25, 0.75], np.float16)
+    mixed = ci.Segmented([old, q], [None, step])
+    read = mixed[np.array([1, 2, 6])]
+    assert read.dtype == np.float32
+    np.testing.assert_allclose(read, [0.75, 0.0, 2.35], atol=step / 2 + 1e-6)
+    np.testing.assert_allclose(mixed.span(0, 3), [0.25, 0.75, 0.0], atol=1e-6)
+    plain = ci.Segmented([old])
+    assert plain[np.array([0])].dtype == np.float16  # unscaled arrays read as stored
 
 
 @pytest.mark.parametrize("bits", [2, 4])

@@ -12,7 +12,9 @@ rebuilding anything:
   ``search_index/codec-G.npy``                float32 ``[2, D]`` residual grid (lower, step)
   ``search_index/segment-G.codes.npy``        uint16/int32 ``[T_G]`` centroid id of each token
   ``search_index/segment-G.residuals.npy``    uint8 ``[T_G, W]`` packed b-bit residuals
-  ``search_index/segment-G.salience.npy``     float16 ``[T_G]`` u^d (models with saliences)
+  ``search_index/segment-G.salience.npy``     uint8 ``[T_G]`` u^d (models with saliences), in
+                                              steps of the segment's ``salience_scale`` (its
+                                              largest u^d / 255; 0 stays exactly 0)
   ``search_index/ivf_offsets-G.npy``, ``ivf_docs-G.npy``  centroid → documents owning one of
                                               its tokens kept by β^d pruning (CSR, int32)
   ``search_index/doc_code_offsets-G.npy``, ``doc_codes-G.npy``  document → its distinct
@@ -64,7 +66,9 @@ from aligner_jax.indexing import token_store as ts
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
 LISTS = ("ivf_offsets", "ivf_docs", "doc_code_offsets", "doc_codes")
-FORMAT = "aligner_jax.indexing.centroid_index/3"
+FORMAT = "aligner_jax.indexing.centroid_index/4"
+# /3: float16 saliences (no ``salience_scale``); still read, segment by segment
+READABLE = ("aligner_jax.indexing.centroid_index/3", FORMAT)
 CHUNK = 1 << 16  # tokens per assignment / compression step
 
 
@@ -150,37 +154,49 @@ def kept_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
 
 class Segmented:
     """Rows of several memory-mapped arrays read as one (``codes``, ``residuals`` and
-    ``salience`` of the segments, in store order); ``[rows]`` gathers any rows."""
+    ``salience`` of the segments, in store order); ``[rows]`` gathers any rows.
 
-    def __init__(self, arrays: list[np.ndarray]):
+    ``scales`` (one per segment, or None): the arrays hold quantised values, read as float32
+    ``value × scale`` (a None scale: that segment's values as stored)."""
+
+    def __init__(self, arrays: list[np.ndarray], scales: list[float | None] | None = None):
         self.arrays = arrays
+        self.scales = scales if scales and any(x is not None for x in scales) else None
         self.starts = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def _read(self, k: int, rows) -> np.ndarray:
+        values = self.arrays[k][rows]
+        if self.scales is None:
+            return values
+        scale = self.scales[k]
+        return values.astype(np.float32) if scale is None else values * np.float32(scale)
+
     def __getitem__(self, rows) -> np.ndarray:
         if len(self.arrays) == 1:
-            return self.arrays[0][rows]
+            return self._read(0, rows)
         rows = np.asarray(rows, np.int64)
         seg = np.searchsorted(self.starts, rows, side="right") - 1
         first = self.arrays[0]
-        out = np.empty((len(rows),) + first.shape[1:], first.dtype)
+        dtype = first.dtype if self.scales is None else np.float32
+        out = np.empty((len(rows),) + first.shape[1:], dtype)
         for k in np.unique(seg):
             sel = seg == k
-            out[sel] = self.arrays[k][rows[sel] - self.starts[k]]
+            out[sel] = self._read(k, rows[sel] - self.starts[k])
         return out
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """Every row in memory (small indexes and tests; searches gather rows instead)."""
-        whole = np.concatenate([np.asarray(a) for a in self.arrays])
+        whole = np.concatenate([self._read(k, slice(None)) for k in range(len(self.arrays))])
         return whole if dtype is None else whole.astype(dtype)
 
     def span(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` (a view when they lie in one segment)."""
+        """Rows ``[start, stop)`` (a view when they lie in one segment and are not scaled)."""
         k = int(np.searchsorted(self.starts, start, side="right") - 1)
         if stop <= self.starts[k + 1]:
-            return self.arrays[k][start - self.starts[k] : stop - self.starts[k]]
+            return self._read(k, slice(start - self.starts[k], stop - self.starts[k]))
         return self[np.arange(start, stop)]
 
 
@@ -195,7 +211,7 @@ class CentroidIndex:
         self.codec = arrays["codec"]
         self.codes = arrays["codes"]  # Segmented [T]: every token, store order
         self.residuals = arrays["residuals"]  # Segmented [T, W]
-        self.salience = arrays.get("salience")  # Segmented [T] float16, or None
+        self.salience = arrays.get("salience")  # Segmented [T] (float32 when read), or None
         self.ivf_offsets, self.ivf_docs = arrays["ivf"]
         self.doc_code_offsets, self.doc_codes = arrays["doc_codes"]
 
@@ -272,11 +288,12 @@ class CentroidIndex:
         out = Path(store.directory) / SUBDIR
         out.mkdir(exist_ok=True)
         salience = store.manifest["model"].get("salience") != "none"
+        scale = salience_scale(store, range(len(spans))) if salience else None
         score = _ScoreMean()
         write_segment = _write_segment if split is None else split.write_segment
         segment = write_segment(
             store, range(len(spans)), f"segment-{gen:05d}", centroids, cell_centroids, codec, out,
-            salience, score,
+            scale, score,
         )  # fmt: skip
         if segment is None:  # a process of a ``split`` job other than 0: its part is written
             return None
@@ -398,7 +415,7 @@ class CentroidIndex:
                     np.asarray(self.cells),
                     self.codec,
                     self.directory,
-                    meta["salience"],
+                    salience_scale(store, new) if meta["salience"] else None,
                     score,
                 )  # fmt: skip
             )
@@ -467,7 +484,7 @@ class CentroidIndex:
             )
         try:
             meta = json.loads(path.read_text())
-            if meta.get("format") != FORMAT:
+            if meta.get("format") not in READABLE:
                 raise errors.IndexIntegrityError(
                     f"{path}: format {meta.get('format')!r}, this version reads {FORMAT!r}; "
                     f"rebuild it with {rebuild}"
@@ -542,7 +559,12 @@ class CentroidIndex:
             "doc_codes": (mapped(t["doc_code_offsets"]), mapped(t["doc_codes"])),
         }
         for kind in _segment_kinds(meta):
-            arrays[kind] = Segmented([mapped(f"{g['name']}.{kind}") for g in meta["segments"]])
+            scales = (
+                [g.get("salience_scale") for g in meta["segments"]] if kind == "salience" else None
+            )
+            arrays[kind] = Segmented(
+                [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales
+            )
         return cls(out, meta, arrays)
 
 
@@ -569,11 +591,30 @@ class _ScoreMean:
         return self.total / max(self.count, 1)
 
 
+def salience_scale(store, shards) -> float:
+    """The quantisation step of a segment's saliences: its shards' largest u^d / 255 (read
+    shard by shard; 1/255 when every u^d is 0), so that uint8 steps cover them, 0 exactly."""
+    top = 0.0
+    for i in shards:
+        salience = store.shard_arrays(int(i))[1]
+        if len(salience):
+            top = max(top, float(np.max(salience)))
+        del salience
+    return (top if top > 0 else 1.0) / 255.0
+
+
+def quantize_salience(salience: np.ndarray, scale: float) -> np.ndarray:
+    """u^d as uint8 steps of ``scale`` (rounded to the nearest; 0 stays 0)."""
+    steps = np.rint(np.asarray(salience, np.float32) / np.float32(scale))
+    return np.clip(steps, 0, 255).astype(np.uint8)
+
+
 def _write_segment(
-    store, shards, name: str, centroids, cells, codec, out: Path, salience: bool, score
+    store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score
 ) -> dict:
-    """Codes, packed residuals (and saliences) of the tokens of store ``shards`` (consecutive
-    indices), streamed shard by shard into ``out/<name>.*.npy``; returns the segment entry."""
+    """Codes, packed residuals (and saliences, quantised in steps of ``salience_scale``; None:
+    none stored) of the tokens of store ``shards`` (consecutive indices), streamed shard by
+    shard into ``out/<name>.*.npy``; returns the segment entry."""
     spans = store.shard_spans()
     shards = list(shards)
     tokens = sum(spans[i][0]["num_tokens"] for i in shards)
@@ -585,10 +626,8 @@ def _write_segment(
             out / f"{name}.residuals.npy", (tokens, codec.bytes_per_token), np.uint8
         ),
     }
-    if salience:
-        streams["salience"] = fileio.NpyStream(
-            out / f"{name}.salience.npy", (tokens,), ts.VECTOR_DTYPE
-        )
+    if salience_scale is not None:
+        streams["salience"] = fileio.NpyStream(out / f"{name}.salience.npy", (tokens,), np.uint8)
     with contextlib.ExitStack() as stack:
         for stream in streams.values():
             stack.enter_context(stream)
@@ -602,11 +641,19 @@ def _write_segment(
                 streams["codes"].write(c)
                 streams["residuals"].write(codec.encode(v - centroids[c]))
                 bar.update(len(v))
-            if salience:
-                streams["salience"].write(np.asarray(sal))
+            if salience_scale is not None:
+                streams["salience"].write(quantize_salience(sal, salience_scale))
             del vectors, sal  # unmapped: one shard at a time
         bar.close()
-    return {"name": name, "shards": [spans[i][0]["name"] for i in shards], "num_tokens": tokens}
+    return segment_entry(name, [spans[i][0]["name"] for i in shards], tokens, salience_scale)
+
+
+def segment_entry(name: str, shards: list[str], tokens: int, salience_scale) -> dict:
+    """A segment of ``meta['segments']``: its files' stem, store shards, tokens, salience step."""
+    entry = {"name": name, "shards": shards, "num_tokens": tokens}
+    if salience_scale is not None:
+        entry["salience_scale"] = salience_scale
+    return entry
 
 
 def _shard_pairs(codes, spans, i: int, beta_d: float, store, num_centroids: int):

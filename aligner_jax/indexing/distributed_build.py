@@ -111,7 +111,7 @@ class ProcessSplit:
         return f"{name}.part-{rank}-of-{self.count}"
 
     def write_segment(
-        self, store, shards, name: str, centroids, cells, codec, out: Path, salience: bool, score
+        self, store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score
     ) -> dict | None:
         """``centroid_index._write_segment`` split: this process compresses its shards into its
         part; after a barrier process 0 merges the parts into ``name`` in store order (and
@@ -121,7 +121,7 @@ class ProcessSplit:
         mine = [i for i in shards if i % self.count == self.rank]
         part = self.part_name(name, self.rank)
         chunks = _ChunkScores()
-        ci._write_segment(store, mine, part, centroids, cells, codec, out, salience, chunks)
+        ci._write_segment(store, mine, part, centroids, cells, codec, out, salience_scale, chunks)
         fileio.atomic_write_json(out / f"{part}.scores.json", chunks.sums)
         logging.info(
             "search index: process %d of %d compressed %d of %d shards (%d tokens) into %s",
@@ -130,11 +130,11 @@ class ProcessSplit:
         self.barrier(f"{name}: every part compressed")
         if not self.leader:
             return None
-        return self._merge(store, shards, name, out, salience, score)
+        return self._merge(store, shards, name, out, salience_scale, score)
 
-    def _merge(self, store, shards, name: str, out: Path, salience: bool, score) -> dict:
+    def _merge(self, store, shards, name: str, out: Path, salience_scale, score) -> dict:
         spans = store.shard_spans()
-        kinds = ci._segment_kinds({"salience": salience})
+        kinds = ci._segment_kinds({"salience": salience_scale is not None})
         sizes = {i: spans[i][0]["num_tokens"] for i in shards}
         parts, cursor, sums = {}, {}, {}
         for rank in range(self.count):
@@ -171,7 +171,8 @@ class ProcessSplit:
             for path in [out / f"{part}.{k}.npy" for k in kinds] + [out / f"{part}.scores.json"]:
                 fileio.remove(path)
         logging.info("search index: %d parts merged into %s (%d tokens)", self.count, name, tokens)
-        return {"name": name, "shards": [spans[i][0]["name"] for i in shards], "num_tokens": tokens}
+        shard_names = [spans[i][0]["name"] for i in shards]
+        return ci.segment_entry(name, shard_names, tokens, salience_scale)
 
 
 class _ChunkScores:
