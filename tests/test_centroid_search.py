@@ -396,3 +396,51 @@ def test_salience_off_scores_colbert_sum_of_maxima_on_every_path(store, index):
     assert [store.doc_ids.index(d) for d in reranked.results["top_k:1"]["q"]] == list(expected)
     with pytest.raises(errors.ConfigError, match="beta_q=0.5 ranks query tokens by salience"):
         search_lib.SearchConfig(salience=False, beta_q=0.5)
+
+
+def test_interaction_keeps_exactly_the_tokens_of_each_documents_best_centroids(store, index):
+    """Stage 3 marks a stored token iff its centroid is its document's best for some query
+    token of weight > 0 (brute force over the tokens' codes)."""
+    searcher = cs.CentroidSearcher(store, index)
+    q = _query(3)
+    weights = np.array([1.0, 0.0, 0.5, 0.2, 1.0], np.float32)  # token 1 does not count
+    s_t = np.ascontiguousarray(q.vectors @ index.centroids.T).T
+    docs = np.array([4, 0, 31, 17])
+    score, keep = searcher.interaction(s_t, docs, weights)
+    expected_keep, expected_score = [], []
+    for d in docs:
+        codes = np.asarray(index.codes[np.arange(store.offsets[d], store.offsets[d + 1])])
+        sims = s_t[codes]  # [tokens, n]
+        best = sims.max(axis=0)
+        expected_score.append(best @ weights / weights.sum())
+        expected_keep.append((sims[:, weights > 0] == best[weights > 0]).any(axis=1))
+    np.testing.assert_allclose(score, expected_score, rtol=1e-6)
+    np.testing.assert_array_equal(keep, np.concatenate(expected_keep))
+    assert 0 < keep.sum() < len(keep)
+
+
+def test_residual_interaction_is_a_lower_bound_equal_to_refinement_on_every_token(store, index):
+    """Scoring only the kept tokens with residuals never exceeds full refinement (max over a
+    subset; uniform saliences), equals it with every token kept, and the search that uses it
+    still ranks like exhaustive search on planted queries."""
+    searcher = cs.CentroidSearcher(store, index, salience=False)
+    q = _query(7)
+    u = np.ones(5, np.float32)
+    s_t = np.ascontiguousarray(q.vectors @ index.centroids.T).T
+    docs = np.arange(store.num_docs)
+    _, keep = searcher.interaction(s_t, docs, u)
+    full = searcher.refine(q.vectors, s_t, docs, u)
+    partial = searcher.refine(q.vectors, s_t, docs, u, keep=keep)
+    assert np.all(partial <= full + 1e-6) and np.any(partial < full - 1e-4)
+    np.testing.assert_allclose(
+        searcher.refine(q.vectors, s_t, docs, u, keep=np.ones(len(keep), bool)), full, rtol=1e-6
+    )
+    for flag in (True, False):
+        ranker = cs.CentroidSearcher(
+            store, index, cs.CentroidSearchConfig(residual_interaction=flag)
+        )
+        for d in (5, 23):
+            v, _, t = store.document(d)
+            planted = _unit(np.asarray(v[:6], np.float32))
+            (ranking,), _ = ranker.search(planted, np.ones(len(planted)), np.arange(len(t[:6])), 10)
+            assert ranking[0][0] == d

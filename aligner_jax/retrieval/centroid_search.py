@@ -85,6 +85,7 @@ class CentroidSearchConfig:
     probe_docs: int = PROBE_DOCS
     refine_per_k: float = REFINE_PER_K
     interaction_per_refine: int = INTERACTION_PER_REFINE
+    residual_interaction: bool = True
 
     def __post_init__(self):
         name = type(self).__name__
@@ -216,25 +217,57 @@ class CentroidSearcher:
             self._scratch.buffers = buffers
         return buffers
 
-    def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def interaction(
+        self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
-        from each document's distinct centroid ids.
+        from each document's distinct centroid ids; and, for every stored token of ``docs``
+        (concatenated in order), whether its centroid is its document's best for some query
+        token of weight > 0 (the tokens ``refine(..., keep=)`` scores with residuals).
 
         ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
-        rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
+        idx = self.index
+        rows, lengths = concatenated_ranges(idx.doc_code_offsets, docs)
+        codes = np.asarray(idx.doc_codes[rows], np.intp)
         gathered = scratch.buffer("interaction.scores", (len(rows), s_t.shape[1]), np.float32)
-        np.take(s_t, np.asarray(self.index.doc_codes[rows], np.intp), axis=0, out=gathered)
-        best = np.maximum.reduceat(gathered, _segment_starts(lengths), axis=0)
-        return (best @ weights) / max(float(weights.sum()), 1e-12)
+        np.take(s_t, codes, axis=0, out=gathered)
+        starts = _segment_starts(lengths)
+        best = np.maximum.reduceat(gathered, starts, axis=0)
+        score = (best @ weights) / max(float(weights.sum()), 1e-12)
+        # (document, centroid) pairs that hold some weighted query token's best centroid score
+        live = weights > 0 if np.any(weights > 0) else np.ones(len(weights), bool)
+        at_best = gathered[:, live] == np.repeat(best[:, live], lengths, axis=0)
+        best_pair = at_best.any(axis=1)
+        # each stored token's pair, found by its key among the pairs' (sorted: documents in
+        # order, each document's distinct codes ascending)
+        c = idx.num_centroids
+        pair_keys = np.repeat(np.arange(len(docs), dtype=np.int64), lengths) * c + codes
+        t_rows, t_lengths = concatenated_ranges(self.store.offsets, docs)
+        token_keys = np.repeat(np.arange(len(docs), dtype=np.int64), t_lengths) * c
+        token_keys += np.asarray(idx.codes[t_rows], np.int64)
+        keep = best_pair[np.searchsorted(pair_keys, token_keys)]
+        return score, keep
 
     def refine(
-        self, q: np.ndarray, s_t: np.ndarray, docs: np.ndarray, u_q: np.ndarray
+        self,
+        q: np.ndarray,
+        s_t: np.ndarray,
+        docs: np.ndarray,
+        u_q: np.ndarray,
+        keep: np.ndarray | None = None,
     ) -> np.ndarray:
         """Stage 4: top-1 alignment with compressed vectors, Eq. 1–2 with u^q and u^d.
+
+        ``keep`` (bool, one per stored token of ``docs`` in order): only these tokens are
+        scored, each document's max over them (the residual interaction of stage 3: the
+        tokens in each document's best centroids, ``interaction``).
 
         Token-major: ``s_t`` is Sᵀ ``[C, n]``, so a stored token's centroid scores are one
         contiguous row, and its residual scores one row of ``levels @ weightsᵀ``."""
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
+        if keep is not None:
+            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+            rows = rows[keep]
         sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
         np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)  # q·c, [T, n]
         margin = self.config.refine_margin
@@ -343,7 +376,9 @@ class CentroidSearcher:
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
         )
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
-        inter = self.interaction(s_t, first, u_q)
+        inter, keep = self.interaction(s_t, first, u_q)
+        if self.config.residual_interaction:
+            inter = self.refine(q, s_t, first, u_q, keep=keep)
         order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
