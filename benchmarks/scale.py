@@ -390,6 +390,28 @@ def write_results(out_dir: Path, new_rows: list[dict]) -> list[dict]:
     return rows
 
 
+def _kept_build(out_dir: Path, store_dir: Path, bits: int) -> dict | None:
+    """(``--reuse_index``) The build figures scale.json holds for ``store_dir``'s scale and
+    ``bits`` when the store's search index was built with those bits; else None (rebuild)."""
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import token_store as ts
+
+    store = ts.TokenStore(store_dir)
+    if not ci.CentroidIndex.exists(store_dir):
+        return None
+    if ci.CentroidIndex.load(store).meta["config"]["residual_bits"] != bits:
+        return None
+    path = out_dir / "scale.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    scale = store.num_docs / ts.TokenStore(store_dir.parent / "x1").num_docs
+    for r in rows:
+        if (r["model"], r["bits"]) == (FLAGS.model, bits) and abs(r["scale"] - scale) < 0.01:
+            if r["tokens"] == store.num_tokens:
+                print(f"{store_dir}: {bits}-bit index reused, build figures of scale.json kept")
+                return {"wall_s": r["build_s"], "peak_rss_gib": r["build_peak_rss_gib"]}
+    return None
+
+
 # -- driver -----------------------------------------------------------------------------------------
 FLAGS = flags.FLAGS
 
@@ -406,6 +428,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
     flags.DEFINE_bool("keep_stores", False, "Keep the grown stores after measuring.")
     flags.DEFINE_bool("reuse_stores", False, "Reuse grown stores kept by an earlier run.")
+    flags.DEFINE_bool(
+        "reuse_index",
+        False,
+        "Search a kept store's search index when it has the requested bits (after a change of "
+        "the search rules only); its row keeps the build figures scale.json already holds.",
+    )
     flags.DEFINE_bool("replot", False, "Redraw scale.md / scale.png from scale.json only.")
     flags.DEFINE_enum("child", None, ["encode", "search", "exhaustive"], "(internal)")
     flags.DEFINE_string("index_dir", None, "(internal) the store of a child.")
@@ -470,7 +498,8 @@ def main(argv) -> None:
         print(f"x{scale:g}: {made}", flush=True)
         rows, found = [], {}
         for bits in FLAGS.bits:  # builds and searches first: the exhaustive reference is slowest
-            build = run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
+            build = _kept_build(out_dir, store_dir, int(bits)) if FLAGS.reuse_index else None
+            build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
                                f"--gin.CentroidIndexConfig.residual_bits={int(bits)}"], 2, log)  # fmt: skip
             found_path = store_dir / f"search_{bits}.json"
             search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}"], FLAGS.threads, log)  # fmt: skip
