@@ -33,6 +33,7 @@ each scale is measured (``--keep_stores`` keeps them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -228,6 +229,7 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
                 "refine_docs": searcher.refine_docs,
                 "num_centroids": index.num_centroids,
                 "index_bytes": index.nbytes(),
+                "search_config": dataclasses.asdict(searcher.config),
             }
         )
     )
@@ -527,6 +529,7 @@ def main(argv) -> None:
                 "refine_docs": search["refine_docs"],
                 "interaction_docs": search["interaction_docs"],
                 "jitter_sigma": sigma,
+                "search_config": search.get("search_config"),
                 "queries": len(found[bits]),
             }
             rows.append(row)
