@@ -337,14 +337,20 @@ def markdown(rows: list[dict]) -> str:
         "|" + "---|" * 16,
     ]
     for r in sorted(rows, key=lambda r: (r["model"], r["bits"], r["scale"])):
+        if r.get("top10_overlap") is None:  # the exhaustive reference was not computed
+            quality_cells = "not measured | not measured | not measured"
+        else:
+            quality_cells = (
+                f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} "
+                f"({100 * r['ndcg@10_exhaustive']:.1f}) | {100 * r['recall@100']:.1f} "
+                f"({100 * r['recall@100_exhaustive']:.1f})"
+            )
         lines.append(
             f"| {r['model']} | {r['dim']} | {r['bits']} | {r['scale']:g}× | "
             f"{r['tokens'] / 1e6:.1f}M | {r['build_s']:.0f} | {r['build_peak_rss_gib']:.2f} | "
             f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
             f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
-            f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f})"
-            f" | {100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
-            f"{r['machine_load']:.1f} |"
+            f"{quality_cells} | {r['machine_load']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -73,6 +73,7 @@ REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
 MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
+RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
 
 
 @gin.configurable
@@ -95,6 +96,7 @@ class CentroidSearchConfig:
     refine_per_k: float = REFINE_PER_K
     interaction_per_refine: int = INTERACTION_PER_REFINE
     residual_interaction: bool = True
+    residual_per_refine: float = RESIDUAL_PER_REFINE
 
     def __post_init__(self):
         name = type(self).__name__
@@ -104,6 +106,7 @@ class CentroidSearchConfig:
         checks.integer(f"{name}.probe_docs", self.probe_docs, minimum=1)
         checks.integer(f"{name}.interaction_per_refine", self.interaction_per_refine, minimum=1)
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
+        checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
 
     def resolved(
         self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
@@ -386,8 +389,17 @@ class CentroidSearcher:
         )
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
         inter, keep = self.interaction(s_t, first, u_q)
-        if self.config.residual_interaction:
-            inter = self.refine(q, s_t, first, u_q, keep=keep)
+        if self.config.residual_interaction:  # the best by centroid scores, by residuals
+            m = min(math.ceil(self.config.residual_per_refine * refine_docs), len(first))
+            best = _top(inter, m)
+            tokens = np.zeros(len(first) + 1, np.int64)
+            offsets = self.store.offsets
+            np.cumsum(offsets[first + 1] - offsets[first], out=tokens[1:])
+            rows, _ = concatenated_ranges(tokens, best)
+            shifted = self.refine(q, s_t, first[best], u_q, keep=keep[rows])
+            # the others keep their order, below every re-scored document
+            inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
+            inter[best] = shifted
         order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
