@@ -49,8 +49,11 @@ def _reference(store: ts.TokenStore, config: ci.CentroidIndexConfig):
     return centroids, codes, residuals, ivf, doc_codes
 
 
-@pytest.mark.parametrize("beta_d", [1.0, 0.5])
-def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d):
+@pytest.mark.parametrize("beta_d,block_pairs", [(1.0, None), (0.5, None), (1.0, 7), (0.5, 100)])
+def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d, block_pairs, monkeypatch):
+    """Also with the inverted file filled a few entries at a time (many centroid blocks)."""
+    if block_pairs:
+        monkeypatch.setattr(ci, "IVF_BLOCK_PAIRS", block_pairs)
     store = _store(tmp_path)
     config = ci.CentroidIndexConfig(
         num_centroids=16, cells=4, sample_per_centroid=8, residual_bits=4, beta_d=beta_d

@@ -33,7 +33,8 @@ gathered shard by shard; codes, residuals and saliences are computed per shard a
 their segment files (written, never mapped); the inverted file and the document → centroid
 lists are built in two passes over the segments' codes, one shard at a time. Each shard is
 unmapped when done, so the build's peak resident memory is O(centroids + sample + one shard +
-the inverted file's document ids (4 bytes per (centroid, document) pair)), not O(tokens × D).
+one block of the inverted file (``IVF_BLOCK_PAIRS`` entries, filled and written block by
+block)), not O(tokens × D).
 **Loading maps** every array (``mmap_mode='r'``): nothing is concatenated or copied, resident
 memory after load is the centroid table plus what searches touch, and an index larger than RAM
 answers from the page cache.
@@ -673,10 +674,19 @@ def _shard_pairs(codes, spans, i: int, beta_d: float, store, num_centroids: int)
     return every, kept, doc_start
 
 
-def _write_lists(store, codes: Segmented, meta: dict, out: Path) -> None:
+IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
+
+
+def _write_lists(
+    store, codes: Segmented, meta: dict, out: Path, block_pairs: int | None = None
+) -> None:
     """The inverted file (centroid → sorted documents owning a β^d-kept token of it) and the
-    document → distinct centroid lists, in two passes over the shards: counts, then fills
-    (documents come in increasing order, so every list is sorted as it is filled)."""
+    document → distinct centroid lists: one pass over the shards counts, then the inverted file
+    is filled one block of consecutive centroids at a time (at most ``block_pairs`` entries in
+    memory, default ``IVF_BLOCK_PAIRS``, written in file order; one more pass over the shards
+    per block, the first one also streaming the document → centroid lists). Documents come in
+    increasing order, so every list is sorted as it is filled."""
+    block_pairs = block_pairs or IVF_BLOCK_PAIRS
     c = meta["num_centroids"]
     beta_d = meta["config"]["beta_d"]
     spans = store.shard_spans()
@@ -692,23 +702,38 @@ def _write_lists(store, codes: Segmented, meta: dict, out: Path) -> None:
     np.cumsum(ivf_counts, out=ivf_offsets[1:])
     doc_offsets = np.zeros(store.num_docs + 1, np.int64)
     np.cumsum(doc_counts, out=doc_offsets[1:])
-    ivf_docs = np.empty(int(ivf_offsets[-1]), np.int32)
-    cursor = ivf_offsets[:-1].copy()
+    # blocks of consecutive centroids holding at most block_pairs entries (one centroid at least)
+    bounds = [0]
+    while bounds[-1] < c:
+        lo = bounds[-1]
+        hi = int(np.searchsorted(ivf_offsets, ivf_offsets[lo] + block_pairs, side="right")) - 1
+        bounds.append(min(max(hi, lo + 1), c))
     t = meta["tables"]
-    doc_codes = out / f"{t['doc_codes']}.npy"
-    with fileio.NpyStream(doc_codes, (int(doc_offsets[-1]),), _code_dtype(c)) as dc:
-        for i in range(len(spans)):
-            every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
-            dc.write(every % c)
-            cents, docs = kept % c, kept // c + doc_start
-            order = np.argsort(cents, kind="stable")  # by centroid, documents still increasing
-            cents, docs = cents[order], docs[order]
-            first = np.searchsorted(cents, cents, side="left")
-            slot = cursor[cents] + (np.arange(len(cents)) - first)
-            ivf_docs[slot] = docs
-            cursor += np.bincount(cents, minlength=c)
+    with contextlib.ExitStack() as stack:
+        ivf = stack.enter_context(
+            fileio.NpyStream(out / f"{t['ivf_docs']}.npy", (int(ivf_offsets[-1]),), np.int32)
+        )
+        dc = stack.enter_context(
+            fileio.NpyStream(out / f"{t['doc_codes']}.npy", (int(doc_offsets[-1]),), _code_dtype(c))
+        )
+        for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            block = np.empty(int(ivf_offsets[hi] - ivf_offsets[lo]), np.int32)
+            cursor = ivf_offsets[lo:hi] - ivf_offsets[lo]
+            for i in range(len(spans)):
+                every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
+                if b == 0:
+                    dc.write(every % c)
+                cents = kept % c
+                inside = (cents >= lo) & (cents < hi)
+                cents, docs = cents[inside] - lo, kept[inside] // c + doc_start
+                order = np.argsort(cents, kind="stable")  # by centroid, documents increasing
+                cents, docs = cents[order], docs[order]
+                first = np.searchsorted(cents, cents, side="left")
+                block[cursor[cents] + (np.arange(len(cents)) - first)] = docs
+                cursor += np.bincount(cents, minlength=hi - lo)
+            ivf.write(block)
+            del block
     fileio.atomic_save_npy(out / f"{t['ivf_offsets']}.npy", ivf_offsets)
-    fileio.atomic_save_npy(out / f"{t['ivf_docs']}.npy", ivf_docs)
     fileio.atomic_save_npy(out / f"{t['doc_code_offsets']}.npy", doc_offsets)
 
 
