@@ -281,7 +281,9 @@ class CentroidIndex:
             sample, c, min(cells, c), config.kmeans_iterations, config.seed, split or kmeans.SERIAL
         )
         codes_s, _ = kmeans.assign_two_level(sample, centroids, cell_centroids)
-        codec = codec_lib.ResidualCodec.fit(sample - centroids[codes_s], config.residual_bits)
+        for lo in range(0, len(sample), CHUNK):  # residuals in place: no second sample-sized copy
+            sample[lo : lo + CHUNK] -= centroids[codes_s[lo : lo + CHUNK]]
+        codec = codec_lib.ResidualCodec.fit(sample, config.residual_bits)
         del sample
         if split is not None:  # process 0's tables, whatever another host's arithmetic gave
             centroids, cell_centroids, codec = split.share(centroids, cell_centroids, codec)

@@ -59,8 +59,12 @@ class ResidualCodec:
         if bits not in BITS:
             raise ValueError(f"residual bits={bits}: choose one of {BITS}")
         residuals = np.asarray(residuals, np.float32)
-        lower = np.quantile(residuals, tail, axis=0).astype(np.float32)
-        upper = np.quantile(residuals, 1.0 - tail, axis=0).astype(np.float32)
+        lower = np.empty(residuals.shape[1], np.float32)
+        upper = np.empty(residuals.shape[1], np.float32)
+        for j in range(0, residuals.shape[1], 16):  # a 16-column copy at a time, not the whole
+            lower[j : j + 16], upper[j : j + 16] = np.quantile(
+                residuals[:, j : j + 16], [tail, 1.0 - tail], axis=0
+            )
         step = np.maximum(upper - lower, 1e-6) / (1 << bits)
         return cls(bits, lower, step.astype(np.float32))
 
