@@ -406,7 +406,8 @@ def test_interaction_keeps_exactly_the_tokens_of_each_documents_best_centroids(s
     weights = np.array([1.0, 0.0, 0.5, 0.2, 1.0], np.float32)  # token 1 does not count
     s_t = np.ascontiguousarray(q.vectors @ index.centroids.T).T
     docs = np.array([4, 0, 31, 17])
-    score, keep = searcher.interaction(s_t, docs, weights)
+    score = searcher.interaction(s_t, docs, weights)
+    keep = searcher.best_centroid_tokens(s_t, docs, weights)
     expected_keep, expected_score = [], []
     for d in docs:
         codes = np.asarray(index.codes[np.arange(store.offsets[d], store.offsets[d + 1])])
@@ -428,7 +429,7 @@ def test_residual_interaction_is_a_lower_bound_equal_to_refinement_on_every_toke
     u = np.ones(5, np.float32)
     s_t = np.ascontiguousarray(q.vectors @ index.centroids.T).T
     docs = np.arange(store.num_docs)
-    _, keep = searcher.interaction(s_t, docs, u)
+    keep = searcher.best_centroid_tokens(s_t, docs, u)
     full = searcher.refine(q.vectors, s_t, docs, u)
     partial = searcher.refine(q.vectors, s_t, docs, u, keep=keep)
     assert np.all(partial <= full + 1e-6) and np.any(partial < full - 1e-4)

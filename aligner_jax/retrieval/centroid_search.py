@@ -229,36 +229,43 @@ class CentroidSearcher:
             self._scratch.buffers = buffers
         return buffers
 
-    def interaction(
-        self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
-        from each document's distinct centroid ids; and, for every stored token of ``docs``
-        (concatenated in order), whether its centroid is its document's best for some query
-        token of weight > 0 (the tokens ``refine(..., keep=)`` scores with residuals).
-
-        ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
-        idx = self.index
-        rows, lengths = concatenated_ranges(idx.doc_code_offsets, docs)
-        codes = np.asarray(idx.doc_codes[rows], np.intp)
+    def _best_codes(self, s_t: np.ndarray, docs: np.ndarray):
+        """Each document's distinct centroid ids (concatenated), their lengths, their scores
+        ``[pairs, n]`` (gathered from ``s_t``, a scratch buffer) and each document's best per
+        query token ``[docs, n]``."""
+        rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
+        codes = np.asarray(self.index.doc_codes[rows], np.intp)
         gathered = scratch.buffer("interaction.scores", (len(rows), s_t.shape[1]), np.float32)
         np.take(s_t, codes, axis=0, out=gathered)
-        starts = _segment_starts(lengths)
-        best = np.maximum.reduceat(gathered, starts, axis=0)
-        score = (best @ weights) / max(float(weights.sum()), 1e-12)
-        # (document, centroid) pairs that hold some weighted query token's best centroid score
-        live = weights > 0 if np.any(weights > 0) else np.ones(len(weights), bool)
-        at_best = gathered[:, live] == np.repeat(best[:, live], lengths, axis=0)
-        best_pair = at_best.any(axis=1)
-        # each stored token's pair, found by its key among the pairs' (sorted: documents in
-        # order, each document's distinct codes ascending)
-        c = idx.num_centroids
+        return codes, lengths, gathered, np.maximum.reduceat(gathered, _segment_starts(lengths))
+
+    def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
+        from each document's distinct centroid ids.
+
+        ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
+        best = self._best_codes(s_t, docs)[3]
+        return (best @ weights) / max(float(weights.sum()), 1e-12)
+
+    def best_centroid_tokens(
+        self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """For every stored token of ``docs`` (concatenated in order): whether its centroid is
+        its document's best for some query token of weight > 0 (every token when no weight
+        is) — the tokens the residual interaction scores (``refine(..., keep=)``)."""
+        codes, lengths, gathered, best = self._best_codes(s_t, docs)
+        live = weights > 0
+        if not live.any():
+            live[:] = True
+        best_pair = (gathered[:, live] == np.repeat(best[:, live], lengths, axis=0)).any(axis=1)
+        # each stored token's (document, centroid) pair, found by its key among the pairs'
+        # (sorted: documents in order, each document's distinct codes ascending)
+        c = self.index.num_centroids
         pair_keys = np.repeat(np.arange(len(docs), dtype=np.int64), lengths) * c + codes
-        t_rows, t_lengths = concatenated_ranges(self.store.offsets, docs)
+        rows, t_lengths = concatenated_ranges(self.store.offsets, docs)
         token_keys = np.repeat(np.arange(len(docs), dtype=np.int64), t_lengths) * c
-        token_keys += np.asarray(idx.codes[t_rows], np.int64)
-        keep = best_pair[np.searchsorted(pair_keys, token_keys)]
-        return score, keep
+        token_keys += np.asarray(self.index.codes[rows], np.int64)
+        return best_pair[np.searchsorted(pair_keys, token_keys)]
 
     def refine(
         self,
@@ -388,15 +395,12 @@ class CentroidSearcher:
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
         )
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
-        inter, keep = self.interaction(s_t, first, u_q)
+        inter = self.interaction(s_t, first, u_q)
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
             m = min(math.ceil(self.config.residual_per_refine * refine_docs), len(first))
             best = _top(inter, m)
-            tokens = np.zeros(len(first) + 1, np.int64)
-            offsets = self.store.offsets
-            np.cumsum(offsets[first + 1] - offsets[first], out=tokens[1:])
-            rows, _ = concatenated_ranges(tokens, best)
-            shifted = self.refine(q, s_t, first[best], u_q, keep=keep[rows])
+            keep = self.best_centroid_tokens(s_t, first[best], u_q)
+            shifted = self.refine(q, s_t, first[best], u_q, keep=keep)
             # the others keep their order, below every re-scored document
             inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
             inter[best] = shifted
