@@ -398,9 +398,9 @@ def write_results(out_dir: Path, new_rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _kept_build(out_dir: Path, store_dir: Path, bits: int) -> dict | None:
-    """(``--reuse_index``) The build figures scale.json holds for ``store_dir``'s scale and
-    ``bits`` when the store's search index was built with those bits; else None (rebuild)."""
+def _kept_build(out_dir: Path, store_dir: Path, scale: float, bits: int) -> dict | None:
+    """(``--reuse_index``) The build figures scale.json holds for ``scale`` and ``bits`` when
+    the store's search index was built with those bits; else None (rebuild)."""
     from aligner_jax.indexing import centroid_index as ci
     from aligner_jax.indexing import token_store as ts
 
@@ -411,9 +411,8 @@ def _kept_build(out_dir: Path, store_dir: Path, bits: int) -> dict | None:
         return None
     path = out_dir / "scale.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    scale = store.num_docs / ts.TokenStore(store_dir.parent / "x1").num_docs
     for r in rows:
-        if (r["model"], r["bits"]) == (FLAGS.model, bits) and abs(r["scale"] - scale) < 0.01:
+        if (r["model"], r["bits"], r["scale"]) == (FLAGS.model, bits, scale):
             if r["tokens"] == store.num_tokens:
                 print(f"{store_dir}: {bits}-bit index reused, build figures of scale.json kept")
                 return {"wall_s": r["build_s"], "peak_rss_gib": r["build_peak_rss_gib"]}
@@ -506,7 +505,7 @@ def main(argv) -> None:
         print(f"x{scale:g}: {made}", flush=True)
         rows, found = [], {}
         for bits in FLAGS.bits:  # builds and searches first: the exhaustive reference is slowest
-            build = _kept_build(out_dir, store_dir, int(bits)) if FLAGS.reuse_index else None
+            build = _kept_build(out_dir, store_dir, scale, int(bits)) if FLAGS.reuse_index else None
             build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
                                f"--gin.CentroidIndexConfig.residual_bits={int(bits)}"], 2, log)  # fmt: skip
             found_path = store_dir / f"search_{bits}.json"
