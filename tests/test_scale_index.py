@@ -56,7 +56,12 @@ def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d, block_p
         monkeypatch.setattr(ci, "IVF_BLOCK_PAIRS", block_pairs)
     store = _store(tmp_path)
     config = ci.CentroidIndexConfig(
-        num_centroids=16, cells=4, sample_per_centroid=8, residual_bits=4, beta_d=beta_d
+        num_centroids=16,
+        cells=4,
+        sample_per_centroid=8,
+        residual_bits=4,
+        beta_d=beta_d,
+        doc_lists_max_fraction=1.0,
     )
     index = ci.CentroidIndex.build(store, config)
     centroids, codes, residuals, ivf, doc_codes = _reference(store, config)
@@ -112,7 +117,9 @@ def test_build_never_reads_more_than_one_shard_at_a_time(tmp_path, monkeypatch):
 
 def test_load_maps_the_large_arrays_instead_of_reading_them(tmp_path):
     store = _store(tmp_path)
-    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16))
+    ci.CentroidIndex.build(
+        store, ci.CentroidIndexConfig(num_centroids=16, doc_lists_max_fraction=1)
+    )
     index = ci.CentroidIndex.load(ts.TokenStore(store.directory))
     for array in (*index.codes.arrays, *index.residuals.arrays, *index.salience.arrays):
         assert isinstance(array, np.memmap)
@@ -152,6 +159,59 @@ def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_p
     cut = int(grown.offsets[30])
     assert steps == pytest.approx([truth[:cut].max() / 255, truth[cut:].max() / 255])
     np.testing.assert_allclose(np.asarray(reloaded.salience), truth, atol=max(steps) / 2 + 1e-7)
+
+
+def test_document_centroid_lists_are_dropped_where_they_save_little_with_the_same_rankings(
+    tmp_path,
+):
+    """Above ``doc_lists_max_fraction`` pairs per token the document → centroid lists are not
+    written (2 bytes per pair less) and centroid interaction reads the tokens' codes: the same
+    interaction scores, kept tokens and rankings as with the lists; an ``--add`` keeps the rule."""
+    from aligner_jax.retrieval import centroid_search as cs
+
+    docs = index_utils.random_documents(70, 16, seed=4)
+    stores, indexes = [], []
+    for fraction in (1.0, 0.0):
+        store = index_utils.write_store(tmp_path / f"f{fraction}", docs[:60], 16, shard_size=9)
+        config = ci.CentroidIndexConfig(num_centroids=32, doc_lists_max_fraction=fraction)
+        stores.append(store)
+        indexes.append(ci.CentroidIndex.build(store, config))
+    (with_lists, without), pairs = indexes, len(indexes[0].doc_codes)
+    assert without.doc_codes is None and "doc_codes" not in without.meta["tables"]
+    assert not list((stores[1].directory / ci.SUBDIR).glob("doc_code*"))
+    lists_bytes = sum(e["bytes"] for n, e in with_lists.meta["files"].items() if "doc_code" in n)
+    assert with_lists.nbytes() - without.nbytes() == lists_bytes  # nothing else differs
+    assert with_lists.doc_codes.dtype == np.uint16 and lists_bytes > 2 * pairs
+    rng = np.random.default_rng(0)
+    docs_asked = np.array([3, 0, 41, 17, 59])
+    for _ in range(4):
+        q = rng.normal(size=(6, 16)).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        weights = rng.uniform(0.1, 1.0, 6).astype(np.float32)
+        s_t = np.ascontiguousarray(q @ with_lists.centroids.T).T
+        a, b = (cs.CentroidSearcher(st, ix) for st, ix in zip(stores, indexes, strict=True))
+        np.testing.assert_array_equal(
+            a.interaction(s_t, docs_asked, weights), b.interaction(s_t, docs_asked, weights)
+        )
+        np.testing.assert_array_equal(
+            a.best_centroid_tokens(s_t, docs_asked, weights),
+            b.best_centroid_tokens(s_t, docs_asked, weights),
+        )
+        ((docs_a, scores_a),), _ = a.search(q, weights, np.arange(6), 20)
+        ((docs_b, scores_b),), _ = b.search(q, weights, np.arange(6), 20)
+        np.testing.assert_array_equal(docs_a, docs_b)
+        np.testing.assert_array_equal(scores_a, scores_b)
+    # an update writes the lists again by the same rule (here: still none)
+    grown_manifest = ts.read_manifest(stores[1].directory)
+    extra = ts.write_shard(stores[1].directory, len(grown_manifest["shards"]), docs[60:], 16)
+    grown_manifest["shards"].append(extra)
+    grown_manifest["counts"]["num_docs"] += 10
+    grown_manifest["counts"]["num_tokens"] += extra["num_tokens"]
+    grown_manifest["counts"]["num_shards"] += 1
+    ts.write_manifest(stores[1].directory, grown_manifest)
+    grown = ts.TokenStore(stores[1].directory)
+    updated = without.update(grown, "add", num_docs=10)
+    assert updated.doc_codes is None and updated.meta["format"] == ci.FORMAT
 
 
 def test_quantised_saliences_keep_zero_and_read_across_old_and_new_segments():

@@ -18,7 +18,9 @@ rebuilding anything:
   ``search_index/ivf_offsets-G.npy``, ``ivf_docs-G.npy``  centroid → documents owning one of
                                               its tokens kept by β^d pruning (CSR, int32)
   ``search_index/doc_code_offsets-G.npy``, ``doc_codes-G.npy``  document → its distinct
-                                              centroid ids (CSR; centroid interaction)
+                                              centroid ids (CSR; centroid interaction), only
+                                              where they are shorter than the tokens' codes
+                                              (``CentroidIndexConfig.doc_lists_max_fraction``)
 
 **One commit point.** Files are never rewritten: each build or update writes the files of a new
 generation beside the current one, then publishes it by one atomic rename of the store's
@@ -66,10 +68,16 @@ from aligner_jax.indexing import token_store as ts
 
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
-LISTS = ("ivf_offsets", "ivf_docs", "doc_code_offsets", "doc_codes")
-FORMAT = "aligner_jax.indexing.centroid_index/4"
-# /3: float16 saliences (no ``salience_scale``); still read, segment by segment
-READABLE = ("aligner_jax.indexing.centroid_index/3", FORMAT)
+IVF_LISTS = ("ivf_offsets", "ivf_docs")
+DOC_LISTS = ("doc_code_offsets", "doc_codes")
+FORMAT = "aligner_jax.indexing.centroid_index/5"
+# /3: float16 saliences (no ``salience_scale``), still read segment by segment; /3 and /4 always
+# hold document → centroid lists
+READABLE = (
+    "aligner_jax.indexing.centroid_index/3",
+    "aligner_jax.indexing.centroid_index/4",
+    FORMAT,
+)
 CHUNK = 1 << 16  # tokens per assignment / compression step
 
 
@@ -106,6 +114,13 @@ class CentroidIndexConfig:
       residual_bits: 2, 4 (default, as FastPlaid and WARP) or 8 bits per residual dimension.
       beta_d: fraction of each document's tokens (top by salience) in the inverted file (§3.2);
         refinement still scores every stored token.
+      doc_lists_max_fraction: the document → distinct centroid lists are stored only when they
+        hold at most this fraction of the tokens; otherwise centroid interaction reads the
+        tokens' own codes (a max over a document's tokens equals the max over its distinct
+        centroids, so rankings are the same), saving 2 bytes per token (4 above 65,536
+        centroids) where almost every token is its own (document, centroid) pair: SciFact's
+        1.24M trained tokens at 16,384 centroids make 0.44 pairs per token (lists kept, they
+        halve the interaction's reads); its 100× scale store at 65,536 makes 0.99 (dropped).
       seed: k-means initialisation and sampling.
     """
 
@@ -118,6 +133,7 @@ class CentroidIndexConfig:
     sample_per_centroid: int = 32
     residual_bits: int = 4
     beta_d: float = 1.0
+    doc_lists_max_fraction: float = 0.75
     seed: int = 0
 
     def __post_init__(self):
@@ -128,6 +144,7 @@ class CentroidIndexConfig:
         for field in ("centroids_per_sqrt_token", "centroid_bytes_per_token"):
             checks.number(f"{name}.{field}", getattr(self, field), 0.0, low_open=True)
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
+        checks.number(f"{name}.doc_lists_max_fraction", self.doc_lists_max_fraction, 0.0, 1.0)
         for field in ("kmeans_iterations", "sample_per_centroid", "max_centroid_product"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
         checks.integer(f"{name}.seed", self.seed)
@@ -214,6 +231,7 @@ class CentroidIndex:
         self.residuals = arrays["residuals"]  # Segmented [T, W]
         self.salience = arrays.get("salience")  # Segmented [T] (float32 when read), or None
         self.ivf_offsets, self.ivf_docs = arrays["ivf"]
+        # document → distinct centroid ids (CSR), or (None, None): read the tokens' codes
         self.doc_code_offsets, self.doc_codes = arrays["doc_codes"]
 
     @property
@@ -354,8 +372,12 @@ class CentroidIndex:
             codes = Segmented(
                 [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
             )
-            meta["tables"].update({kind: f"{kind}-{gen:05d}" for kind in LISTS})
-            _write_lists(store, codes, meta, out)
+            for kind in DOC_LISTS:
+                meta["tables"].pop(kind, None)
+            meta["tables"].update({kind: f"{kind}-{gen:05d}" for kind in IVF_LISTS + DOC_LISTS})
+            if not _write_lists(store, codes, meta, out):
+                for kind in DOC_LISTS:
+                    del meta["tables"][kind]
             del codes
         names = list(meta["tables"].values())
         for g in meta["segments"]:
@@ -405,6 +427,8 @@ class CentroidIndex:
         meta = json.loads(json.dumps(self.meta))  # a copy: this generation stays as it is
         gen = meta["generation"] + 1
         meta["generation"] = gen
+        meta["format"] = FORMAT  # older generations' segments and tables are read as they are
+        meta["config"].setdefault("doc_lists_max_fraction", 1.0)  # /3, /4: lists always kept
         known = {name for g in meta["segments"] for name in g["shards"]}
         new = [i for i, (sh, _, _) in enumerate(store.shard_spans()) if sh["name"] not in known]
         if new:
@@ -559,7 +583,11 @@ class CentroidIndex:
             "cells": read(t["cells"]),
             "codec": codec_lib.ResidualCodec(meta["config"]["residual_bits"], lower, step),
             "ivf": (read(t["ivf_offsets"]), mapped(t["ivf_docs"])),
-            "doc_codes": (mapped(t["doc_code_offsets"]), mapped(t["doc_codes"])),
+            "doc_codes": (
+                (mapped(t["doc_code_offsets"]), mapped(t["doc_codes"]))
+                if "doc_codes" in t
+                else (None, None)
+            ),
         }
         for kind in _segment_kinds(meta):
             scales = (
@@ -681,13 +709,17 @@ IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at o
 
 def _write_lists(
     store, codes: Segmented, meta: dict, out: Path, block_pairs: int | None = None
-) -> None:
+) -> bool:
     """The inverted file (centroid → sorted documents owning a β^d-kept token of it) and the
     document → distinct centroid lists: one pass over the shards counts, then the inverted file
     is filled one block of consecutive centroids at a time (at most ``block_pairs`` entries in
     memory, default ``IVF_BLOCK_PAIRS``, written in file order; one more pass over the shards
     per block, the first one also streaming the document → centroid lists). Documents come in
-    increasing order, so every list is sorted as it is filled."""
+    increasing order, so every list is sorted as it is filled.
+
+    The document → centroid lists are written only when they hold at most
+    ``doc_lists_max_fraction`` of the tokens (``CentroidIndexConfig``); returns whether they
+    were."""
     block_pairs = block_pairs or IVF_BLOCK_PAIRS
     c = meta["num_centroids"]
     beta_d = meta["config"]["beta_d"]
@@ -704,6 +736,7 @@ def _write_lists(
     np.cumsum(ivf_counts, out=ivf_offsets[1:])
     doc_offsets = np.zeros(store.num_docs + 1, np.int64)
     np.cumsum(doc_counts, out=doc_offsets[1:])
+    doc_lists = doc_offsets[-1] <= meta["config"]["doc_lists_max_fraction"] * store.num_tokens
     # blocks of consecutive centroids holding at most block_pairs entries (one centroid at least)
     bounds = [0]
     while bounds[-1] < c:
@@ -715,15 +748,18 @@ def _write_lists(
         ivf = stack.enter_context(
             fileio.NpyStream(out / f"{t['ivf_docs']}.npy", (int(ivf_offsets[-1]),), np.int32)
         )
-        dc = stack.enter_context(
-            fileio.NpyStream(out / f"{t['doc_codes']}.npy", (int(doc_offsets[-1]),), _code_dtype(c))
-        )
+        if doc_lists:
+            dc = stack.enter_context(
+                fileio.NpyStream(
+                    out / f"{t['doc_codes']}.npy", (int(doc_offsets[-1]),), _code_dtype(c)
+                )
+            )
         for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             block = np.empty(int(ivf_offsets[hi] - ivf_offsets[lo]), np.int32)
             cursor = ivf_offsets[lo:hi] - ivf_offsets[lo]
             for i in range(len(spans)):
                 every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
-                if b == 0:
+                if b == 0 and doc_lists:
                     dc.write(every % c)
                 cents = kept % c
                 inside = (cents >= lo) & (cents < hi)
@@ -736,7 +772,9 @@ def _write_lists(
             ivf.write(block)
             del block
     fileio.atomic_save_npy(out / f"{t['ivf_offsets']}.npy", ivf_offsets)
-    fileio.atomic_save_npy(out / f"{t['doc_code_offsets']}.npy", doc_offsets)
+    if doc_lists:
+        fileio.atomic_save_npy(out / f"{t['doc_code_offsets']}.npy", doc_offsets)
+    return bool(doc_lists)
 
 
 def published_meta(directory: Path) -> Path | None:

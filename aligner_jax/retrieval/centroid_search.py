@@ -230,22 +230,26 @@ class CentroidSearcher:
         return buffers
 
     def _best_codes(self, s_t: np.ndarray, docs: np.ndarray):
-        """Each document's distinct centroid ids (concatenated), their lengths, their scores
-        ``[pairs, n]`` (gathered from ``s_t``, a scratch buffer) and each document's best per
-        query token ``[docs, n]``."""
-        rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
-        codes = np.asarray(self.index.doc_codes[rows], np.intp)
+        """Each document's distinct centroid ids (concatenated) — or, for an index without
+        document → centroid lists, its tokens' centroid ids (the same maxima) —, their lengths,
+        their scores ``[rows, n]`` (gathered from ``s_t``, a scratch buffer) and each document's
+        best per query token ``[docs, n]``."""
+        if self.index.doc_codes is None:
+            rows, lengths = concatenated_ranges(self.store.offsets, docs)
+            codes = np.asarray(self.index.codes[rows], np.intp)
+        else:
+            rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
+            codes = np.asarray(self.index.doc_codes[rows], np.intp)
         gathered = scratch.buffer("interaction.scores", (len(rows), s_t.shape[1]), np.float32)
         np.take(s_t, codes, axis=0, out=gathered)
         return codes, lengths, gathered, np.maximum.reduceat(gathered, _segment_starts(lengths))
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
-        from each document's distinct centroid ids.
+        from each document's distinct centroid ids (or its tokens' codes, see ``_best_codes``).
 
         ``s_t`` is Sᵀ ``[C, n]`` (token-major gathers read contiguous rows)."""
-        best = self._best_codes(s_t, docs)[3]
-        return (best @ weights) / max(float(weights.sum()), 1e-12)
+        return self._interaction(s_t, docs, weights)[0]
 
     def best_centroid_tokens(
         self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray
@@ -253,19 +257,40 @@ class CentroidSearcher:
         """For every stored token of ``docs`` (concatenated in order): whether its centroid is
         its document's best for some query token of weight > 0 (every token when no weight
         is) — the tokens the residual interaction scores (``refine(..., keep=)``)."""
+        return self._interaction(s_t, docs, weights, top=len(docs))[2]
+
+    def _interaction(
+        self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray, top: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(``interaction`` scores of ``docs``; ``subset``, the positions of the ``top`` best
+        by them, best first; ``best_centroid_tokens`` of ``docs[subset]``, None when ``top``
+        is 0), all from one gather of centroid scores."""
         codes, lengths, gathered, best = self._best_codes(s_t, docs)
+        scores = (best @ weights) / max(float(weights.sum()), 1e-12)
+        if not top:
+            return scores, np.zeros(0, np.int64), None
+        subset = _top(scores, min(top, len(docs)))
         live = weights > 0
         if not live.any():
-            live[:] = True
-        best_pair = (gathered[:, live] == np.repeat(best[:, live], lengths, axis=0)).any(axis=1)
+            live = np.ones_like(live)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        rows, sub_lengths = concatenated_ranges(offsets, np.asarray(subset, np.int64))
+        sub = np.take(gathered, rows, axis=0)
+        if not live.all():
+            sub = sub[:, live]
+        best_pair = (sub == np.repeat(best[subset][:, live], sub_lengths, axis=0)).any(axis=1)
+        if self.index.doc_codes is None:  # the rows were the tokens themselves
+            return scores, subset, best_pair
         # each stored token's (document, centroid) pair, found by its key among the pairs'
         # (sorted: documents in order, each document's distinct codes ascending)
         c = self.index.num_centroids
-        pair_keys = np.repeat(np.arange(len(docs), dtype=np.int64), lengths) * c + codes
-        rows, t_lengths = concatenated_ranges(self.store.offsets, docs)
-        token_keys = np.repeat(np.arange(len(docs), dtype=np.int64), t_lengths) * c
-        token_keys += np.asarray(self.index.codes[rows], np.int64)
-        return best_pair[np.searchsorted(pair_keys, token_keys)]
+        sub_docs = docs[subset]
+        pair_keys = np.repeat(np.arange(len(sub_docs), dtype=np.int64), sub_lengths) * c
+        pair_keys += codes[rows]
+        t_rows, t_lengths = concatenated_ranges(self.store.offsets, sub_docs)
+        token_keys = np.repeat(np.arange(len(sub_docs), dtype=np.int64), t_lengths) * c
+        token_keys += np.asarray(self.index.codes[t_rows], np.int64)
+        return scores, subset, best_pair[np.searchsorted(pair_keys, token_keys)]
 
     def refine(
         self,
@@ -395,15 +420,15 @@ class CentroidSearcher:
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
         )
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
-        inter = self.interaction(s_t, first, u_q)
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
-            m = min(math.ceil(self.config.residual_per_refine * refine_docs), len(first))
-            best = _top(inter, m)
-            keep = self.best_centroid_tokens(s_t, first[best], u_q)
+            m = math.ceil(self.config.residual_per_refine * refine_docs)
+            inter, best, keep = self._interaction(s_t, first, u_q, top=m)
             shifted = self.refine(q, s_t, first[best], u_q, keep=keep)
             # the others keep their order, below every re-scored document
             inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
             inter[best] = shifted
+        else:
+            inter = self.interaction(s_t, first, u_q)
         order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
         if refine_fn is None:
