@@ -445,3 +445,26 @@ def test_residual_interaction_is_a_lower_bound_equal_to_refinement_on_every_toke
             planted = _unit(np.asarray(v[:6], np.float32))
             (ranking,), _ = ranker.search(planted, np.ones(len(planted)), np.arange(len(t[:6])), 10)
             assert ranking[0][0] == d
+
+
+def test_query_tokens_of_weight_zero_take_no_part(store, index):
+    """A token with u^q = 0 adds nothing to any score (Eq. 2), so it is neither probed nor
+    scored: the ranking (every document it reaches, k = all) equals the query without it —
+    before, the documents only it reached were appended as candidates."""
+    searcher = cs.CentroidSearcher(store, index)
+    q = _query(11, n=8)
+    u = q.salience.copy()
+    u[[1, 4, 6]] = 0.0
+    live = u > 0
+    k = store.num_docs
+    ((docs, scores),), counts = searcher.search(q.vectors, u, np.arange(8), k)
+    ((docs_live, scores_live),), counts_live = searcher.search(
+        q.vectors[live], u[live], np.arange(int(live.sum())), k
+    )
+    np.testing.assert_array_equal(docs, docs_live)
+    np.testing.assert_allclose(scores, scores_live, rtol=1e-6)
+    assert counts == counts_live
+    # probe rows given as a subset keep their meaning: rows 0 and 4 (weight 0) → row 0 alone
+    ((docs_sub, _),), _ = searcher.search(q.vectors, u, np.array([0, 4]), k)
+    ((docs_one, _),), _ = searcher.search(q.vectors[live], u[live], np.array([0]), k)
+    np.testing.assert_array_equal(docs_sub, docs_one)

@@ -263,13 +263,14 @@ class CentroidSearcher:
         self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray, top: int = 0
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(``interaction`` scores of ``docs``; ``subset``, the positions of the ``top`` best
-        by them, best first; ``best_centroid_tokens`` of ``docs[subset]``, None when ``top``
-        is 0), all from one gather of centroid scores."""
+        by them, best first (every position in order when ``top ≥ len(docs)``);
+        ``best_centroid_tokens`` of ``docs[subset]``, None when ``top`` is 0), all from one
+        gather of centroid scores."""
         codes, lengths, gathered, best = self._best_codes(s_t, docs)
         scores = (best @ weights) / max(float(weights.sum()), 1e-12)
         if not top:
             return scores, np.zeros(0, np.int64), None
-        subset = _top(scores, min(top, len(docs)))
+        subset = np.arange(len(docs)) if top >= len(docs) else _top(scores, top)
         live = weights > 0
         if not live.any():
             live = np.ones_like(live)
@@ -401,6 +402,7 @@ class CentroidSearcher:
         allowed: np.ndarray | None = None,
     ) -> tuple[list[tuple[np.ndarray, np.ndarray]], StageCounts]:
         """Ranks documents for one query: ([(doc indices, scores)] per scoring, stage counts).
+        Query tokens of weight ``u_q = 0`` take no part (they would add 0 to every score).
 
         Without ``refine_fn`` stage 4 is top-1 alignment on compressed vectors (one ranking);
         ``refine_fn(docs) -> [S, len(docs)]`` scores the refined documents otherwise (S rankings:
@@ -411,6 +413,13 @@ class CentroidSearcher:
         alive = self.alive if allowed is None else self.alive & allowed
         q = np.asarray(q, np.float32)
         u_q = np.asarray(u_q, np.float32)
+        live = u_q > 0
+        if live.any() and not live.all():
+            # a query token of weight 0 changes no score (Eq. 2: it adds 0 to both sums):
+            # it is not probed, gathered or refined (a trained model zeroes about 1 in 5)
+            rows = np.flatnonzero(live)
+            probe_rows = np.searchsorted(rows, probe_rows[live[probe_rows]])
+            q, u_q = q[rows], u_q[rows]
         s = scratch.buffer("search.s", (len(q), self.index.num_centroids), np.float32)
         np.matmul(q, self.index.centroids.T, out=s)
         s_t = scratch.buffer("search.s_t", s.shape[::-1], np.float32)
