@@ -372,8 +372,6 @@ class CentroidIndex:
             codes = Segmented(
                 [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
             )
-            for kind in DOC_LISTS:
-                meta["tables"].pop(kind, None)
             meta["tables"].update({kind: f"{kind}-{gen:05d}" for kind in IVF_LISTS + DOC_LISTS})
             if not _write_lists(store, codes, meta, out):
                 for kind in DOC_LISTS:

@@ -275,7 +275,7 @@ class CentroidSearcher:
         if not live.any():
             live = np.ones_like(live)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        rows, sub_lengths = concatenated_ranges(offsets, np.asarray(subset, np.int64))
+        rows, sub_lengths = concatenated_ranges(offsets, subset)
         sub = np.take(gathered, rows, axis=0)
         if not live.all():
             sub = sub[:, live]
