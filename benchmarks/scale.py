@@ -119,16 +119,29 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
 
 
 # -- children (fresh processes, peak RSS from outside) --------------------------------------------
-def run_child(cmd: list[str], threads: int, log: Path) -> dict:
-    """Runs ``cmd`` in a fresh process with ``threads`` BLAS threads; wall seconds, the child's
-    peak RSS and its stdout's last JSON line. The peak is GNU time's (``/usr/bin/time -v``, the
-    child of a small process): a child forked straight from this (large) process would report
+# where GNU time is missing: a small Python parent reports its child's peak in GNU time's words
+_RUSAGE = (
+    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+    "open(sys.argv[1], 'w').write(f'Maximum resident set size (kbytes): {peak}\\n'); "
+    "sys.exit(rc)"
+)
+
+
+def run_child(cmd: list[str], threads: int, log: Path, platform: str = "cpu") -> dict:
+    """Runs ``cmd`` in a fresh process with ``threads`` BLAS threads on JAX backend
+    ``platform``; wall seconds, the child's peak RSS and its stdout's last JSON line. The peak
+    is GNU time's (``/usr/bin/time -v``, the child of a small process; a small Python parent
+    where GNU time is missing): a child forked straight from this (large) process would report
     this process's peak, which Linux carries into the child's ``ru_maxrss`` across exec."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS=platform)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     report = log.with_suffix(".time")
-    timed = ["/usr/bin/time", "-v", "-o", str(report)] + cmd
+    if Path("/usr/bin/time").exists():
+        timed = ["/usr/bin/time", "-v", "-o", str(report)] + cmd
+    else:
+        timed = [sys.executable, "-c", _RUSAGE, str(report)] + cmd
     start = time.perf_counter()
     with log.open("ab") as f:
         f.write(f"\n$ {' '.join(cmd)}\n".encode())

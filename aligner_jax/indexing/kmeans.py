@@ -75,7 +75,8 @@ def assign(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest (max dot product) centroid of every point: (codes [N] int32, scores [N] f32).
 
-    Fixed-shape chunks (one compilation); ``parallel`` may hand them to other processes."""
+    ``points``: a NumPy array or one already on the device. Fixed-shape chunks (one
+    compilation); ``parallel`` may hand them to other processes."""
     n = len(points)
     if n == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.float32)
@@ -83,9 +84,13 @@ def assign(
     chunk = min(CHUNK, 1 << max(int(n - 1).bit_length(), 4))
 
     def one(j: int) -> tuple[np.ndarray, np.ndarray]:
-        part = np.asarray(points[j * chunk : (j + 1) * chunk], np.float32)
+        part = points[j * chunk : (j + 1) * chunk]
+        if isinstance(part, np.ndarray):
+            part = np.asarray(part, np.float32)
         if len(part) < chunk:  # pad to the fixed shape
-            part = np.concatenate([part, np.zeros((chunk - len(part), part.shape[1]), np.float32)])
+            part = jnp.concatenate(
+                [part, jnp.zeros((chunk - len(part), part.shape[1]), part.dtype)]
+            )
         c, s = _assign_chunk(jnp.asarray(part), centroids)
         return np.asarray(c), np.asarray(s)
 
@@ -97,10 +102,20 @@ def assign(
 
 
 @functools.partial(jax.jit, static_argnames=("num_centroids",))
-def _sums(points: jax.Array, codes: jax.Array, num_centroids: int):
-    sums = jax.ops.segment_sum(points, codes, num_segments=num_centroids)
-    counts = jax.ops.segment_sum(jnp.ones_like(codes), codes, num_segments=num_centroids)
+def _sums(points: jax.Array, codes: jax.Array, size: jax.Array, num_centroids: int):
+    """Sum and count of the first ``size`` points per code (the rest is padding)."""
+    valid = (jnp.arange(len(codes)) < size).astype(points.dtype)
+    sums = jax.ops.segment_sum(points * valid[:, None], codes, num_segments=num_centroids)
+    counts = jax.ops.segment_sum(valid.astype(jnp.int32), codes, num_segments=num_centroids)
     return sums, counts
+
+
+def _padded_length(n: int) -> int:
+    """Rows a sample of ``n ≤ CHUNK`` points is padded to: the next power of two (≥ 16), the
+    chunk ``assign`` uses. Fixed shapes: the fits of a two-level k-means' many small cells (of
+    every size) compile a few kernels, not one per cell. Larger samples (one call each, e.g.
+    the coarse fit) are not padded: no second sample-sized copy."""
+    return 1 << max(int(n - 1).bit_length(), 4)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -122,13 +137,21 @@ def fit(
     mean of its points.
     """
     sample = np.asarray(sample, np.float32)
-    k = min(num_centroids, len(sample))
+    n = len(sample)
+    k = min(num_centroids, n)
     rng = np.random.default_rng(seed)
-    centroids = _normalise(sample[rng.choice(len(sample), k, replace=False)])
+    centroids = _normalise(sample[rng.choice(n, k, replace=False)])
+    if n <= CHUNK:  # padded once; on the device for every iteration
+        padded = np.zeros((_padded_length(n), sample.shape[1]), np.float32)
+        padded[:n] = sample
+        points = jnp.asarray(padded)
+    else:
+        points = jnp.asarray(sample)
     bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter", enabled=log)
     for it in range(iterations):
-        codes, best = assign(sample, centroids, parallel)
-        sums, counts = _sums(jnp.asarray(sample), jnp.asarray(codes), k)
+        codes, best = assign(points, centroids, parallel)
+        sums, counts = _sums(points, jnp.asarray(codes), n, k)
+        codes, best = codes[:n], best[:n]
         sums, counts = np.array(sums), np.asarray(counts)  # writable: re-seeding below
         empty = np.nonzero(counts == 0)[0]
         if len(empty):  # re-seed with the points farthest from their centroid
