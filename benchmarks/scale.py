@@ -119,6 +119,7 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
 
 
 # -- children (fresh processes, peak RSS from outside) --------------------------------------------
+GNU_TIME = Path("/usr/bin/time")
 # where GNU time is missing: a small Python parent reports its child's peak in GNU time's words
 _RUSAGE = (
     "import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
@@ -138,8 +139,8 @@ def run_child(cmd: list[str], threads: int, log: Path, platform: str = "cpu") ->
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     report = log.with_suffix(".time")
-    if Path("/usr/bin/time").exists():
-        timed = ["/usr/bin/time", "-v", "-o", str(report)] + cmd
+    if GNU_TIME.exists():
+        timed = [str(GNU_TIME), "-v", "-o", str(report)] + cmd
     else:
         timed = [sys.executable, "-c", _RUSAGE, str(report)] + cmd
     start = time.perf_counter()

@@ -233,3 +233,52 @@ def test_incremental_helpers_compare_rankings_and_report_the_ratio():
     fig = incremental.figure(payload)
     assert [t.get_text() for t in fig.axes[0].texts] == ["300 s", "30 s", "10 s", "400 s"]
     plotting.pyplot().close(fig)
+
+
+@pytest.mark.parametrize("gnu_time", [True, False])
+def test_a_child_reports_its_own_peak_rss_with_or_without_gnu_time(tmp_path, monkeypatch, gnu_time):
+    from benchmarks import scale
+
+    if not gnu_time:  # an accelerator host without GNU time: a small Python parent measures
+        monkeypatch.setattr(scale, "GNU_TIME", tmp_path / "no-such-time")
+    elif not scale.GNU_TIME.exists():
+        pytest.skip("no /usr/bin/time here")
+    code = "import numpy as np; a = np.ones(60_000_000); a += 1; print('{\"ok\": 1}')"
+    result = scale.run_child([sys.executable, "-c", code], 1, tmp_path / "log.txt")
+    assert result["ok"] == 1
+    assert 0.44 < result["peak_rss_gib"] < 2.0  # 480 MB touched, not this process's peak
+
+
+def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path):
+    from aligner_jax.indexing import token_store as ts
+
+    rng = np.random.default_rng(0)
+    base = tmp_path / "base"
+    model = {"name": "test", "fingerprint": "f", "dim": 16, "projection": "dense"}
+    with ts.TokenStoreWriter(base, model, shard_size=20) as writer:
+        for i in range(60):
+            n = int(rng.integers(5, 30))
+            v = rng.standard_normal((n, 16)).astype(np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            writer.add(f"d{i}", v.astype(np.float16), rng.random(n).astype(np.float32),
+                       rng.integers(0, 100, n).astype(np.int32))  # fmt: skip
+    (base / "encoder.json").write_text("{}")
+    tokens = writer.store.num_tokens
+    out = tmp_path / "out"
+    proc = run_python(
+        REPO / "benchmarks" / "build_throughput.py",
+        f"--base_store={base}", "--base_tokens=600", "--scales=3", "--platforms=cpu",
+        "--sigma=0.05", "--threads=1", f"--output_dir={out}", f"--work_dir={tmp_path / 'w'}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "build_throughput.json").read_text())
+    (row,) = result["rows"]
+    cut = ts.TokenStore(tmp_path / "w" / "base")
+    assert cut.num_tokens <= 600 < cut.num_tokens + 30 and cut.num_tokens < tokens
+    assert row["job"] == "build" and row["platform"] == "cpu" and row["docs"] == 3 * cut.num_docs
+    assert row["tokens"] > 2 * cut.num_tokens and row["num_centroids"] >= 1
+    assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"])
+    assert 0 < row["kmeans_s"] <= row["kmeans_and_compress_s"] < row["wall_s"]
+    assert 0.5 < row["mean_centroid_score"] <= 1.0 and row["peak_rss_gib"] > 0.1
+    assert not (tmp_path / "w" / "x3").exists()  # grown stores are deleted after measuring
+    assert "| build | cpu |" in (out / "build_throughput.md").read_text()

@@ -21,7 +21,6 @@ computation one process would do, so the centroids equal the one-process fit's b
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -33,6 +32,21 @@ from absl import logging
 from aligner_jax.common import progress
 
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
+
+
+def chunk_rows(n: int) -> int:
+    """Rows of the fixed-shape chunks ``n`` points are cut into: ``CHUNK``, or for fewer points
+    the next power of two (≥ 16)."""
+    return min(CHUNK, 1 << max(int(n - 1).bit_length(), 4))
+
+
+def _padded(part: np.ndarray, rows: int) -> np.ndarray:
+    """``part`` as float32, zero rows appended up to ``rows`` (on the host: no kernel per
+    length)."""
+    part = np.asarray(part, np.float32)
+    if len(part) < rows:
+        part = np.concatenate([part, np.zeros((rows - len(part), part.shape[1]), np.float32)])
+    return part
 
 
 def default_num_centroids(
@@ -75,22 +89,16 @@ def assign(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest (max dot product) centroid of every point: (codes [N] int32, scores [N] f32).
 
-    ``points``: a NumPy array or one already on the device. Fixed-shape chunks (one
-    compilation); ``parallel`` may hand them to other processes."""
+    Fixed-shape chunks (``chunk_rows``: one compilation per power of two below ``CHUNK``);
+    ``parallel`` may hand them to other processes."""
     n = len(points)
     if n == 0:
         return np.zeros(0, np.int32), np.zeros(0, np.float32)
     centroids = jnp.asarray(centroids, jnp.float32)
-    chunk = min(CHUNK, 1 << max(int(n - 1).bit_length(), 4))
+    chunk = chunk_rows(n)
 
     def one(j: int) -> tuple[np.ndarray, np.ndarray]:
-        part = points[j * chunk : (j + 1) * chunk]
-        if isinstance(part, np.ndarray):
-            part = np.asarray(part, np.float32)
-        if len(part) < chunk:  # pad to the fixed shape
-            part = jnp.concatenate(
-                [part, jnp.zeros((chunk - len(part), part.shape[1]), part.dtype)]
-            )
+        part = _padded(points[j * chunk : (j + 1) * chunk], chunk)
         c, s = _assign_chunk(jnp.asarray(part), centroids)
         return np.asarray(c), np.asarray(s)
 
@@ -101,21 +109,30 @@ def assign(
     return codes, best
 
 
-@functools.partial(jax.jit, static_argnames=("num_centroids",))
-def _sums(points: jax.Array, codes: jax.Array, size: jax.Array, num_centroids: int):
-    """Sum and count of the first ``size`` points per code (the rest is padding)."""
-    valid = (jnp.arange(len(codes)) < size).astype(points.dtype)
-    sums = jax.ops.segment_sum(points * valid[:, None], codes, num_segments=num_centroids)
-    counts = jax.ops.segment_sum(valid.astype(jnp.int32), codes, num_segments=num_centroids)
+@jax.jit
+def _add_sums(sums: jax.Array, counts: jax.Array, points: jax.Array, codes: jax.Array):
+    """``sums``/``counts`` plus the sum and count of the points per code; codes ≥
+    ``len(sums)`` (padding) are dropped."""
+    k = sums.shape[0]
+    sums = sums + jax.ops.segment_sum(points, codes, num_segments=k)
+    counts = counts + jax.ops.segment_sum(jnp.ones_like(codes), codes, num_segments=k)
     return sums, counts
 
 
-def _padded_length(n: int) -> int:
-    """Rows a sample of ``n ≤ CHUNK`` points is padded to: the next power of two (≥ 16), the
-    chunk ``assign`` uses. Fixed shapes: the fits of a two-level k-means' many small cells (of
-    every size) compile a few kernels, not one per cell. Larger samples (one call each, e.g.
-    the coarse fit) are not padded: no second sample-sized copy."""
-    return 1 << max(int(n - 1).bit_length(), 4)
+def _chunked_sums(points: np.ndarray, codes: np.ndarray, num_centroids: int):
+    """Sum and count of the points per code, chunk by chunk (``chunk_rows``): no sample-sized
+    copy on the device, and the fits of a two-level k-means' many cells (of every size) share
+    a few kernels instead of compiling one per cell size."""
+    n = len(points)
+    chunk = chunk_rows(n)
+    sums = np.zeros((num_centroids, points.shape[1]), np.float32)
+    counts = np.zeros(num_centroids, np.int32)
+    for lo in range(0, n, chunk):
+        part = _padded(points[lo : lo + chunk], chunk)
+        c = codes[lo : lo + chunk]
+        c = np.concatenate([c, np.full(chunk - len(c), num_centroids, c.dtype)])  # padding
+        sums, counts = _add_sums(sums, counts, jnp.asarray(part), jnp.asarray(c))
+    return np.array(sums), np.array(counts)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -141,18 +158,10 @@ def fit(
     k = min(num_centroids, n)
     rng = np.random.default_rng(seed)
     centroids = _normalise(sample[rng.choice(n, k, replace=False)])
-    if n <= CHUNK:  # padded once; on the device for every iteration
-        padded = np.zeros((_padded_length(n), sample.shape[1]), np.float32)
-        padded[:n] = sample
-        points = jnp.asarray(padded)
-    else:
-        points = jnp.asarray(sample)
     bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter", enabled=log)
     for it in range(iterations):
-        codes, best = assign(points, centroids, parallel)
-        sums, counts = _sums(points, jnp.asarray(codes), n, k)
-        codes, best = codes[:n], best[:n]
-        sums, counts = np.array(sums), np.asarray(counts)  # writable: re-seeding below
+        codes, best = assign(sample, centroids, parallel)
+        sums, counts = _chunked_sums(sample, codes, k)  # writable: re-seeding below
         empty = np.nonzero(counts == 0)[0]
         if len(empty):  # re-seed with the points farthest from their centroid
             worst = np.argsort(best)[: len(empty)]
