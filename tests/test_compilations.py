@@ -152,7 +152,10 @@ def test_two_level_kmeans_compiles_a_few_kernels_whatever_the_number_of_cells():
     centres = rng.standard_normal((40, 24)).astype(np.float32)
     sizes = rng.integers(20, 400, len(centres))  # unequal cells
     sample = np.concatenate(
-        [c + 0.05 * rng.standard_normal((n, 24)).astype(np.float32) for c, n in zip(centres, sizes)]
+        [
+            c + 0.05 * rng.standard_normal((n, 24)).astype(np.float32)
+            for c, n in zip(centres, sizes, strict=True)
+        ]
     )
     sample /= np.linalg.norm(sample, axis=1, keepdims=True)
     counts = []
