@@ -31,7 +31,8 @@ leaves the previous manifest and every file it names: the index as it was, fully
 A reader keeps the generation it opened (its files stay mapped even once removed).
 
 **Bounded memory.** Every step streams over the store shard by shard: the k-means sample is
-gathered shard by shard; codes, residuals and saliences are computed per shard and appended to
+gathered shard by shard, in the store's float16 (the k-means kernels read float32 chunks of it;
+the codec's grid is fitted on at most ``CODEC_SAMPLE`` of its rows); codes, residuals and saliences are computed per shard and appended to
 their segment files (written, never mapped); the inverted file and the document → centroid
 lists are built in two passes over the segments' codes, one shard at a time. Each shard is
 unmapped when done, so the build's peak resident memory is O(centroids + sample + one shard +
@@ -286,7 +287,7 @@ class CentroidIndex:
         rng = np.random.default_rng(config.seed)
         size = min(total_kept, config.sample_per_centroid * c)
         picks = np.sort(rng.choice(total_kept, size, replace=False))  # positions among kept rows
-        sample = np.empty((size, store.dim), np.float32)
+        sample = np.empty((size, store.dim), ts.VECTOR_DTYPE)  # the store's own precision
         bounds = np.searchsorted(picks, kept_counts)
         for i in np.nonzero(np.diff(bounds))[0]:
             vectors, salience, local = store.shard_arrays(int(i))
@@ -298,10 +299,7 @@ class CentroidIndex:
         centroids, cell_centroids = kmeans.fit_two_level(
             sample, c, min(cells, c), config.kmeans_iterations, config.seed, split or kmeans.SERIAL
         )
-        codes_s, _ = kmeans.assign_two_level(sample, centroids, cell_centroids)
-        for lo in range(0, len(sample), CHUNK):  # residuals in place: no second sample-sized copy
-            sample[lo : lo + CHUNK] -= centroids[codes_s[lo : lo + CHUNK]]
-        codec = codec_lib.ResidualCodec.fit(sample, config.residual_bits)
+        codec = _fit_codec(sample, centroids, cell_centroids, config.residual_bits, rng)
         del sample
         if split is not None:  # process 0's tables, whatever another host's arithmetic gave
             centroids, cell_centroids, codec = split.share(centroids, cell_centroids, codec)
@@ -595,6 +593,25 @@ class CentroidIndex:
                 [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales
             )
         return cls(out, meta, arrays)
+
+
+CODEC_SAMPLE = (
+    1 << 18
+)  # k-means sample rows whose residuals set the codec's grid (128 MiB at 128-d)
+
+
+def _fit_codec(sample, centroids, cells, bits: int, rng) -> codec_lib.ResidualCodec:
+    """The residual codec's grid (per-dimension quantiles) fitted on the residuals of the k-means
+    sample, or of ``CODEC_SAMPLE`` random rows of it: a float32 copy of at most that many rows."""
+    rows = np.arange(len(sample))
+    if len(rows) > CODEC_SAMPLE:
+        rows = np.sort(rng.choice(len(rows), CODEC_SAMPLE, replace=False))
+    residuals = np.empty((len(rows), sample.shape[1]), np.float32)
+    for lo in range(0, len(rows), CHUNK):
+        part = np.asarray(sample[rows[lo : lo + CHUNK]], np.float32)
+        codes, _ = kmeans.assign_two_level(part, centroids, cells)
+        residuals[lo : lo + CHUNK] = part - centroids[codes]
+    return codec_lib.ResidualCodec.fit(residuals, bits)
 
 
 def _segment_kinds(meta: dict) -> tuple[str, ...]:

@@ -135,6 +135,13 @@ def _chunked_sums(points: np.ndarray, codes: np.ndarray, num_centroids: int):
     return np.array(sums), np.array(counts)
 
 
+def _float(sample: np.ndarray) -> np.ndarray:
+    """``sample`` as float16 or float32, whichever it is (a float16 token store's sample stays
+    float16: half the memory; every kernel reads float32 chunks of it)."""
+    sample = np.asarray(sample)
+    return sample if sample.dtype in (np.float16, np.float32) else sample.astype(np.float32)
+
+
 def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -147,17 +154,18 @@ def fit(
     log: bool = True,
     parallel: Serial = SERIAL,
 ) -> np.ndarray:
-    """Spherical k-means on ``sample [N, D]``: ``[min(num_centroids, N), D]`` float32 centroids.
+    """Spherical k-means on ``sample [N, D]`` (float16 or float32): ``[min(num_centroids, N), D]``
+    float32 centroids.
 
     Initialised from distinct random sample points; each iteration assigns every point (chunked
     jitted kernel, the chunks split by ``parallel``) and sets each centroid to the normalised
     mean of its points.
     """
-    sample = np.asarray(sample, np.float32)
+    sample = _float(sample)
     n = len(sample)
     k = min(num_centroids, n)
     rng = np.random.default_rng(seed)
-    centroids = _normalise(sample[rng.choice(n, k, replace=False)])
+    centroids = _normalise(np.asarray(sample[rng.choice(n, k, replace=False)], np.float32))
     bar = progress.Progress(iterations, f"k-means ({k} centroids)", "iter", enabled=log)
     for it in range(iterations):
         codes, best = assign(sample, centroids, parallel)
@@ -197,7 +205,7 @@ def fit_two_level(
     centroids ``[cells, D]``). ``cells = 1`` is ``fit`` (one level). A cell with fewer sample
     points than centroids repeats its last centroid (the copies never win an assignment).
     ``parallel`` splits the coarse fit's assignment chunks and the cells' fits."""
-    sample = np.asarray(sample, np.float32)
+    sample = _float(sample)
     if cells <= 1:
         centroids = fit(sample, num_centroids, iterations, seed, parallel=parallel)
         return centroids, _normalise(centroids.mean(0, keepdims=True))
