@@ -202,7 +202,7 @@ def markdown(result: dict) -> str:
             f"{r.get('tokens') or 0:,} | {r.get('num_centroids', '')} | {r['wall_s']:.1f} | "
             f"{r.get('kmeans_s', '')} | {r.get('kmeans_and_compress_s', '')} | "
             f"{r['tokens_per_s']:,.0f} | {r['peak_rss_gib']:.2f} | "
-            f"{r.get('mean_centroid_score', '')} |"
+            f"{format(r['mean_centroid_score'], '.4f') if 'mean_centroid_score' in r else ''} |"
         )
     return "\n".join(lines) + "\n"
 
