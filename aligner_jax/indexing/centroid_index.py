@@ -32,12 +32,12 @@ A reader keeps the generation it opened (its files stay mapped even once removed
 
 **Bounded memory.** Every step streams over the store shard by shard: the k-means sample is
 gathered shard by shard, in the store's float16 (the k-means kernels read float32 chunks of it;
-the codec's grid is fitted on at most ``CODEC_SAMPLE`` of its rows); codes, residuals and saliences are computed per shard and appended to
-their segment files (written, never mapped); the inverted file and the document → centroid
-lists are built in two passes over the segments' codes, one shard at a time. Each shard is
-unmapped when done, so the build's peak resident memory is O(centroids + sample + one shard +
-one block of the inverted file (``IVF_BLOCK_PAIRS`` entries, filled and written block by
-block)), not O(tokens × D).
+the codec's grid is fitted on at most ``CODEC_SAMPLE`` of its rows); codes, residuals and
+saliences are computed per shard and appended to their segment files (written, never mapped);
+the inverted file and the document → centroid lists are built in two passes over the segments'
+codes, one shard at a time. Each shard is unmapped when done, so the build's peak resident
+memory is O(centroids + sample + one shard + one block of the inverted file
+(``IVF_BLOCK_PAIRS`` entries, filled and written block by block)), not O(tokens × D).
 **Loading maps** every array (``mmap_mode='r'``): nothing is concatenated or copied, resident
 memory after load is the centroid table plus what searches touch, and an index larger than RAM
 answers from the page cache.
@@ -595,9 +595,8 @@ class CentroidIndex:
         return cls(out, meta, arrays)
 
 
-CODEC_SAMPLE = (
-    1 << 18
-)  # k-means sample rows whose residuals set the codec's grid (128 MiB at 128-d)
+# k-means sample rows whose residuals set the codec's grid (a 128 MiB float32 copy at 128-d)
+CODEC_SAMPLE = 1 << 18
 
 
 def _fit_codec(sample, centroids, cells, bits: int, rng) -> codec_lib.ResidualCodec:
