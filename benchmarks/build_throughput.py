@@ -161,7 +161,6 @@ def encode_row(dataset: Path, platform_name: str, threads: int, log: Path, repea
         child = scale.run_child(cmd, threads, log, platform=platform_name)
     finally:
         os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-    summary = child
     shutil.rmtree(out, ignore_errors=True)
     return {
         "job": "encode",
@@ -172,12 +171,12 @@ def encode_row(dataset: Path, platform_name: str, threads: int, log: Path, repea
         "repeat": repeat,
         "compilation_cache": FLAGS.encode_repeats > 1,
         "max_tokens_per_batch": FLAGS.encode_batch_tokens,
-        "docs": summary.get("num_docs"),
-        "tokens": summary.get("num_tokens"),
+        "docs": child.get("num_docs"),
+        "tokens": child.get("num_tokens"),
         "wall_s": child["wall_s"],
-        "encode_s": summary.get("encode_seconds"),
+        "encode_s": child.get("encode_seconds"),
         "peak_rss_gib": child["peak_rss_gib"],
-        "tokens_per_s": (summary.get("num_tokens") or 0) / child["wall_s"],
+        "tokens_per_s": (child.get("num_tokens") or 0) / child["wall_s"],
         "machine_load": os.getloadavg()[0],
     }
 
