@@ -420,6 +420,43 @@ def test_interaction_keeps_exactly_the_tokens_of_each_documents_best_centroids(s
     assert 0 < keep.sum() < len(keep)
 
 
+def test_refinement_given_the_best_centroid_scores_keeps_the_best_centroid_tokens(store, index):
+    """The search's residual interaction (``refine(best_centroids=...)``, which finds the kept
+    tokens from the centroid scores it gathers) scores exactly the tokens of
+    ``best_centroid_tokens`` (checked against brute force above)."""
+    searcher = cs.CentroidSearcher(store, index)
+    q = _query(5)
+    weights = np.array([0.7, 0.0, 1.0, 0.3, 0.9], np.float32)
+    s_t = np.ascontiguousarray(q.vectors @ index.centroids.T).T
+    docs = np.array([9, 2, 30, 14, 0])
+    best = searcher._interaction(s_t, docs, weights)[1]
+    keep = searcher.best_centroid_tokens(s_t, docs, weights)
+    assert 0 < keep.sum() < len(keep)
+    np.testing.assert_array_equal(
+        searcher.refine(q.vectors, s_t, docs, weights, best_centroids=best),
+        searcher.refine(q.vectors, s_t, docs, weights, keep=keep),
+    )
+
+
+@pytest.mark.parametrize("columns", [1000, 4096, 70_001])
+def test_top_columns_selects_each_rows_largest_entries(columns):
+    """The block-maxima selection returns, for every row, w distinct columns holding the w
+    largest values (ties included: integer-valued scores), for blocks that do and do not
+    divide the row."""
+    rng = np.random.default_rng(columns)
+    for s in (
+        rng.normal(size=(7, columns)).astype(np.float32),
+        rng.integers(0, 50, size=(7, columns)).astype(np.float32),
+    ):
+        for w in (1, 2, 3, 9, 33):
+            top = cs.top_columns(s, w)
+            assert top.shape == (7, w)
+            assert all(len(set(row)) == w for row in top.tolist())
+            expected = -np.sort(-s, axis=1)[:, :w]
+            got = -np.sort(-np.take_along_axis(s, top, axis=1), axis=1)
+            np.testing.assert_array_equal(got, expected)
+
+
 def test_residual_interaction_is_a_lower_bound_equal_to_refinement_on_every_token(store, index):
     """Scoring only the kept tokens with residuals never exceeds full refinement (max over a
     subset; uniform saliences), equals it with every token kept, and the search that uses it
