@@ -24,7 +24,7 @@ from aligner_jax.common import scratch
 
 BITS = (2, 4, 8)
 TAILS = {2: 0.01, 4: 0.002, 8: 0.0}
-CHUNK = 2048  # tokens per step of residual_scores (its temporaries stay small and reused)
+CHUNK = 16384  # tokens per step of residual_scores (its temporaries stay small and reused)
 
 
 @dataclasses.dataclass(frozen=True)
