@@ -257,7 +257,7 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
 def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
     """(child) Top-``k`` by exhaustive scoring over every stored float vector, shard by shard:
     top-1 alignment with u^q and u^d (Eq. 1–2; every u = 1 for a model without saliences)."""
-    from aligner_jax.common import progress
+    from aligner_jax.common import progress, scratch
     from aligner_jax.indexing import token_store as ts
 
     store = ts.TokenStore(index_dir)
@@ -275,8 +275,13 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
         vectors, salience, local = store.shard_arrays(s)
         for d0 in range(0, len(local) - 1, 64):  # 64 documents at a time bound the temporaries
             d1 = min(d0 + 64, len(local) - 1)
-            v = np.asarray(vectors[local[d0] : local[d1]], np.float32)
-            sims = v @ q_all.T  # [t, Q]
+            # the block's temporaries live in reused buffers (a fresh 150 MB array costs more
+            # in page faults than the arithmetic done in it)
+            t = int(local[d1] - local[d0])
+            v = scratch.buffer("exhaustive.v", (t, q_all.shape[1]), np.float32)
+            np.copyto(v, vectors[local[d0] : local[d1]])
+            sims = scratch.buffer("exhaustive.sims", (t, len(q_all)), np.float32)
+            np.matmul(v, q_all.T, out=sims)  # [t, Q]
             lengths = np.diff(local[d0 : d1 + 1])
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, Q]
@@ -285,8 +290,13 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
                 weights = np.broadcast_to(u_q, best.shape)
             else:
                 u_d = np.asarray(salience[local[d0] : local[d1]], np.float32)
-                at_max = sims == np.repeat(best, lengths, axis=0)
-                u_sel = np.maximum.reduceat(np.where(at_max, u_d[:, None], -np.inf), starts, 0)
+                at_max = scratch.buffer("exhaustive.at_max", sims.shape, bool)
+                u_at = scratch.buffer("exhaustive.u_at", sims.shape, np.float32)
+                np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=u_at)
+                np.equal(sims, u_at, out=at_max)
+                u_at.fill(-np.inf)  # then u^d where the token is its document's maximum
+                np.copyto(u_at, u_d[:, None], where=at_max)
+                u_sel = np.maximum.reduceat(u_at, starts, axis=0)
                 weights = u_sel * u_q
                 weighted = weights * best
             for i in range(len(queries)):
