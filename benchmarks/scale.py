@@ -256,8 +256,16 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
 
 def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
     """(child) Top-``k`` by exhaustive scoring over every stored float vector, shard by shard:
-    top-1 alignment with u^q and u^d (Eq. 1–2; every u = 1 for a model without saliences)."""
-    from aligner_jax.common import progress, scratch
+    top-1 alignment with u^q and u^d (Eq. 1–2; every u = 1 for a model without saliences).
+
+    Shards are scored on one thread per BLAS thread the child was given (``OMP_NUM_THREADS``;
+    NumPy releases the GIL in its large element-wise passes, which dominate) and merged in
+    shard order, so ties keep the lower document index whatever the threads."""
+    import concurrent.futures
+
+    import threadpoolctl
+
+    from aligner_jax.common import progress
     from aligner_jax.indexing import token_store as ts
 
     store = ts.TokenStore(index_dir)
@@ -268,55 +276,80 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
     if uniform:
         u_q[:] = 1.0
     bounds = np.concatenate([[0], np.cumsum([len(q) for _, q, _ in queries])])
+    workers = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    spans = store.shard_spans()
+
+    def shard_top(s: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each query's top k of shard ``s`` (documents, scores), best first."""
+        scores = _exhaustive_shard_scores(store, s, q_all, u_q, bounds, uniform)
+        docs = np.arange(spans[s][2], spans[s][2] + len(scores))
+        alive = ~store.deleted[docs]
+        docs, scores = docs[alive], scores[alive]
+        tops = []
+        for i in range(len(queries)):
+            top = np.argsort(-scores[:, i], kind="stable")[:k]
+            tops.append((docs[top], scores[top, i]))
+        return tops
+
     best_docs = [np.zeros(0, np.int64) for _ in queries]
     best_scores = [np.zeros(0, np.float32) for _ in queries]
     bar = progress.Progress(store.num_shards, "exhaustive MaxSim", "shard")
-    for s, (_, _, doc_start) in enumerate(store.shard_spans()):
-        vectors, salience, local = store.shard_arrays(s)
-        for d0 in range(0, len(local) - 1, 64):  # 64 documents at a time bound the temporaries
-            d1 = min(d0 + 64, len(local) - 1)
-            # the block's temporaries live in reused buffers (a fresh 150 MB array costs more
-            # in page faults than the arithmetic done in it)
-            t = int(local[d1] - local[d0])
-            v = scratch.buffer("exhaustive.v", (t, q_all.shape[1]), np.float32)
-            np.copyto(v, vectors[local[d0] : local[d1]])
-            sims = scratch.buffer("exhaustive.sims", (t, len(q_all)), np.float32)
-            np.matmul(v, q_all.T, out=sims)  # [t, Q]
-            lengths = np.diff(local[d0 : d1 + 1])
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, Q]
-            if uniform:
-                weighted = best * u_q
-                weights = np.broadcast_to(u_q, best.shape)
-            else:
-                u_d = np.asarray(salience[local[d0] : local[d1]], np.float32)
-                at_max = scratch.buffer("exhaustive.at_max", sims.shape, bool)
-                u_at = scratch.buffer("exhaustive.u_at", sims.shape, np.float32)
-                np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=u_at)
-                np.equal(sims, u_at, out=at_max)
-                u_at.fill(-np.inf)  # then u^d where the token is its document's maximum
-                np.copyto(u_at, u_d[:, None], where=at_max)
-                u_sel = np.maximum.reduceat(u_at, starts, axis=0)
-                weights = u_sel * u_q
-                weighted = weights * best
-            for i in range(len(queries)):
-                a, b = bounds[i], bounds[i + 1]
-                z = weights[:, a:b].sum(1)
-                score = np.where(z > 0, weighted[:, a:b].sum(1) / np.maximum(z, 1e-6), 0.0)
-                docs = np.arange(doc_start + d0, doc_start + d1)
-                alive = ~store.deleted[docs]
-                all_docs = np.concatenate([best_docs[i], docs[alive]])
-                all_scores = np.concatenate([best_scores[i], score[alive].astype(np.float32)])
+    with (
+        threadpoolctl.threadpool_limits(1),
+        concurrent.futures.ThreadPoolExecutor(workers) as pool,
+    ):
+        for tops in pool.map(shard_top, range(store.num_shards)):  # in shard order
+            for i, (docs, scores) in enumerate(tops):
+                all_docs = np.concatenate([best_docs[i], docs])
+                all_scores = np.concatenate([best_scores[i], scores])
                 top = np.argsort(-all_scores, kind="stable")[:k]
                 best_docs[i], best_scores[i] = all_docs[top], all_scores[top]
-        del vectors, salience
-        bar.update(1)
+            bar.update(1)
     bar.close()
     rankings = {
         qid: [store.doc_ids[int(d)] for d in best_docs[i]] for i, (qid, _, _) in enumerate(queries)
     }
     fileio_json(out, rankings)
-    print(json.dumps({"queries": len(queries)}))
+    print(json.dumps({"queries": len(queries), "threads": workers}))
+
+
+def _exhaustive_shard_scores(store, s, q_all, u_q, bounds, uniform) -> np.ndarray:
+    """Eq. 1–2 scores ``[documents of shard s, queries]`` (float32), 64 documents at a time
+    (bounded temporaries, in this thread's reused buffers: a fresh 150 MB array costs more in
+    page faults than the arithmetic done in it)."""
+    from aligner_jax.common import scratch
+
+    vectors, salience, local = store.shard_arrays(s)
+    out = np.zeros((len(local) - 1, len(bounds) - 1), np.float32)
+    for d0 in range(0, len(local) - 1, 64):
+        d1 = min(d0 + 64, len(local) - 1)
+        t = int(local[d1] - local[d0])
+        v = scratch.buffer("exhaustive.v", (t, q_all.shape[1]), np.float32)
+        np.copyto(v, vectors[local[d0] : local[d1]])
+        sims = scratch.buffer("exhaustive.sims", (t, len(q_all)), np.float32)
+        np.matmul(v, q_all.T, out=sims)  # [t, query tokens]
+        lengths = np.diff(local[d0 : d1 + 1])
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, query tokens]
+        if uniform:
+            weighted = best * u_q
+            weights = np.broadcast_to(u_q, best.shape)
+        else:
+            u_d = np.asarray(salience[local[d0] : local[d1]], np.float32)
+            at_max = scratch.buffer("exhaustive.at_max", sims.shape, bool)
+            u_at = scratch.buffer("exhaustive.u_at", sims.shape, np.float32)
+            np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=u_at)
+            np.equal(sims, u_at, out=at_max)
+            u_at.fill(-np.inf)  # then u^d where the token is its document's maximum
+            np.copyto(u_at, u_d[:, None], where=at_max)
+            u_sel = np.maximum.reduceat(u_at, starts, axis=0)
+            weights = u_sel * u_q
+            weighted = weights * best
+        for i in range(len(bounds) - 1):
+            a, b = bounds[i], bounds[i + 1]
+            z = weights[:, a:b].sum(1)
+            out[d0:d1, i] = np.where(z > 0, weighted[:, a:b].sum(1) / np.maximum(z, 1e-6), 0.0)
+    return out
 
 
 def fileio_json(path: Path, obj) -> None:
