@@ -282,3 +282,53 @@ def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path
     assert 0.5 < row["mean_centroid_score"] <= 1.0 and row["peak_rss_gib"] > 0.1
     assert not (tmp_path / "w" / "x3").exists()  # grown stores are deleted after measuring
     assert "| build | cpu |" in (out / "build_throughput.md").read_text()
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_scale_exhaustive_reference_equals_brute_force_eq_1_2(tmp_path, monkeypatch, threads):
+    """The scale benchmark's exhaustive reference (shards scored on threads, merged in shard
+    order) ranks like Eq. 1–2 computed document by document, with u^d of the maximal token,
+    tied documents in index order and deleted documents never returned."""
+    from aligner_jax.indexing import token_store as ts
+    from benchmarks import scale
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((13, 8)).astype(np.float32)
+    u_q = rng.random(13).astype(np.float32)
+    model = {"name": "test", "fingerprint": "f", "dim": 8, "projection": "dense"}
+    docs = []
+    with ts.TokenStoreWriter(tmp_path / "s", model, shard_size=7) as writer:
+        for i in range(40):
+            n = int(rng.integers(2, 12))
+            v = rng.standard_normal((n, 8)).astype(np.float32)
+            v = (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float16)
+            if i in (30, 31):  # two identical documents: a tie
+                v, u = docs[5]
+            elif i == 12:  # query a's best document, deleted below
+                v, u = (
+                    (q[:6] / np.linalg.norm(q[:6], axis=1, keepdims=True)).astype(np.float16),
+                    np.ones(6, np.float32),
+                )
+            else:
+                u = (rng.random(n) * (rng.random(n) > 0.4)).astype(np.float32)  # zeros, as u^d
+            docs.append((v, u))
+            writer.add(f"d{i}", v, u, rng.integers(0, 50, len(v)).astype(np.int32))
+    store = writer.store
+    manifest = ts.read_manifest(store.directory)
+    manifest["deleted"] = [12]
+    ts.write_manifest(store.directory, manifest)
+    np.savez(tmp_path / "q.npz", ids=np.array(["a", "b"]), offsets=np.array([0, 6, 13]),
+             vectors=q, salience=u_q)  # fmt: skip
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    scale.exhaustive_child(store.directory, tmp_path / "q.npz", tmp_path / "out.json", k=10)
+    found = json.loads((tmp_path / "out.json").read_text())
+    for qid, (a, b) in (("a", (0, 6)), ("b", (6, 13))):
+        scores = []
+        for i, (v, u_d) in enumerate(docs):
+            sims = v.astype(np.float32) @ q[a:b].T  # [tokens, query tokens]
+            w = u_d[sims.argmax(0)] * u_q[a:b]
+            z = w.sum()
+            scores.append(-np.inf if i == 12 else (w * sims.max(0)).sum() / z if z > 0 else 0.0)
+        expected = [f"d{i}" for i in np.argsort(-np.array(scores), kind="stable")[:10]]
+        assert found[qid] == expected
+    assert "d12" not in found["a"] + found["b"]
