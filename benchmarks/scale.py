@@ -425,25 +425,26 @@ def plot(rows: list[dict], path: Path) -> None:
     from aligner_jax.evaluation import plotting
 
     plt = plotting.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     series = sorted({(r["model"], r["bits"]) for r in rows})
+    panels = (("p50_ms", axes[0]), ("p50_ms_k10", axes[1]), ("build_peak_rss_gib", axes[2]))
     for i, (model, bits) in enumerate(series):
         pts = sorted(
             (r for r in rows if (r["model"], r["bits"]) == (model, bits)), key=lambda r: r["tokens"]
         )
-        x = [r["tokens"] for r in pts]
-        style = plotting.series_style(i)
-        axes[0].plot(x, [r["p50_ms"] for r in pts], label=f"{model}, {bits}-bit", **style)
-        axes[1].plot(
-            x, [r["build_peak_rss_gib"] for r in pts], label=f"{model}, {bits}-bit", **style
-        )
+        for key, ax in panels:
+            shown = [r for r in pts if r.get(key) is not None]
+            if shown:
+                ax.plot([r["tokens"] for r in shown], [r[key] for r in shown],
+                        label=f"{model}, {bits}-bit", **plotting.series_style(i))  # fmt: skip
     loads = [r["machine_load"] for r in rows] or [0.0]
-    latency = f"search p50 (ms), load avg {min(loads):.1f}–{max(loads):.1f} on 2 cores"
-    for ax, title in zip(axes, (latency, "build peak RSS (GiB)"), strict=True):
+    on = f"load avg {min(loads):.1f}–{max(loads):.1f} on 2 cores"
+    titles = (f"search p50 (ms), k = 100, {on}", "search p50 (ms), k = 10", "build peak RSS (GiB)")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
