@@ -337,10 +337,7 @@ class CentroidSearcher:
             return (best @ u_q) / max(float(u_q.sum()), 1e-12)
         # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = np.asarray(self.salience[rows], np.float32)
-        at_max = scratch.buffer("refine.at_max", sims.shape, bool)
-        best_rows = scratch.buffer("refine.best_rows", sims.shape, np.float32)
-        np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=best_rows)
-        np.equal(sims, best_rows, out=at_max)
+        at_max, best_rows = _at_document_rows(sims, best, lengths)
         u_at_max = best_rows  # reused: u^d where the token is its document's maximum, else −∞
         u_at_max.fill(-np.inf)
         np.copyto(u_at_max, u_d[:, None], where=at_max)
@@ -466,11 +463,20 @@ def _at_best(
     documents, ``lengths`` each) reach its document's ``best [docs, n]`` for some query token
     of weight > 0 (any query token when none has)."""
     live = weights > 0
-    at = scratch.buffer("at_best.equal", sims.shape, bool)
-    reference = scratch.buffer("at_best.reference", sims.shape, np.float32)
-    np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=reference)
-    np.equal(sims, reference, out=at)
+    at = _at_document_rows(sims, best, lengths)[0]
     return (at if live.all() or not live.any() else at[:, live]).any(axis=1)
+
+
+def _at_document_rows(
+    sims: np.ndarray, rows: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(``sims [T, n] == `` each token's document row of ``rows [docs, n]``, those rows
+    repeated per token ``[T, n]``), both in this thread's scratch buffers."""
+    equal = scratch.buffer("at_rows.equal", sims.shape, bool)
+    repeated = scratch.buffer("at_rows.repeated", sims.shape, np.float32)
+    np.take(rows, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=repeated)
+    np.equal(sims, repeated, out=equal)
+    return equal, repeated
 
 
 def _merge(blocks, k: int) -> tuple[np.ndarray, np.ndarray]:
