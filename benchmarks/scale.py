@@ -257,6 +257,8 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
 def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
     """(child) Top-``k`` by exhaustive scoring over every stored float vector, shard by shard:
     top-1 alignment with u^q and u^d (Eq. 1–2; every u = 1 for a model without saliences).
+    Writes the rankings (``{qid: [doc id, ...]}``) to ``out`` and their scores beside it
+    (``exhaustive_scores_path``).
 
     Shards are scored on one thread per BLAS thread the child was given (``OMP_NUM_THREADS``;
     NumPy releases the GIL in its large element-wise passes, which dominate) and merged in
@@ -310,7 +312,14 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
         qid: [store.doc_ids[int(d)] for d in best_docs[i]] for i, (qid, _, _) in enumerate(queries)
     }
     fileio_json(out, rankings)
+    scores = {qid: best_scores[i].tolist() for i, (qid, _, _) in enumerate(queries)}
+    fileio_json(exhaustive_scores_path(out), scores)
     print(json.dumps({"queries": len(queries), "threads": workers}))
+
+
+def exhaustive_scores_path(rankings: Path) -> Path:
+    """Where an exhaustive child writes the scores of its rankings (``{qid: [score, ...]}``)."""
+    return rankings.with_name(rankings.stem + ".scores.json")
 
 
 def _exhaustive_shard_scores(store, s, q_all, u_q, bounds, uniform) -> np.ndarray:

@@ -163,13 +163,14 @@ def test_index_persists_and_loads_identically(store, index):
     loaded = ci.CentroidIndex.load(store, verify_checksums=True)
     np.testing.assert_array_equal(loaded.codes, index.codes)
     np.testing.assert_array_equal(loaded.residuals, index.residuals)
-    np.testing.assert_array_equal(loaded.ivf_docs, index.ivf_docs)
+    for c in range(index.num_centroids):
+        np.testing.assert_array_equal(loaded.lists.inverted_list(c), index.lists.inverted_list(c))
     assert len(loaded.codes) == store.num_tokens
     # every kept token's document is in its centroid's inverted list
     doc_of = np.searchsorted(store.offsets, np.arange(store.num_tokens), side="right") - 1
     for row in range(0, store.num_tokens, 37):
         c = loaded.codes[row]
-        assert doc_of[row] in loaded.ivf_docs[loaded.ivf_offsets[c] : loaded.ivf_offsets[c + 1]]
+        assert doc_of[row] in loaded.lists.inverted_list(c)
 
 
 def test_corrupted_or_stale_index_is_refused(store, index, tmp_path):

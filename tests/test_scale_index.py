@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,10 +15,11 @@ import index_utils
 import numpy as np
 import pytest
 
-from aligner_jax.common import errors
+from aligner_jax.common import errors, fileio
 from aligner_jax.core import pruning
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import codec as codec_lib
+from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 
@@ -43,17 +45,36 @@ def _reference(store: ts.TokenStore, config: ci.CentroidIndexConfig):
     s_codes, _ = kmeans.assign_two_level(sample, centroids, cells)
     codec = codec_lib.ResidualCodec.fit(sample - centroids[s_codes], config.residual_bits)
     residuals = codec.encode(vectors - centroids[codes])
+    return (centroids, codes, residuals, *_lists_of(store, codes, len(centroids), config.beta_d))
+
+
+def _lists_of(store, codes, num_centroids, beta_d):
+    """The inverted file (centroid → sorted documents owning a β^d-kept token of it) and the
+    document → distinct centroid lists, computed in memory from every token's code."""
+    salience = np.asarray(store.salience(), np.float32)
+    kept = pruning.top_fraction_segments(salience, store.offsets, beta_d)
     docs = np.searchsorted(store.offsets, np.arange(store.num_tokens), side="right") - 1
-    ivf = [sorted({int(d) for d in docs[kept][codes[kept] == j]}) for j in range(len(centroids))]
+    ivf = [sorted({int(d) for d in docs[kept][codes[kept] == j]}) for j in range(num_centroids)]
     doc_codes = [sorted(set(codes[docs == i].tolist())) for i in range(store.num_docs)]
-    return centroids, codes, residuals, ivf, doc_codes
+    return ivf, doc_codes
+
+
+def _assert_lists_equal(index, ivf, doc_codes):
+    for j, docs in enumerate(ivf):
+        assert index.lists.inverted_list(j).tolist() == docs
+    for i, cs in enumerate(doc_codes):
+        assert index.lists.document_centroids(np.array([i]))[0].tolist() == cs
+    everyone = np.arange(len(doc_codes))[::-1]  # every document at once, in another order
+    codes, counts = index.lists.document_centroids(everyone)
+    assert codes.tolist() == [c for i in everyone for c in doc_codes[i]]
+    assert counts.tolist() == [len(doc_codes[i]) for i in everyone]
 
 
 @pytest.mark.parametrize("beta_d,block_pairs", [(1.0, None), (0.5, None), (1.0, 7), (0.5, 100)])
 def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d, block_pairs, monkeypatch):
     """Also with the inverted file filled a few entries at a time (many centroid blocks)."""
     if block_pairs:
-        monkeypatch.setattr(ci, "IVF_BLOCK_PAIRS", block_pairs)
+        monkeypatch.setattr(lists_lib, "IVF_BLOCK_PAIRS", block_pairs)
     store = _store(tmp_path)
     config = ci.CentroidIndexConfig(
         num_centroids=16,
@@ -68,12 +89,7 @@ def test_streamed_build_equals_the_in_memory_reference(tmp_path, beta_d, block_p
     np.testing.assert_array_equal(index.centroids, centroids)
     np.testing.assert_array_equal(np.asarray(index.codes), codes)
     np.testing.assert_array_equal(np.asarray(index.residuals), residuals)
-    for j, docs in enumerate(ivf):
-        lo, hi = index.ivf_offsets[j], index.ivf_offsets[j + 1]
-        assert index.ivf_docs[lo:hi].tolist() == docs
-    for i, cs in enumerate(doc_codes):
-        lo, hi = index.doc_code_offsets[i], index.doc_code_offsets[i + 1]
-        assert index.doc_codes[lo:hi].tolist() == cs
+    _assert_lists_equal(index, ivf, doc_codes)
     # u^d in uint8 steps of the segment's largest / 255: within half a step of the store's
     step = index.meta["segments"][0]["salience_scale"]
     assert step == pytest.approx(float(np.max(store.salience())) / 255)
@@ -123,7 +139,8 @@ def test_load_maps_the_large_arrays_instead_of_reading_them(tmp_path):
     index = ci.CentroidIndex.load(ts.TokenStore(store.directory))
     for array in (*index.codes.arrays, *index.residuals.arrays, *index.salience.arrays):
         assert isinstance(array, np.memmap)
-    assert isinstance(index.ivf_docs, np.memmap) and isinstance(index.doc_codes, np.memmap)
+    (group,) = index.lists.groups
+    assert isinstance(group.ivf_docs, np.memmap) and isinstance(group.doc_codes, np.memmap)
 
 
 def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_path):
@@ -161,6 +178,117 @@ def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_p
     np.testing.assert_allclose(np.asarray(reloaded.salience), truth, atol=max(steps) / 2 + 1e-7)
 
 
+def test_an_add_writes_the_lists_of_the_added_documents_only(tmp_path, monkeypatch):
+    """An ``--add`` reads only the shards added since the last full list write (the update used
+    to read every shard and write every list again): their lists form a delta group, written
+    again by the next add; once the delta would hold more than ``DELTA_FRACTION`` of the tokens,
+    every list is written as one group. After each add: the lists equal those computed from
+    every token's code, only the generation's files remain, and searches equal those of the
+    same index whose lists were written as one group at every add."""
+    from aligner_jax.indexing import updates
+    from aligner_jax.retrieval import centroid_search as cs
+
+    docs = index_utils.random_documents(130, 16, seed=7)
+    store = index_utils.write_store(tmp_path / "idx", docs[:100], 16, shard_size=7)
+    config = ci.CentroidIndexConfig(
+        num_centroids=16, cells=4, beta_d=0.5, doc_lists_max_fraction=1.0
+    )
+    ci.CentroidIndex.build(store, config)
+    one_group = tmp_path / "one_group"  # the same index, its lists always written whole
+    shutil.copytree(store.directory, one_group)
+    read = []
+    shard_arrays = ts.TokenStore.shard_arrays
+    monkeypatch.setattr(
+        ts.TokenStore, "shard_arrays", lambda self, i: read.append(i) or shard_arrays(self, i)
+    )
+    rng = np.random.default_rng(3)
+    queries = [rng.normal(size=(5, 16)).astype(np.float32) for _ in range(4)]
+    # (added documents, list groups after the add, first shard of the last group, shards read)
+    for lo, hi, groups, first, shards in [
+        (100, 104, 2, 15, {15}),
+        (104, 108, 2, 15, {15, 16}),
+        (108, 125, 1, 0, set(range(18))),
+    ]:
+        monkeypatch.setattr(lists_lib, "DELTA_FRACTION", 0.12)
+        read.clear()
+        updates.add_encoded(store.directory, docs[lo:hi])
+        assert set(read) == shards
+        monkeypatch.setattr(lists_lib, "DELTA_FRACTION", 0.0)
+        updates.add_encoded(one_group, docs[lo:hi])
+        grown = ts.TokenStore(store.directory)
+        index = ci.CentroidIndex.load(grown)
+        assert len(index.lists.groups) == len(index.meta["lists"]) == groups
+        assert index.meta["lists"][-1]["first_shard"] == first
+        assert index.meta["updates"][-1]["list_groups"] == groups
+        codes = np.asarray(index.codes)
+        _assert_lists_equal(index, *_lists_of(grown, codes, 16, 0.5))
+        on_disk = {p.name for p in (store.directory / ci.SUBDIR).glob("*.npy")}
+        assert on_disk == {f"{n}.npy" for n in index.meta["files"]}
+        other = ts.TokenStore(one_group)
+        other_index = ci.CentroidIndex.load(other)
+        assert len(other_index.lists.groups) == 1
+        np.testing.assert_array_equal(np.asarray(other_index.codes), codes)
+        a, b = cs.CentroidSearcher(grown, index), cs.CentroidSearcher(other, other_index)
+        assert a.list_docs == b.list_docs
+        for q in queries:
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+            w = np.ones(5, np.float32)
+            ((docs_a, scores_a),), _ = a.search(q, w, np.arange(5), 30)
+            ((docs_b, scores_b),), _ = b.search(q, w, np.arange(5), 30)
+            np.testing.assert_array_equal(docs_a, docs_b)
+            np.testing.assert_array_equal(scores_a, scores_b)
+            assert (docs_a >= 100).any()  # the added documents are found
+
+
+def test_an_index_of_format_5_loads_and_takes_an_add(tmp_path):
+    """Format 5 named its one list group in ``tables``: it loads as it is, and an ``--add``
+    keeps that group and writes the added documents' lists beside it (format 6)."""
+    from aligner_jax.indexing import updates
+
+    docs = index_utils.random_documents(70, 16, seed=2)
+    store = index_utils.write_store(tmp_path / "idx", docs[:66], 16, shard_size=9)
+    built = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16))
+    meta = json.loads(built.meta_path.read_text())
+    meta["tables"].update(meta.pop("lists")[0]["tables"])
+    meta["format"] = "aligner_jax.indexing.centroid_index/5"
+    fileio.atomic_write_json(built.meta_path, meta)
+    ci.CentroidIndex._open(built.directory, meta).commit(store)
+    old = ci.CentroidIndex.load(ts.TokenStore(store.directory))
+    assert "lists" not in old.meta and len(old.lists.groups) == 1
+    ivf, doc_codes = _lists_of(store, np.asarray(old.codes), 16, 1.0)
+    _assert_lists_equal(old, ivf, doc_codes)
+    updates.add_encoded(store.directory, docs[66:])
+    grown = ts.TokenStore(store.directory)
+    new = ci.CentroidIndex.load(grown)
+    assert new.meta["format"] == ci.FORMAT and len(new.lists.groups) == 2
+    assert new.meta["lists"][0]["tables"]["ivf_docs"] == meta["tables"]["ivf_docs"]
+    assert "ivf_docs" not in new.meta["tables"]
+    _assert_lists_equal(new, *_lists_of(grown, np.asarray(new.codes), 16, 1.0))
+
+
+def test_add_encoded_refuses_a_known_id_and_leaves_the_index_as_it_was(tmp_path):
+    """Shards written before the clash are not committed, and the next writer removes them."""
+    from aligner_jax.indexing import updates
+
+    docs = index_utils.random_documents(30, 16, seed=5)
+    store = index_utils.write_store(tmp_path / "idx", docs[:20], 16, shard_size=7)
+    manifest = ts.read_manifest(store.directory)
+    manifest["indexing"] = {"shard_size": 3}
+    ts.write_manifest(store.directory, manifest)
+    ci.CentroidIndex.build(ts.TokenStore(store.directory), ci.CentroidIndexConfig(num_centroids=8))
+    before = (store.directory / ts.MANIFEST).read_bytes()
+    with pytest.raises(errors.ConfigError, match=r"document id 'doc3' is already in .*nothing"):
+        updates.add_encoded(store.directory, [*docs[20:29], docs[3]])
+    assert (store.directory / ts.MANIFEST).read_bytes() == before
+    assert ts.TokenStore(store.directory).num_docs == 20
+    assert list(store.directory.glob("shard-00005.*"))  # written, not committed
+    summary = updates.add_encoded(store.directory, docs[20:23])
+    assert summary["added_docs"] == 3 and summary["new_shards"] == ["shard-00003"]
+    grown = ts.TokenStore(store.directory)
+    assert grown.num_docs == 23 and grown.doc_ids[20:] == ["doc20", "doc21", "doc22"]
+    assert not list(store.directory.glob("shard-0000[45].*"))  # the refused add's: removed
+
+
 def test_document_centroid_lists_are_dropped_where_they_save_little_with_the_same_rankings(
     tmp_path,
 ):
@@ -176,12 +304,12 @@ def test_document_centroid_lists_are_dropped_where_they_save_little_with_the_sam
         config = ci.CentroidIndexConfig(num_centroids=32, doc_lists_max_fraction=fraction)
         stores.append(store)
         indexes.append(ci.CentroidIndex.build(store, config))
-    (with_lists, without), pairs = indexes, len(indexes[0].doc_codes)
-    assert without.doc_codes is None and "doc_codes" not in without.meta["tables"]
+    (with_lists, without), pairs = indexes, indexes[0].lists.doc_code_count()
+    assert not without.lists.has_doc_lists and without.lists.doc_code_count() == 0
     assert not list((stores[1].directory / ci.SUBDIR).glob("doc_code*"))
     lists_bytes = sum(e["bytes"] for n, e in with_lists.meta["files"].items() if "doc_code" in n)
     assert with_lists.nbytes() - without.nbytes() == lists_bytes  # nothing else differs
-    assert with_lists.doc_codes.dtype == np.uint16 and lists_bytes > 2 * pairs
+    assert with_lists.lists.groups[0].doc_codes.dtype == np.uint16 and lists_bytes > 2 * pairs
     rng = np.random.default_rng(0)
     docs_asked = np.array([3, 0, 41, 17, 59])
     for _ in range(4):
@@ -211,7 +339,7 @@ def test_document_centroid_lists_are_dropped_where_they_save_little_with_the_sam
     ts.write_manifest(stores[1].directory, grown_manifest)
     grown = ts.TokenStore(stores[1].directory)
     updated = without.update(grown, "add", num_docs=10)
-    assert updated.doc_codes is None and updated.meta["format"] == ci.FORMAT
+    assert not updated.lists.has_doc_lists and updated.meta["format"] == ci.FORMAT
 
 
 def test_quantised_saliences_keep_zero_and_read_across_old_and_new_segments():

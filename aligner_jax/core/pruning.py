@@ -25,14 +25,14 @@ def top_fraction_segments(salience: np.ndarray, offsets: np.ndarray, beta: float
     rows counted from ``offsets[0]``); the result is in the same coordinates as ``offsets``.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
+    if beta >= 1.0:  # every row: the saliences are not read
+        return np.arange(offsets[0], offsets[-1], dtype=np.int64)
     lengths = np.diff(offsets)
     salience = np.asarray(salience, dtype=np.float32)
     if len(salience) != offsets[-1] - offsets[0]:
         raise ValueError(
             f"salience has {len(salience)} rows, offsets span {offsets[-1] - offsets[0]}"
         )
-    if beta >= 1.0:
-        return np.arange(offsets[0], offsets[-1], dtype=np.int64)
     segment = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(len(salience))
     order = np.lexsort((position, -salience, segment))  # by text, then salience desc, then position

@@ -15,12 +15,11 @@ rebuilding anything:
   ``search_index/segment-G.salience.npy``     uint8 ``[T_G]`` u^d (models with saliences), in
                                               steps of the segment's ``salience_scale`` (its
                                               largest u^d / 255; 0 stays exactly 0)
-  ``search_index/ivf_offsets-G.npy``, ``ivf_docs-G.npy``  centroid → documents owning one of
-                                              its tokens kept by β^d pruning (CSR, int32)
-  ``search_index/doc_code_offsets-G.npy``, ``doc_codes-G.npy``  document → its distinct
-                                              centroid ids (CSR; centroid interaction), only
-                                              where they are shorter than the tokens' codes
-                                              (``CentroidIndexConfig.doc_lists_max_fraction``)
+  ``search_index/lists-G-S.*.npy``           the inverted file (centroid → documents owning
+                                              one of its tokens kept by β^d pruning) and the
+                                              document → distinct centroid lists of store
+                                              shards S.. (``inverted_lists``: a build writes
+                                              one group, an ``--add`` a delta group)
 
 **One commit point.** Files are never rewritten: each build or update writes the files of a new
 generation beside the current one, then publishes it by one atomic rename of the store's
@@ -37,14 +36,16 @@ saliences are computed per shard and appended to their segment files (written, n
 the inverted file and the document → centroid lists are built in two passes over the segments'
 codes, one shard at a time. Each shard is unmapped when done, so the build's peak resident
 memory is O(centroids + sample + one shard + one block of the inverted file
-(``IVF_BLOCK_PAIRS`` entries, filled and written block by block)), not O(tokens × D).
+(``inverted_lists.IVF_BLOCK_PAIRS`` entries, filled and written block by block)), not
+O(tokens × D).
 **Loading maps** every array (``mmap_mode='r'``): nothing is concatenated or copied, resident
 memory after load is the centroid table plus what searches touch, and an index larger than RAM
 answers from the page cache.
 
 A segment covers consecutive store shards: the build writes one, each ``--add`` one more for
-the new shards (compressed with the existing centroids), so the files open at search time are a
-handful per segment, not per shard. Deleted documents are tombstones of the store's manifest:
+the new shards (compressed with the existing centroids) and a delta list group (so an ``--add``
+reads and writes what it adds, not the index), so the files open at search time are a handful
+per segment, not per shard. Deleted documents are tombstones of the store's manifest:
 kept on disk, never returned.
 """
 
@@ -64,19 +65,19 @@ from aligner_jax.common import checks, errors, fileio, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import pruning
 from aligner_jax.indexing import codec as codec_lib
+from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
-IVF_LISTS = ("ivf_offsets", "ivf_docs")
-DOC_LISTS = ("doc_code_offsets", "doc_codes")
-FORMAT = "aligner_jax.indexing.centroid_index/5"
+FORMAT = "aligner_jax.indexing.centroid_index/6"
 # /3: float16 saliences (no ``salience_scale``), still read segment by segment; /3 and /4 always
-# hold document → centroid lists
+# hold document → centroid lists; up to /5 one list group named in ``tables``
 READABLE = (
     "aligner_jax.indexing.centroid_index/3",
     "aligner_jax.indexing.centroid_index/4",
+    "aligner_jax.indexing.centroid_index/5",
     FORMAT,
 )
 CHUNK = 1 << 16  # tokens per assignment / compression step
@@ -151,23 +152,12 @@ class CentroidIndexConfig:
         checks.integer(f"{name}.seed", self.seed)
 
 
-def _code_dtype(num_centroids: int):
-    return np.uint16 if num_centroids <= 1 << 16 else np.int32
-
-
-def _kept_local(salience: np.ndarray, local_offsets: np.ndarray, beta_d: float) -> np.ndarray:
-    """Rows of one shard kept by β^d pruning (§3.2), in the shard's coordinates."""
-    if beta_d >= 1.0:
-        return np.arange(int(local_offsets[-1]), dtype=np.int64)
-    return pruning.top_fraction_segments(salience, local_offsets, beta_d)
-
-
 def kept_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
     """Global rows kept by β^d pruning, computed shard by shard (O(kept) memory)."""
     parts = [np.zeros(0, np.int64)]
     for i, (_, token_start, _) in enumerate(store.shard_spans()):
         salience, local = store.shard_arrays(i)[1:]
-        parts.append(_kept_local(salience, local, beta_d) + token_start)
+        parts.append(pruning.top_fraction_segments(salience, local, beta_d) + token_start)
     return np.concatenate(parts)
 
 
@@ -231,9 +221,8 @@ class CentroidIndex:
         self.codes = arrays["codes"]  # Segmented [T]: every token, store order
         self.residuals = arrays["residuals"]  # Segmented [T, W]
         self.salience = arrays.get("salience")  # Segmented [T] (float32 when read), or None
-        self.ivf_offsets, self.ivf_docs = arrays["ivf"]
-        # document → distinct centroid ids (CSR), or (None, None): read the tokens' codes
-        self.doc_code_offsets, self.doc_codes = arrays["doc_codes"]
+        # the inverted file and the document → distinct centroid lists (``inverted_lists``)
+        self.lists = arrays["lists"]
 
     @property
     def num_centroids(self) -> int:
@@ -271,7 +260,9 @@ class CentroidIndex:
                 kept_counts[i + 1] = spans[i][0]["num_tokens"]
             else:
                 salience, local = store.shard_arrays(i)[1:]
-                kept_counts[i + 1] = len(_kept_local(salience, local, config.beta_d))
+                kept_counts[i + 1] = len(
+                    pruning.top_fraction_segments(salience, local, config.beta_d)
+                )
         np.cumsum(kept_counts, out=kept_counts)
         total_kept = int(kept_counts[-1])
         if not total_kept:
@@ -291,7 +282,7 @@ class CentroidIndex:
         bounds = np.searchsorted(picks, kept_counts)
         for i in np.nonzero(np.diff(bounds))[0]:
             vectors, salience, local = store.shard_arrays(int(i))
-            local_kept = _kept_local(salience, local, config.beta_d)
+            local_kept = pruning.top_fraction_segments(salience, local, config.beta_d)
             rows = local_kept[picks[bounds[i] : bounds[i + 1]] - kept_counts[i]]
             sample[bounds[i] : bounds[i + 1]] = vectors[rows]
             del vectors, salience  # unmapped: one shard at a time
@@ -345,7 +336,13 @@ class CentroidIndex:
                 }
             ],
         }
-        index = cls._finish(store, out, meta)
+        meta["lists"] = [
+            lists_lib.write_group(
+                store, _segment_codes(out, meta), 0, f"lists-{gen:05d}", out, len(centroids),
+                config.beta_d, config.doc_lists_max_fraction,
+            )
+        ]  # fmt: skip
+        index = cls._finish(out, meta)
         if commit:
             index.commit(store)
         logging.info(
@@ -361,21 +358,11 @@ class CentroidIndex:
         return index
 
     @classmethod
-    def _finish(cls, store, out: Path, meta: dict, lists: bool = True) -> CentroidIndex:
-        """Writes the inverted file and the document → centroid lists (``lists``; else the
-        previous generation's stay) and the generation's metadata file; returns the index,
-        loaded (mapped) from what was written. Nothing is published: see ``commit``."""
+    def _finish(cls, out: Path, meta: dict) -> CentroidIndex:
+        """Writes the generation's metadata file (every file it names hashed) and returns the
+        index, loaded (mapped) from what was written. Nothing is published: see ``commit``."""
         gen = meta["generation"]
-        if lists:
-            codes = Segmented(
-                [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
-            )
-            meta["tables"].update({kind: f"{kind}-{gen:05d}" for kind in IVF_LISTS + DOC_LISTS})
-            if not _write_lists(store, codes, meta, out):
-                for kind in DOC_LISTS:
-                    del meta["tables"][kind]
-            del codes
-        names = list(meta["tables"].values())
+        names = list(meta["tables"].values()) + lists_lib.group_files(meta)
         for g in meta["segments"]:
             names += [f"{g['name']}.{kind}" for kind in _segment_kinds(meta)]
         meta["files"] = {n: _file_entry(out / f"{n}.npy") for n in names}
@@ -416,8 +403,9 @@ class CentroidIndex:
     def update(self, store: ts.TokenStore, op: str, **record) -> CentroidIndex:
         """The next generation of this index for ``store`` (the store after ``aligner-index
         --add/--delete``, usually a pending manifest not yet committed): the store's new shards
-        compressed with the existing centroids into a new segment, the inverted file rebuilt
-        when documents were added, the update logged with its centroid drift (``drift``).
+        compressed with the existing centroids into a new segment, the lists of the documents
+        added since the last full list write written as a delta group
+        (``inverted_lists.next_groups``), the update logged with its centroid drift (``drift``).
         Written beside the current generation, not published: the caller commits it together
         with the store's manifest (``commit``)."""
         meta = json.loads(json.dumps(self.meta))  # a copy: this generation stays as it is
@@ -425,6 +413,9 @@ class CentroidIndex:
         meta["generation"] = gen
         meta["format"] = FORMAT  # older generations' segments and tables are read as they are
         meta["config"].setdefault("doc_lists_max_fraction", 1.0)  # /3, /4: lists always kept
+        meta["lists"] = lists_lib.groups_of(meta)  # up to /5: one group named in ``tables``
+        for kind in lists_lib.IVF_LISTS + lists_lib.DOC_LISTS:
+            meta["tables"].pop(kind, None)
         known = {name for g in meta["segments"] for name in g["shards"]}
         new = [i for i, (sh, _, _) in enumerate(store.shard_spans()) if sh["name"] not in known]
         if new:
@@ -447,9 +438,14 @@ class CentroidIndex:
                 mean_centroid_score=score.mean,
                 drift=meta["mean_centroid_score"] - score.mean,
             )
+            codes = _segment_codes(self.directory, meta)
+            meta["lists"] = lists_lib.next_groups(
+                store, codes, meta, f"lists-{gen:05d}", self.directory, new
+            )
+            record["list_groups"] = len(meta["lists"])
         record.update(op=op, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
         meta["updates"].append(record)
-        return CentroidIndex._finish(store, self.directory, meta, lists=bool(new))
+        return CentroidIndex._finish(self.directory, meta)
 
     def drift(self) -> float:
         """How much worse the centroids fit the tokens added since the build: the mean max
@@ -578,12 +574,7 @@ class CentroidIndex:
             "centroids": read(t["centroids"]),
             "cells": read(t["cells"]),
             "codec": codec_lib.ResidualCodec(meta["config"]["residual_bits"], lower, step),
-            "ivf": (read(t["ivf_offsets"]), mapped(t["ivf_docs"])),
-            "doc_codes": (
-                (mapped(t["doc_code_offsets"]), mapped(t["doc_codes"]))
-                if "doc_codes" in t
-                else (None, None)
-            ),
+            "lists": lists_lib.Lists.open(out, meta),
         }
         for kind in _segment_kinds(meta):
             scales = (
@@ -611,6 +602,13 @@ def _fit_codec(sample, centroids, cells, bits: int, rng) -> codec_lib.ResidualCo
         codes, _ = kmeans.assign_two_level(part, centroids, cells)
         residuals[lo : lo + CHUNK] = part - centroids[codes]
     return codec_lib.ResidualCodec.fit(residuals, bits)
+
+
+def _segment_codes(out: Path, meta: dict) -> Segmented:
+    """Every token's centroid id, the segments' codes files read as one (mapped)."""
+    return Segmented(
+        [np.load(out / f"{g['name']}.codes.npy", mmap_mode="r") for g in meta["segments"]]
+    )
 
 
 def _segment_kinds(meta: dict) -> tuple[str, ...]:
@@ -665,7 +663,7 @@ def _write_segment(
     tokens = sum(spans[i][0]["num_tokens"] for i in shards)
     streams = {
         "codes": fileio.NpyStream(
-            out / f"{name}.codes.npy", (tokens,), _code_dtype(len(centroids))
+            out / f"{name}.codes.npy", (tokens,), kmeans.code_dtype(len(centroids))
         ),
         "residuals": fileio.NpyStream(
             out / f"{name}.residuals.npy", (tokens, codec.bytes_per_token), np.uint8
@@ -699,96 +697,6 @@ def segment_entry(name: str, shards: list[str], tokens: int, salience_scale) -> 
     if salience_scale is not None:
         entry["salience_scale"] = salience_scale
     return entry
-
-
-def _shard_pairs(codes, spans, i: int, beta_d: float, store, num_centroids: int):
-    """Shard ``i``'s (document, centroid) pairs: every token's (for centroid interaction) and
-    the β^d-kept tokens' (for the inverted file), each unique and sorted by document."""
-    shard, token_start, doc_start = spans[i]
-    n = shard["num_tokens"]
-    local_codes = np.asarray(codes.span(token_start, token_start + n), np.int64)
-    salience, local = store.shard_arrays(i)[1:]
-    docs = np.repeat(np.arange(len(local) - 1, dtype=np.int64), np.diff(local))
-    every = np.unique(docs * num_centroids + local_codes)
-    if beta_d >= 1.0:
-        kept = every
-    else:
-        rows = _kept_local(salience, local, beta_d)
-        kept = np.unique(docs[rows] * num_centroids + local_codes[rows])
-    return every, kept, doc_start
-
-
-IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
-
-
-def _write_lists(
-    store, codes: Segmented, meta: dict, out: Path, block_pairs: int | None = None
-) -> bool:
-    """The inverted file (centroid → sorted documents owning a β^d-kept token of it) and the
-    document → distinct centroid lists: one pass over the shards counts, then the inverted file
-    is filled one block of consecutive centroids at a time (at most ``block_pairs`` entries in
-    memory, default ``IVF_BLOCK_PAIRS``, written in file order; one more pass over the shards
-    per block, the first one also streaming the document → centroid lists). Documents come in
-    increasing order, so every list is sorted as it is filled.
-
-    The document → centroid lists are written only when they hold at most
-    ``doc_lists_max_fraction`` of the tokens (``CentroidIndexConfig``); returns whether they
-    were."""
-    block_pairs = block_pairs or IVF_BLOCK_PAIRS
-    c = meta["num_centroids"]
-    beta_d = meta["config"]["beta_d"]
-    spans = store.shard_spans()
-    ivf_counts = np.zeros(c, np.int64)
-    doc_counts = np.zeros(store.num_docs, np.int64)
-    for i in range(len(spans)):
-        every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
-        ivf_counts += np.bincount(kept % c, minlength=c)
-        doc_counts[doc_start : doc_start + spans[i][0]["num_docs"]] = np.bincount(
-            every // c, minlength=spans[i][0]["num_docs"]
-        )
-    ivf_offsets = np.zeros(c + 1, np.int64)
-    np.cumsum(ivf_counts, out=ivf_offsets[1:])
-    doc_offsets = np.zeros(store.num_docs + 1, np.int64)
-    np.cumsum(doc_counts, out=doc_offsets[1:])
-    doc_lists = doc_offsets[-1] <= meta["config"]["doc_lists_max_fraction"] * store.num_tokens
-    # blocks of consecutive centroids holding at most block_pairs entries (one centroid at least)
-    bounds = [0]
-    while bounds[-1] < c:
-        lo = bounds[-1]
-        hi = int(np.searchsorted(ivf_offsets, ivf_offsets[lo] + block_pairs, side="right")) - 1
-        bounds.append(min(max(hi, lo + 1), c))
-    t = meta["tables"]
-    with contextlib.ExitStack() as stack:
-        ivf = stack.enter_context(
-            fileio.NpyStream(out / f"{t['ivf_docs']}.npy", (int(ivf_offsets[-1]),), np.int32)
-        )
-        if doc_lists:
-            dc = stack.enter_context(
-                fileio.NpyStream(
-                    out / f"{t['doc_codes']}.npy", (int(doc_offsets[-1]),), _code_dtype(c)
-                )
-            )
-        for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            block = np.empty(int(ivf_offsets[hi] - ivf_offsets[lo]), np.int32)
-            cursor = ivf_offsets[lo:hi] - ivf_offsets[lo]
-            for i in range(len(spans)):
-                every, kept, doc_start = _shard_pairs(codes, spans, i, beta_d, store, c)
-                if b == 0 and doc_lists:
-                    dc.write(every % c)
-                cents = kept % c
-                inside = (cents >= lo) & (cents < hi)
-                cents, docs = cents[inside] - lo, kept[inside] // c + doc_start
-                order = np.argsort(cents, kind="stable")  # by centroid, documents increasing
-                cents, docs = cents[order], docs[order]
-                first = np.searchsorted(cents, cents, side="left")
-                block[cursor[cents] + (np.arange(len(cents)) - first)] = docs
-                cursor += np.bincount(cents, minlength=hi - lo)
-            ivf.write(block)
-            del block
-    fileio.atomic_save_npy(out / f"{t['ivf_offsets']}.npy", ivf_offsets)
-    if doc_lists:
-        fileio.atomic_save_npy(out / f"{t['doc_code_offsets']}.npy", doc_offsets)
-    return bool(doc_lists)
 
 
 def published_meta(directory: Path) -> Path | None:

@@ -47,7 +47,7 @@ class IndexingConfig:
       them); False keeps only ids and metadata (filters still work).
     """
 
-    shard_size: int = 500
+    shard_size: int = ts.SHARD_SIZE
     store_beta_d: float = 1.0
     store_text: bool = True
 

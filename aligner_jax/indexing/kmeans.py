@@ -34,6 +34,11 @@ from aligner_jax.common import progress
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
 
 
+def code_dtype(num_centroids: int):
+    """The dtype of centroid ids: uint16 up to 65,536 centroids, else int32."""
+    return np.uint16 if num_centroids <= 1 << 16 else np.int32
+
+
 def chunk_rows(n: int) -> int:
     """Rows of the fixed-shape chunks ``n`` points are cut into: ``CHUNK``, or for fewer points
     the next power of two (≥ 16)."""

@@ -45,6 +45,9 @@ SHARD_FILES = ("vectors", "salience", "token_ids", "offsets", "doc_ids")
 VECTOR_DTYPE = np.float16
 
 
+SHARD_SIZE = 500  # documents per shard unless told (the writer, aligner-index, an --add)
+
+
 def shard_name(shard_index: int) -> str:
     return f"shard-{shard_index:05d}"
 
@@ -478,7 +481,7 @@ class TokenStoreWriter:
         self,
         directory: str | os.PathLike,
         model: dict,
-        shard_size: int = 500,
+        shard_size: int = SHARD_SIZE,
         corpus: dict | None = None,
     ):
         self.directory = Path(directory)

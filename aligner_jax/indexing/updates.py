@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from absl import logging
@@ -80,30 +81,71 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
             entries.append(
                 indexer.encode_shard(directory, shard_index, shard, encoder, config, bar)
             )
+    encode_s = time.perf_counter() - start
+    source = str(Path(corpus).resolve()) if from_file else "python"
+    summary = _append(directory, manifest, entries, source)
+    summary.update(doc_maxlen=encoder.maxlen("doc"), encode_s=round(encode_s, 3))
+    summary["seconds"] = round(time.perf_counter() - start, 3)
+    logging.info("aligner-index --add: %s", summary)
+    return summary
+
+
+def _append(directory: Path, manifest: dict, entries: list[dict], source: str) -> dict:
+    """Commits the new shards ``entries`` (written after the manifest's last one): the
+    manifest's shards, counts and update log, and the search index's next generation."""
+    num_docs = sum(e["num_docs"] for e in entries)
     manifest["shards"] = manifest["shards"] + [
         {k: v for k, v in e.items() if k != "stats"} for e in entries
     ]
     counts = manifest["counts"]
-    counts["num_docs"] += len(docs)
+    counts["num_docs"] += num_docs
     counts["num_tokens"] += sum(e["num_tokens"] for e in entries)
     counts["num_shards"] += len(entries)
     truncated = sum(e.get("stats", {}).get("truncated_docs", 0) for e in entries)
     stats = manifest.setdefault("stats", {})
     stats["truncated_docs"] = stats.get("truncated_docs", 0) + truncated
-    source = str(Path(corpus).resolve()) if from_file else "python"
-    record = _record("add", source=source, num_docs=len(docs))
+    record = _record("add", source=source, num_docs=num_docs)
     manifest["updates"] = manifest.get("updates", []) + [record]
-    encode_s = time.perf_counter() - start
-    _commit(directory, manifest, "add", num_docs=len(docs))
-    summary = {
-        "added_docs": len(docs),
+    start = time.perf_counter()
+    _commit(directory, manifest, "add", num_docs=num_docs)
+    return {
+        "added_docs": num_docs,
         "new_shards": [e["name"] for e in entries],
         "truncated_docs": truncated,
-        "doc_maxlen": encoder.maxlen("doc"),
-        "encode_s": round(encode_s, 3),
-        "seconds": round(time.perf_counter() - start, 3),
+        "commit_s": round(time.perf_counter() - start, 3),
     }
-    logging.info("aligner-index --add: %s", summary)
+
+
+def add_encoded(index_dir: str, documents: Iterable[ts.EncodedDocument]) -> dict:
+    """Appends documents encoded elsewhere (``ts.EncodedDocument``: id, vectors ``[m, dim]``,
+    saliences, token ids — what ``TokenStoreWriter`` takes) to an index, as ``--add`` does for
+    a corpus: new shards of the index's shard size (one in memory at a time), then one commit
+    with the search index's next generation. Hold the writer lock (``indexer.writer_lock``).
+    Ids must be new; a clash is refused before anything is committed."""
+    directory = Path(index_dir)
+    manifest = ts.read_manifest(directory)
+    existing = ts.TokenStore(directory).live_positions()
+    shard_size = int(manifest.get("indexing", {}).get("shard_size", ts.SHARD_SIZE))
+    dim = int(manifest["model"]["dim"])
+    first = max(s["index"] for s in manifest["shards"]) + 1
+    entries, shard, seen = [], [], set()
+    for doc in documents:
+        if doc.doc_id in existing or doc.doc_id in seen:
+            raise ConfigError(
+                f"add_encoded: document id {doc.doc_id!r} is already in {directory} (or given "
+                "twice); nothing was added"
+            )
+        seen.add(doc.doc_id)
+        shard.append(doc)
+        if len(shard) == shard_size:
+            entries.append(ts.write_shard(directory, first + len(entries), shard, dim))
+            shard = []
+    if shard:
+        entries.append(ts.write_shard(directory, first + len(entries), shard, dim))
+    if not entries:
+        raise ConfigError(f"add_encoded: no documents for {directory}")
+    summary = _append(directory, manifest, entries, "encoded")
+    logging.info("add_encoded: %s", summary)
     return summary
 
 

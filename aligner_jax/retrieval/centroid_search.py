@@ -66,6 +66,7 @@ import numpy as np
 from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.indexing.inverted_lists import concatenated_ranges
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 MAX_PROBES = 32  # probes per query token, at most
@@ -125,17 +126,6 @@ class CentroidSearchConfig:
         return min(probes, num_centroids), interaction, min(refine, interaction)
 
 
-def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``offsets[i]:offsets[i+1]`` of every ``i`` in ``ids``, concatenated, and their lengths."""
-    starts = offsets[ids]
-    lengths = offsets[ids + 1] - starts
-    ends = np.cumsum(lengths)
-    rows = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(
-        starts - ends + lengths, lengths
-    )
-    return rows, lengths
-
-
 def top_columns(s: np.ndarray, w: int) -> np.ndarray:
     """Column indices of the ``w`` largest entries of each row of ``s [n, C]``, in no order
     (ties broken arbitrarily, as ``np.argpartition``'s).
@@ -191,7 +181,7 @@ class CentroidSearcher:
         self.store = store
         self.index = index
         self.config = config or CentroidSearchConfig()
-        self.list_docs = len(index.ivf_docs) / max(index.num_centroids, 1)
+        self.list_docs = index.lists.num_entries / max(index.num_centroids, 1)
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
             store.num_docs, index.num_centroids, self.list_docs
         )
@@ -227,9 +217,7 @@ class CentroidSearcher:
         w = np.asarray(weights[probe_rows], np.float32)
         best, acc, seen = self._buffers()
         for i in range(len(probe_rows)):
-            rows, lengths = concatenated_ranges(idx.ivf_offsets, top[i, :p])
-            docs = np.asarray(idx.ivf_docs[rows])
-            values = np.repeat(top_scores[i, :p], lengths)
+            docs, values = idx.lists.probe(top[i, :p], top_scores[i, :p])
             best[docs[::-1]] = values[::-1]  # the best probe's score wins
             acc[docs] += w[i] * (best[docs] - imputed[i])
             seen[docs] = True
@@ -255,13 +243,13 @@ class CentroidSearcher:
         document → centroid lists, its tokens' centroid ids (the same maxima) —, their lengths,
         their scores ``[rows, n]`` (gathered from ``s_t``, a scratch buffer) and each document's
         best per query token ``[docs, n]``."""
-        if self.index.doc_codes is None:
+        if self.index.lists.has_doc_lists:
+            codes, lengths = self.index.lists.document_centroids(docs)
+            codes = np.asarray(codes, np.intp)
+        else:
             rows, lengths = concatenated_ranges(self.store.offsets, docs)
             codes = np.asarray(self.index.codes[rows], np.intp)
-        else:
-            rows, lengths = concatenated_ranges(self.index.doc_code_offsets, docs)
-            codes = np.asarray(self.index.doc_codes[rows], np.intp)
-        gathered = scratch.buffer("interaction.scores", (len(rows), s_t.shape[1]), np.float32)
+        gathered = scratch.buffer("interaction.scores", (len(codes), s_t.shape[1]), np.float32)
         np.take(s_t, codes, axis=0, out=gathered)
         return codes, lengths, gathered, np.maximum.reduceat(gathered, _segment_starts(lengths))
 

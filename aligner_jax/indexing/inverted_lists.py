@@ -1,0 +1,276 @@
+"""The lists of the search index, written per group of store shards and read as one: the
+inverted file (centroid → the documents owning one of its β^d-kept tokens, sorted; PLAID §4.1)
+and the document → distinct centroid lists (centroid interaction).
+
+**Groups keep an ``--add`` proportional to what it adds.** A build writes one group over every
+store shard. An update that adds documents writes a *delta* group: the lists of every document
+added since the last full write (reading only their shards), replacing the previous delta
+group, so an index holds at most two groups and an ``--add`` costs the delta's tokens, not the
+index's. Once the delta would hold more than ``DELTA_FRACTION`` of the tokens, every list is
+written again as one group (an amortised rewrite). Groups hold disjoint, increasing document
+ranges, so a centroid's list is the concatenation of its list in each group, still sorted, and
+a document's centroids are in the one group that holds it.
+
+A group's files (stems in its metadata entry ``{"first_shard", "first_doc", "tables"}``):
+
+  ``ivf_offsets`` int64 ``[C + 1]``, ``ivf_docs`` int32  centroid → documents (store positions)
+  ``doc_code_offsets`` int64 ``[group docs + 1]``, ``doc_codes`` uint16/int32  document →
+      distinct centroid ids, only where they are shorter than the tokens' codes
+      (``CentroidIndexConfig.doc_lists_max_fraction``; a delta group follows the full group)
+
+Index formats up to 5 name one group's files in ``meta["tables"]`` (read as the group at 0).
+
+**Bounded memory.** A group is written in two passes over its shards' codes, one shard at a
+time: one counts, then the inverted file is filled one block of consecutive centroids at a time
+(``IVF_BLOCK_PAIRS`` entries) and written in file order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from aligner_jax.common import fileio
+from aligner_jax.core import pruning
+from aligner_jax.indexing import kmeans
+
+IVF_LISTS = ("ivf_offsets", "ivf_docs")
+DOC_LISTS = ("doc_code_offsets", "doc_codes")
+IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
+# an --add writes the delta group while it holds at most this fraction of the tokens: its cost
+# is then at most this fraction of a full list write (which is ~1/8 of a build at 124M tokens)
+DELTA_FRACTION = 0.1
+
+
+def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``offsets[i]:offsets[i+1]`` of every ``i`` in ``ids``, concatenated, and their lengths."""
+    starts = offsets[ids]
+    lengths = offsets[ids + 1] - starts
+    ends = np.cumsum(lengths)
+    rows = np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(
+        starts - ends + lengths, lengths
+    )
+    return rows, lengths
+
+
+# -- writing -----------------------------------------------------------------------------------------
+def _shard_pairs(store, codes, i: int, span: tuple, beta_d: float, num_centroids: int):
+    """Shard ``i``'s (document, centroid) pairs, documents local to the shard: every token's
+    (document → centroid lists) and the β^d-kept tokens' (inverted file), each unique and
+    sorted by document."""
+    shard, token_start, _ = span
+    local_codes = np.asarray(codes.span(token_start, token_start + shard["num_tokens"]), np.int64)
+    salience, local = store.shard_arrays(i)[1:]
+    docs = np.repeat(np.arange(len(local) - 1, dtype=np.int64), np.diff(local))
+    every = np.unique(docs * num_centroids + local_codes)
+    if beta_d >= 1.0:
+        kept = every
+    else:
+        rows = pruning.top_fraction_segments(salience, local, beta_d)
+        kept = np.unique(docs[rows] * num_centroids + local_codes[rows])
+    return every, kept
+
+
+def write_group(
+    store,
+    codes,
+    first_shard: int,
+    name: str,
+    out: Path,
+    num_centroids: int,
+    beta_d: float,
+    doc_lists: bool | float,
+    block_pairs: int | None = None,
+) -> dict:
+    """Writes the lists of store shards ``first_shard:`` (their tokens' centroid ids in
+    ``codes``, indexed by store row) as the group ``name`` in ``out``; returns its entry.
+
+    ``doc_lists``: whether to write the document → centroid lists, or a fraction: write them
+    when they hold at most that fraction of the group's tokens. One pass over the shards
+    counts; then the inverted file is filled one block of consecutive centroids at a time (at
+    most ``block_pairs`` entries in memory, default ``IVF_BLOCK_PAIRS``), one more pass over the
+    shards per block (the first also streaming the document → centroid lists). Documents come
+    in increasing order, so every list is sorted as it is filled."""
+    block_pairs = block_pairs or IVF_BLOCK_PAIRS
+    c = num_centroids
+    spans = store.shard_spans()
+    shards = range(first_shard, len(spans))
+    first_doc, first_token = spans[first_shard][2], spans[first_shard][1]
+    num_docs, num_tokens = store.num_docs - first_doc, store.num_tokens - first_token
+    ivf_counts = np.zeros(c, np.int64)
+    doc_counts = np.zeros(num_docs, np.int64)
+    for i in shards:
+        every, kept = _shard_pairs(store, codes, i, spans[i], beta_d, c)
+        ivf_counts += np.bincount(kept % c, minlength=c)
+        lo, n = spans[i][2] - first_doc, spans[i][0]["num_docs"]
+        doc_counts[lo : lo + n] = np.bincount(every // c, minlength=n)
+    ivf_offsets = np.zeros(c + 1, np.int64)
+    np.cumsum(ivf_counts, out=ivf_offsets[1:])
+    doc_offsets = np.zeros(num_docs + 1, np.int64)
+    np.cumsum(doc_counts, out=doc_offsets[1:])
+    if not isinstance(doc_lists, bool):
+        doc_lists = bool(doc_offsets[-1] <= doc_lists * num_tokens)
+    tables = {kind: f"{name}.{kind}" for kind in IVF_LISTS + (DOC_LISTS if doc_lists else ())}
+    # blocks of consecutive centroids holding at most block_pairs entries (one centroid at least)
+    bounds = [0]
+    while bounds[-1] < c:
+        lo = bounds[-1]
+        hi = int(np.searchsorted(ivf_offsets, ivf_offsets[lo] + block_pairs, side="right")) - 1
+        bounds.append(min(max(hi, lo + 1), c))
+    with contextlib.ExitStack() as stack:
+        ivf = stack.enter_context(
+            fileio.NpyStream(out / f"{tables['ivf_docs']}.npy", (int(ivf_offsets[-1]),), np.int32)
+        )
+        if doc_lists:
+            dc = stack.enter_context(
+                fileio.NpyStream(
+                    out / f"{tables['doc_codes']}.npy",
+                    (int(doc_offsets[-1]),),
+                    kmeans.code_dtype(c),
+                )
+            )
+        for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            block = np.empty(int(ivf_offsets[hi] - ivf_offsets[lo]), np.int32)
+            cursor = ivf_offsets[lo:hi] - ivf_offsets[lo]
+            for i in shards:
+                every, kept = _shard_pairs(store, codes, i, spans[i], beta_d, c)
+                if b == 0 and doc_lists:
+                    dc.write(every % c)
+                cents = kept % c
+                inside = (cents >= lo) & (cents < hi)
+                cents, docs = cents[inside] - lo, kept[inside] // c + spans[i][2]
+                order = np.argsort(cents, kind="stable")  # by centroid, documents increasing
+                cents, docs = cents[order], docs[order]
+                first = np.searchsorted(cents, cents, side="left")
+                block[cursor[cents] + (np.arange(len(cents)) - first)] = docs
+                cursor += np.bincount(cents, minlength=hi - lo)
+            ivf.write(block)
+            del block
+    fileio.atomic_save_npy(out / f"{tables['ivf_offsets']}.npy", ivf_offsets)
+    if doc_lists:
+        fileio.atomic_save_npy(out / f"{tables['doc_code_offsets']}.npy", doc_offsets)
+    return {"first_shard": first_shard, "first_doc": int(first_doc), "tables": tables}
+
+
+def groups_of(meta: dict) -> list[dict]:
+    """The list groups of an index's metadata (formats up to 5: one group, in ``tables``)."""
+    if "lists" in meta:
+        return meta["lists"]
+    t = meta["tables"]
+    kinds = [k for k in IVF_LISTS + DOC_LISTS if k in t]
+    return [{"first_shard": 0, "first_doc": 0, "tables": {k: t[k] for k in kinds}}]
+
+
+def next_groups(
+    store, codes, meta: dict, name: str, out: Path, new_shards: list[int]
+) -> list[dict]:
+    """The list groups of an update that adds ``new_shards`` (store shard indices, the last
+    ones): the full group kept and a delta group written over every shard added since the full
+    group, or, when that delta would hold more than ``DELTA_FRACTION`` of the tokens, one full
+    group written again (see the module docstring)."""
+    groups = groups_of(meta)
+    spans = store.shard_spans()
+    first = groups[1]["first_shard"] if len(groups) > 1 else new_shards[0]
+    write = lambda shard, doc_lists: write_group(  # noqa: E731
+        store, codes, shard, f"{name}-{shard:05d}", out, meta["num_centroids"],
+        meta["config"]["beta_d"], doc_lists,
+    )  # fmt: skip
+    if store.num_tokens - spans[first][1] > DELTA_FRACTION * store.num_tokens:
+        return [write(0, meta["config"]["doc_lists_max_fraction"])]
+    return [groups[0], write(first, "doc_codes" in groups[0]["tables"])]
+
+
+def group_files(meta: dict) -> list[str]:
+    """The file stems of every list group of ``meta``."""
+    return [stem for g in groups_of(meta) for stem in g["tables"].values()]
+
+
+# -- reading ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Group:
+    first_doc: int
+    ivf_offsets: np.ndarray  # read: [C + 1]
+    ivf_docs: np.ndarray  # mapped
+    doc_offsets: np.ndarray | None  # mapped, [group docs + 1]
+    doc_codes: np.ndarray | None  # mapped
+
+
+class Lists:
+    """An index's list groups, read as one set of lists (see the module docstring)."""
+
+    def __init__(self, groups: list[_Group]):
+        self.groups = groups
+        self.first_docs = np.array([g.first_doc for g in groups], np.int64)
+        # without lists in every group, centroid interaction reads the tokens' codes instead
+        self.has_doc_lists = all(g.doc_codes is not None for g in groups)
+
+    @classmethod
+    def open(cls, out: Path, meta: dict) -> Lists:
+        """Maps the list files of ``meta``'s groups in ``out`` (the offsets of the inverted
+        file read: C + 1 entries per group)."""
+        groups = []
+        for g in groups_of(meta):
+            files = {kind: out / f"{stem}.npy" for kind, stem in g["tables"].items()}
+            lists = "doc_codes" in files
+            groups.append(
+                _Group(
+                    int(g["first_doc"]),
+                    fileio.load_npy(files["ivf_offsets"], mmap=False),
+                    fileio.load_npy(files["ivf_docs"]),
+                    fileio.load_npy(files["doc_code_offsets"]) if lists else None,
+                    fileio.load_npy(files["doc_codes"]) if lists else None,
+                )
+            )
+        return cls(groups)
+
+    @property
+    def num_entries(self) -> int:
+        """Entries of the inverted file (document, centroid pairs), every group's."""
+        return sum(len(g.ivf_docs) for g in self.groups)
+
+    def doc_code_count(self) -> int:
+        """Entries of the document → centroid lists (0 without them)."""
+        return sum(len(g.doc_codes) for g in self.groups if g.doc_codes is not None)
+
+    def probe(self, centroids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The documents of the inverted lists of ``centroids`` — concatenated in that order
+        within each group, groups one after the other — and each entry's centroid's score
+        (``scores``, one per centroid). A document's lists are all in one group, so its first
+        entry is that of the first of ``centroids`` that lists it."""
+        docs, values = [], []
+        for g in self.groups:
+            rows, lengths = concatenated_ranges(g.ivf_offsets, centroids)
+            docs.append(np.asarray(g.ivf_docs[rows]))
+            values.append(np.repeat(scores, lengths))
+        if len(self.groups) == 1:
+            return docs[0], values[0]
+        return np.concatenate(docs), np.concatenate(values)
+
+    def inverted_list(self, centroid: int) -> np.ndarray:
+        """The documents of one centroid's list, sorted."""
+        return self.probe(np.array([centroid]), np.zeros(1, np.float32))[0]
+
+    def document_centroids(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct centroid ids of each of ``docs`` (concatenated, in the order of
+        ``docs``) and their counts; only with ``has_doc_lists``."""
+        docs = np.asarray(docs, np.int64)
+        where = np.searchsorted(self.first_docs, docs, side="right") - 1
+        if len(self.groups) == 1 or not len(docs) or (where == where[0]).all():
+            g = self.groups[int(where[0]) if len(docs) else 0]
+            rows, lengths = concatenated_ranges(g.doc_offsets, docs - g.first_doc)
+            return np.asarray(g.doc_codes[rows]), lengths
+        lengths = np.empty(len(docs), np.int64)
+        for k, g in enumerate(self.groups):
+            local = docs[where == k] - g.first_doc
+            lengths[where == k] = g.doc_offsets[local + 1] - g.doc_offsets[local]
+        ends = np.zeros(len(docs) + 1, np.int64)
+        np.cumsum(lengths, out=ends[1:])
+        codes = np.empty(int(ends[-1]), self.groups[0].doc_codes.dtype)
+        for k, g in enumerate(self.groups):
+            mine = np.flatnonzero(where == k)
+            rows, _ = concatenated_ranges(g.doc_offsets, docs[mine] - g.first_doc)
+            codes[concatenated_ranges(ends, mine)[0]] = g.doc_codes[rows]
+        return codes, lengths
