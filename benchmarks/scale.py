@@ -62,6 +62,7 @@ def residual_sigma(store_dir: Path, sample: int = 200_000, seed: int = 0) -> flo
 
     store = ts.TokenStore(store_dir)
     index = ci.CentroidIndex.load(store)
+    sample = min(sample, store.num_tokens)
     rows = np.sort(np.random.default_rng(seed).choice(store.num_tokens, sample, replace=False))
     vectors = store.take("vectors", rows).astype(np.float32)
     codes = np.asarray(index.codes[rows], np.int64)
@@ -72,42 +73,22 @@ def residual_sigma(store_dir: Path, sample: int = 200_000, seed: int = 0) -> flo
 def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: int = 0) -> dict:
     """Writes the s-fold store (real documents first, then distractors) with the project's
     writer; copies ``encoder.json`` so that queries use the source's model."""
-    from aligner_jax.common import progress
     from aligner_jax.indexing import token_store as ts
 
     source = ts.TokenStore(source_dir)
     if out.exists():
         shutil.rmtree(out)
-    vectors = np.asarray(source.vectors())  # float16, the real tokens
-    salience = np.asarray(source.salience())
-    token_ids = np.asarray(source.token_ids())
-    lengths = source.doc_lengths
+    real = source_arrays(source)
+    vectors, salience, token_ids = real
     shard_size = int(source.manifest["indexing"]["shard_size"])
-    rng = np.random.default_rng(seed)
     extra = int(round((scale - 1) * source.num_docs))
     start = time.perf_counter()
     with ts.TokenStoreWriter(out, source.manifest["model"], shard_size=shard_size) as writer:
         for i in range(source.num_docs):
             lo, hi = source.offsets[i], source.offsets[i + 1]
             writer.add(source.doc_ids[i], vectors[lo:hi], salience[lo:hi], token_ids[lo:hi])
-        bar = progress.Progress(extra, f"scale x{scale:g}: distractor documents", "doc")
-        for first in range(0, extra, shard_size):
-            n = min(shard_size, extra - first)
-            m = rng.choice(lengths, n)
-            rows = rng.integers(0, source.num_tokens, int(m.sum()))
-            v = vectors[rows].astype(np.float32)
-            noise = rng.standard_normal(size=v.shape, dtype=np.float32)  # float32: 2x faster
-            noise *= sigma
-            v += noise
-            v /= np.linalg.norm(v, axis=1, keepdims=True)
-            v = v.astype(np.float16)
-            cuts = np.concatenate([[0], np.cumsum(m)])
-            for j in range(n):
-                a, b = cuts[j], cuts[j + 1]
-                r = rows[a:b]
-                writer.add(f"distractor-{first + j}", v[a:b], salience[r], token_ids[r])
-            bar.update(n)
-        bar.close()
+        for doc in distractors(source, real, extra, sigma, seed, "distractor", shard_size):
+            writer.add(doc.doc_id, doc.vectors, doc.salience, doc.token_ids)
     shutil.copy(source_dir / "encoder.json", out / "encoder.json")
     store = writer.store
     return {
@@ -116,6 +97,46 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
         "write_s": time.perf_counter() - start,
         "store_bytes": store.nbytes(),
     }
+
+
+def source_arrays(source) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The real store's vectors (float16), saliences and token ids, read whole (1.2M tokens)."""
+    return (
+        np.asarray(source.vectors()),
+        np.asarray(source.salience()),
+        np.asarray(source.token_ids()),
+    )
+
+
+def distractors(source, real, count: int, sigma: float, seed: int, prefix: str, batch: int):
+    """``count`` distractor documents (``EncodedDocument``, ids ``PREFIX-i``): lengths drawn from
+    the real documents', tokens real token vectors drawn at random, jittered by ``sigma`` per
+    dimension and re-normalised, with the drawn tokens' saliences and ids; ``batch`` at a
+    time."""
+    from aligner_jax.common import progress
+    from aligner_jax.indexing import token_store as ts
+
+    vectors, salience, token_ids = real
+    rng = np.random.default_rng(seed)
+    bar = progress.Progress(count, f"{prefix} documents", "doc")
+    for first in range(0, count, batch):
+        n = min(batch, count - first)
+        m = rng.choice(source.doc_lengths, n)
+        rows = rng.integers(0, source.num_tokens, int(m.sum()))
+        v = vectors[rows].astype(np.float32)
+        noise = rng.standard_normal(size=v.shape, dtype=np.float32)  # float32: 2x faster
+        noise *= sigma
+        v += noise
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        v = v.astype(np.float16)
+        cuts = np.concatenate([[0], np.cumsum(m)])
+        for j in range(n):
+            r = rows[cuts[j] : cuts[j + 1]]
+            yield ts.EncodedDocument(
+                f"{prefix}-{first + j}", v[cuts[j] : cuts[j + 1]], salience[r], token_ids[r]
+            )
+        bar.update(n)
+    bar.close()
 
 
 # -- children (fresh processes, peak RSS from outside) --------------------------------------------

@@ -284,6 +284,56 @@ def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path
     assert "| build | cpu |" in (out / "build_throughput.md").read_text()
 
 
+def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_path):
+    """``scale_add.py`` on a tiny grown store: the added documents are stored and indexed (a
+    delta list group), the add is timed against the build, and the exhaustive ranking of the
+    updated store equals the merge of the earlier one with the added documents' alone."""
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import token_store as ts
+    from benchmarks import scale
+
+    rng = np.random.default_rng(1)
+    source = tmp_path / "source"
+    model = {"name": "test", "fingerprint": "f", "dim": 16, "projection": "dense"}
+    with ts.TokenStoreWriter(source, model, shard_size=25) as writer:
+        for i in range(100):
+            n = int(rng.integers(5, 30))
+            v = rng.standard_normal((n, 16)).astype(np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            writer.add(f"d{i}", v.astype(np.float16), rng.random(n).astype(np.float32),
+                       rng.integers(0, 100, n).astype(np.int32))  # fmt: skip
+    (source / "encoder.json").write_text("{}")
+    work = tmp_path / "work"
+    config = ci.CentroidIndexConfig(num_centroids=32)
+    scale.make_store(source, work / "x1", 1.0, 0.0)
+    ci.CentroidIndex.build(ts.TokenStore(work / "x1"), config)
+    scale.make_store(source, work / "x3", 3.0, scale.residual_sigma(work / "x1"), seed=3)
+    ci.CentroidIndex.build(ts.TokenStore(work / "x3"), config)
+    q = rng.standard_normal((12, 16)).astype(np.float32)
+    np.savez(work / "queries.npz", ids=np.array(["a", "b"]), offsets=np.array([0, 5, 12]),
+             vectors=q / np.linalg.norm(q, axis=1, keepdims=True), salience=rng.random(12))  # fmt: skip
+    scale.exhaustive_child(work / "x3", work / "queries.npz", work / "x3" / "exhaustive.json")
+    dataset = tmp_path / "ds"
+    (dataset / "qrels").mkdir(parents=True)
+    (dataset / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\na\td3\t1\nb\td7\t1\n")
+    out = tmp_path / "out"
+    proc = run_python(
+        REPO / "benchmarks" / "scale_add.py", f"--index_dir={work / 'x3'}",
+        f"--source_index={source}", "--fraction=0.05", "--build_s=10", "--check_exhaustive",
+        f"--dataset_dir={dataset}", f"--output_dir={out}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((out / "scale_add.json").read_text())["rows"]
+    after = ts.TokenStore(work / "x3")
+    assert row["added_docs"] == 15 and after.num_docs == 315 and after.doc_ids[-1] == "added-14"
+    assert row["tokens_before"] + row["added_tokens"] == after.num_tokens
+    assert row["list_groups"] == 2 and row["add_fraction_of_build"] == row["add_s"] / 10
+    assert row["exhaustive_equals_rebuild"] is True
+    assert row["queries_with_added_docs_in_top100"] == 2 and 0 <= row["top10_overlap"] <= 1
+    assert "| trained x3 |" in (out / "scale_add.md").read_text()
+    assert (out / "scale_add.png").stat().st_size > 1000
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_scale_exhaustive_reference_equals_brute_force_eq_1_2(tmp_path, monkeypatch, threads):
     """The scale benchmark's exhaustive reference (shards scored on threads, merged in shard
