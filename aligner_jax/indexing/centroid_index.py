@@ -338,7 +338,7 @@ class CentroidIndex:
         }
         meta["lists"] = [
             lists_lib.write_group(
-                store, _segment_codes(out, meta), 0, f"lists-{gen:05d}", out, len(centroids),
+                store, _segment_codes(out, meta), 0, f"lists-{gen:05d}-00000", out, len(centroids),
                 config.beta_d, config.doc_lists_max_fraction,
             )
         ]  # fmt: skip

@@ -257,11 +257,11 @@ class Lists:
         """The distinct centroid ids of each of ``docs`` (concatenated, in the order of
         ``docs``) and their counts; only with ``has_doc_lists``."""
         docs = np.asarray(docs, np.int64)
-        where = np.searchsorted(self.first_docs, docs, side="right") - 1
-        if len(self.groups) == 1 or not len(docs) or (where == where[0]).all():
-            g = self.groups[int(where[0]) if len(docs) else 0]
-            rows, lengths = concatenated_ranges(g.doc_offsets, docs - g.first_doc)
+        if len(self.groups) == 1:
+            g = self.groups[0]
+            rows, lengths = concatenated_ranges(g.doc_offsets, docs)
             return np.asarray(g.doc_codes[rows]), lengths
+        where = np.searchsorted(self.first_docs, docs, side="right") - 1
         lengths = np.empty(len(docs), np.int64)
         for k, g in enumerate(self.groups):
             local = docs[where == k] - g.first_doc
