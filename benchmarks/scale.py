@@ -412,6 +412,18 @@ def quality(found: dict, exact: dict, qrels: dict) -> dict:
 
 
 # -- results ----------------------------------------------------------------------------------------
+def quality_cells(r: dict) -> str:
+    """A row's top-10 overlap | nDCG@10 (exhaustive) | R@100 (exhaustive) table cells (points),
+    or "not measured" where the exhaustive reference was not computed."""
+    if r.get("top10_overlap") is None:
+        return "not measured | not measured | not measured"
+    return (
+        f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} "
+        f"({100 * r['ndcg@10_exhaustive']:.1f}) | {100 * r['recall@100']:.1f} "
+        f"({100 * r['recall@100_exhaustive']:.1f})"
+    )
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         "# Scale: SciFact grown with distractor documents (issue 23)",
@@ -433,20 +445,12 @@ def markdown(rows: list[dict]) -> str:
         k10 = "not measured"
         if r.get("p50_ms_k10") is not None:
             k10 = f"{r['p50_ms_k10']:.1f} / {r['p99_ms_k10']:.1f}"
-        if r.get("top10_overlap") is None:  # the exhaustive reference was not computed
-            quality_cells = "not measured | not measured | not measured"
-        else:
-            quality_cells = (
-                f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} "
-                f"({100 * r['ndcg@10_exhaustive']:.1f}) | {100 * r['recall@100']:.1f} "
-                f"({100 * r['recall@100_exhaustive']:.1f})"
-            )
         lines.append(
             f"| {r['model']} | {r['dim']} | {r['bits']} | {r['scale']:g}× | "
             f"{r['tokens'] / 1e6:.1f}M | {r['build_s']:.0f} | {r['build_peak_rss_gib']:.2f} | "
             f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
             f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
-            f"{k10} | {quality_cells} | {r['machine_load']:.1f} |"
+            f"{k10} | {quality_cells(r)} | {r['machine_load']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

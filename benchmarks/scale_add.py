@@ -110,13 +110,6 @@ def markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         check = r.get("exhaustive_equals_rebuild")
-        quality_cells = "not measured | not measured | not measured"
-        if r.get("top10_overlap") is not None:
-            quality_cells = (
-                f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} "
-                f"({100 * r['ndcg@10_exhaustive']:.1f}) | {100 * r['recall@100']:.1f} "
-                f"({100 * r['recall@100_exhaustive']:.1f})"
-            )
         lines.append(
             f"| {r['store']} | {r['tokens_before'] / 1e6:.1f}M | {r['added_docs']} / "
             f"{r['added_tokens'] / 1e6:.2f}M | {r['add_s']:.1f} | {r['index_update_s']:.1f} | "
@@ -124,7 +117,7 @@ def markdown(rows: list[dict]) -> str:
             f"{100 * r['add_fraction_of_build']:.2f} % | {r['list_groups']} | "
             f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
             f"{'not checked' if check is None else ('yes' if check else 'NO')} | "
-            f"{quality_cells} | {r['machine_load']:.1f} |"
+            f"{scale.quality_cells(r)} | {r['machine_load']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -194,8 +187,8 @@ def main(argv) -> None:
     build_s = FLAGS.build_s
     if build_s is None:
         rows = json.loads(Path(FLAGS.scale_json).read_text())["rows"]
-        bits = json.loads((index_dir / before.manifest["search_index"]["meta"]).read_text())
-        bits = bits["config"]["residual_bits"]
+        meta = json.loads((index_dir / before.manifest["search_index"]["meta"]).read_text())
+        bits = meta["config"]["residual_bits"]
         (build_s,) = [
             r["build_s"]
             for r in rows

@@ -249,21 +249,29 @@ def test_a_child_reports_its_own_peak_rss_with_or_without_gnu_time(tmp_path, mon
     assert 0.44 < result["peak_rss_gib"] < 2.0  # 480 MB touched, not this process's peak
 
 
-def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path):
+def _random_store(directory, num_docs: int, shard_size: int, seed: int):
+    """A 16-d store of random unit vectors (5–29 tokens per document, ids d0..), written with
+    the public writer, with an ``encoder.json`` as the benchmarks copy it."""
     from aligner_jax.indexing import token_store as ts
 
-    rng = np.random.default_rng(0)
-    base = tmp_path / "base"
+    rng = np.random.default_rng(seed)
     model = {"name": "test", "fingerprint": "f", "dim": 16, "projection": "dense"}
-    with ts.TokenStoreWriter(base, model, shard_size=20) as writer:
-        for i in range(60):
+    with ts.TokenStoreWriter(directory, model, shard_size=shard_size) as writer:
+        for i in range(num_docs):
             n = int(rng.integers(5, 30))
             v = rng.standard_normal((n, 16)).astype(np.float32)
             v /= np.linalg.norm(v, axis=1, keepdims=True)
             writer.add(f"d{i}", v.astype(np.float16), rng.random(n).astype(np.float32),
                        rng.integers(0, 100, n).astype(np.int32))  # fmt: skip
-    (base / "encoder.json").write_text("{}")
-    tokens = writer.store.num_tokens
+    (directory / "encoder.json").write_text("{}")
+    return writer.store
+
+
+def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path):
+    from aligner_jax.indexing import token_store as ts
+
+    base = tmp_path / "base"
+    tokens = _random_store(base, 60, shard_size=20, seed=0).num_tokens
     out = tmp_path / "out"
     proc = run_python(
         REPO / "benchmarks" / "build_throughput.py",
@@ -292,17 +300,9 @@ def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_
     from aligner_jax.indexing import token_store as ts
     from benchmarks import scale
 
-    rng = np.random.default_rng(1)
     source = tmp_path / "source"
-    model = {"name": "test", "fingerprint": "f", "dim": 16, "projection": "dense"}
-    with ts.TokenStoreWriter(source, model, shard_size=25) as writer:
-        for i in range(100):
-            n = int(rng.integers(5, 30))
-            v = rng.standard_normal((n, 16)).astype(np.float32)
-            v /= np.linalg.norm(v, axis=1, keepdims=True)
-            writer.add(f"d{i}", v.astype(np.float16), rng.random(n).astype(np.float32),
-                       rng.integers(0, 100, n).astype(np.int32))  # fmt: skip
-    (source / "encoder.json").write_text("{}")
+    _random_store(source, 100, shard_size=25, seed=1)
+    rng = np.random.default_rng(1)
     work = tmp_path / "work"
     config = ci.CentroidIndexConfig(num_centroids=32)
     scale.make_store(source, work / "x1", 1.0, 0.0)
