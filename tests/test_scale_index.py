@@ -20,8 +20,9 @@ from aligner_jax.core import pruning
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import codec as codec_lib
 from aligner_jax.indexing import inverted_lists as lists_lib
-from aligner_jax.indexing import kmeans
+from aligner_jax.indexing import kmeans, sample_file
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.indexing.sample_file import SampleFile
 
 
 def _store(tmp_path, num_docs=60, dim=16, shard_size=7, seed=0):
@@ -129,6 +130,97 @@ def test_build_never_reads_more_than_one_shard_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(ts.TokenStore, "shard_arrays", tracked)
     ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16, beta_d=0.5))
     assert most_live[0] == 1
+
+
+def test_the_build_holds_its_kmeans_sample_in_an_unlinked_file_and_reads_codes_unmapped(
+    tmp_path, monkeypatch
+):
+    """The k-means sample (O(centroids), 0.5 GiB at 65,536 centroids) lives in a scratch file
+    outside resident memory, gone once the build ends (the old build held it in an array); the
+    list writer re-reads the codes it wrote with plain reads, not through a mapping whose
+    touched pages stay resident (the old build mapped them)."""
+    store = _store(tmp_path, num_docs=80, shard_size=6)
+    seen = {}
+    fit, write_group = kmeans.fit_two_level, lists_lib.write_group
+
+    def fit_spy(sample, *args, **kwargs):
+        seen["sample"] = type(sample)
+        seen["files_during"] = sorted(p.name for p in (store.directory / ci.SUBDIR).iterdir())
+        return fit(sample, *args, **kwargs)
+
+    def write_group_spy(store_, codes, *args, **kwargs):
+        seen["codes"] = {type(a) for a in codes.arrays}
+        return write_group(store_, codes, *args, **kwargs)
+
+    monkeypatch.setattr(kmeans, "fit_two_level", fit_spy)
+    monkeypatch.setattr(lists_lib, "write_group", write_group_spy)
+    config = ci.CentroidIndexConfig(num_centroids=16, cells=4, beta_d=0.5, seed=3)
+    index = ci.CentroidIndex.build(store, config)
+    assert seen["sample"] is SampleFile
+    assert seen["files_during"] == []  # unlinked when opened: nothing to leave behind
+    assert seen["codes"] == {fileio.NpyRows}
+    assert not [p for p in (store.directory / ci.SUBDIR).iterdir() if "sample" in p.name]
+    centroids, codes, residuals, ivf, doc_codes = _reference(store, config)
+    np.testing.assert_array_equal(index.centroids, centroids)
+    np.testing.assert_array_equal(np.asarray(index.codes), codes)
+    np.testing.assert_array_equal(np.asarray(index.residuals), residuals)
+
+
+def test_a_sample_file_reads_and_writes_as_the_array_it_replaces(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    array = rng.standard_normal((1000, 8)).astype(np.float16)
+    monkeypatch.setattr(sample_file, "SPAN_ROWS", 50)  # reads of 50 rows at most
+    with SampleFile(tmp_path, array.shape, np.float16) as f:
+        assert (len(f), f.shape, f.dtype) == (1000, (1000, 8), np.float16)
+        for lo in range(0, 1000, 300):  # written in uneven slices
+            f[lo : lo + 300] = array[lo : lo + 300]
+        assert list(tmp_path.iterdir()) == []
+        np.testing.assert_array_equal(f[0:1000], array)
+        np.testing.assert_array_equal(f[997:2000], array[997:])
+        assert f[5:5].shape == (0, 8)
+        for rows in (
+            rng.integers(0, 1000, 300),  # any order, repeats
+            np.array([999, 0, 500, 0]),  # far apart
+            np.arange(100, 400),  # one run longer than a read
+            np.zeros(0, np.int64),
+        ):
+            np.testing.assert_array_equal(f[rows], array[rows])
+        order = rng.permutation(1000)
+        with f.permuted(order, chunk=128) as g:
+            np.testing.assert_array_equal(g[0:1000], array[order])
+        with pytest.raises(IndexError, match="out of range"):
+            f[np.array([1000])]
+        with pytest.raises(ValueError, match="take shape"):
+            f[0:3] = array[:2]
+        with pytest.raises(IndexError, match="step 1"):
+            f[::2]
+
+
+def test_two_level_kmeans_of_a_sample_file_equals_the_in_memory_fit(tmp_path):
+    sample = np.random.default_rng(1).standard_normal((3000, 16)).astype(np.float16)
+    in_memory = kmeans.fit_two_level(sample, 64, 8, iterations=4, seed=2)
+    with SampleFile(tmp_path, sample.shape, sample.dtype) as f:
+        f[0 : len(sample)] = sample
+        from_file = kmeans.fit_two_level(f, 64, 8, iterations=4, seed=2)
+    for a, b in zip(in_memory, from_file, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_npy_rows_read_slices_of_a_file_without_mapping_it(tmp_path):
+    first = np.arange(40, dtype=np.uint16)
+    second = np.arange(100, 130, dtype=np.uint16)
+    fileio.atomic_save_npy(tmp_path / "a.npy", first)
+    fileio.atomic_save_npy(tmp_path / "b.npy", second)
+    rows = fileio.NpyRows(tmp_path / "a.npy")
+    assert (len(rows), rows.shape, rows.dtype) == (40, (40,), np.uint16)
+    np.testing.assert_array_equal(rows[3:17], first[3:17])
+    assert not isinstance(rows[0:40], np.memmap)
+    with pytest.raises(TypeError, match="contiguous slices"):
+        rows[np.array([1, 2])]
+    both = ci.Segmented([rows, fileio.NpyRows(tmp_path / "b.npy")])
+    whole = np.concatenate([first, second])
+    for lo, hi in ((0, 70), (35, 45), (40, 70), (69, 70), (70, 70)):  # across segments, too
+        np.testing.assert_array_equal(both.span(lo, hi), whole[lo:hi])
 
 
 def test_load_maps_the_large_arrays_instead_of_reading_them(tmp_path):

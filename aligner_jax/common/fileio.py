@@ -222,6 +222,43 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
 _LOAD_LOCK = threading.Lock()
 
 
+class NpyRows:
+    """The rows of a ``.npy`` file read on demand with plain reads, never mapped: what a streaming
+    job reads leaves its resident memory when dropped (the pages of a mapped file count as the
+    process's own for as long as the mapping lives). ``len``, ``shape``, ``dtype`` and
+    ``rows[lo:hi]`` (contiguous slices only)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with _LOAD_LOCK, open(self.path, "rb") as f:  # the header is parsed as np.load does
+            version = np.lib.format.read_magic(f)
+            header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = header(f)
+            self._offset = f.tell()
+        if fortran and len(shape) > 1:
+            raise ValueError(f"{self.path}: a Fortran-ordered array cannot be read by rows")
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self._row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError(f"{self.path}: NpyRows reads contiguous slices of rows only")
+        start, stop, step = key.indices(self.shape[0])
+        if step != 1:
+            raise TypeError(f"{self.path}: NpyRows reads contiguous slices of rows only")
+        count = max(stop - start, 0) * self._row_items
+        offset = self._offset + start * self._row_items * self.dtype.itemsize
+        rows = np.fromfile(self.path, self.dtype, count=count, offset=offset)
+        return rows.reshape((max(stop - start, 0),) + self.shape[1:])
+
+
 def load_npy(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
     """``np.load`` of an index array (mapped by default), one thread at a time: ``np.load``
     parses the header with ``ast``, which CPython 3.11 is not safe to run in several threads

@@ -30,6 +30,7 @@ import numpy as np
 from absl import logging
 
 from aligner_jax.common import progress
+from aligner_jax.indexing.sample_file import SampleFile
 
 CHUNK = 1 << 15  # points per assignment kernel call (fixed shape: one compilation)
 
@@ -140,9 +141,12 @@ def _chunked_sums(points: np.ndarray, codes: np.ndarray, num_centroids: int):
     return np.array(sums), np.array(counts)
 
 
-def _float(sample: np.ndarray) -> np.ndarray:
+def _float(sample: np.ndarray | SampleFile) -> np.ndarray | SampleFile:
     """``sample`` as float16 or float32, whichever it is (a float16 token store's sample stays
-    float16: half the memory; every kernel reads float32 chunks of it)."""
+    float16: half the memory; every kernel reads float32 chunks of it); a :class:`SampleFile`
+    stays in its file (read a chunk at a time)."""
+    if isinstance(sample, SampleFile):
+        return sample
     sample = np.asarray(sample)
     return sample if sample.dtype in (np.float16, np.float32) else sample.astype(np.float32)
 
@@ -209,7 +213,9 @@ def fit_two_level(
     """Two-level spherical k-means: (centroids ``[cells·⌈C/cells⌉, D]`` ordered by cell, cell
     centroids ``[cells, D]``). ``cells = 1`` is ``fit`` (one level). A cell with fewer sample
     points than centroids repeats its last centroid (the copies never win an assignment).
-    ``parallel`` splits the coarse fit's assignment chunks and the cells' fits."""
+    ``parallel`` splits the coarse fit's assignment chunks and the cells' fits. A ``sample`` in
+    a :class:`SampleFile` is copied, sorted by cell, into a second one, so that each cell's
+    points are one contiguous read."""
     sample = _float(sample)
     if cells <= 1:
         centroids = fit(sample, num_centroids, iterations, seed, parallel=parallel)
@@ -219,10 +225,12 @@ def fit_two_level(
     owner, _ = assign(sample, coarse, parallel)
     order = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[order], np.arange(len(coarse) + 1))
+    by_cell = sample.permuted(order) if isinstance(sample, SampleFile) else None
     bar = progress.Progress(len(coarse), f"k-means: {per_cell} centroids in each cell", "cell")
 
     def cell(j: int) -> np.ndarray:
-        points = sample[order[bounds[j] : bounds[j + 1]]]
+        span = slice(bounds[j], bounds[j + 1])
+        points = sample[order[span]] if by_cell is None else by_cell[span]
         block = fit(points, per_cell, iterations, seed + 1 + j, log=False) if len(points) else None
         block = coarse[j : j + 1] if block is None else block
         out = np.empty((per_cell, sample.shape[1]), np.float32)
@@ -232,7 +240,11 @@ def fit_two_level(
         return out
 
     template = np.zeros((per_cell, sample.shape[1]), np.float32)
-    blocks = parallel.map(cell, len(coarse), template)
+    try:
+        blocks = parallel.map(cell, len(coarse), template)
+    finally:
+        if by_cell is not None:
+            by_cell.close()
     bar.close()
     return np.concatenate(blocks), coarse
 
