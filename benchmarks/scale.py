@@ -489,6 +489,7 @@ def write_results(out_dir: Path, new_rows: list[dict]) -> list[dict]:
     from aligner_jax.common import fileio
 
     path = out_dir / "scale.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     key = lambda r: (r["model"], r["bits"], r["scale"])  # noqa: E731
     fresh = {key(r) for r in new_rows}
@@ -511,6 +512,7 @@ def _kept_build(out_dir: Path, store_dir: Path, scale: float, bits: int) -> dict
     if ci.CentroidIndex.load(store).meta["config"]["residual_bits"] != bits:
         return None
     path = out_dir / "scale.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     for r in rows:
         if (r["model"], r["bits"], r["scale"]) == (FLAGS.model, bits, scale):

@@ -292,6 +292,18 @@ def test_build_throughput_grows_a_store_and_builds_its_index_in_a_child(tmp_path
     assert "| build | cpu |" in (out / "build_throughput.md").read_text()
 
 
+def test_scale_results_go_to_an_output_dir_that_does_not_exist_yet(tmp_path):
+    """``scale.py --output_dir`` names a new folder: its rows are written there (they were
+    lost, with the hours that measured them, when the folder did not exist)."""
+    from benchmarks import scale
+
+    row = json.loads((REPO / "benchmarks/results/scale.json").read_text())["rows"][0]
+    out = tmp_path / "new" / "folder"
+    rows = scale.write_results(out, [row])
+    assert rows == [row] == json.loads((out / "scale.json").read_text())["rows"]
+    assert f"| {row['model']} |" in (out / "scale.md").read_text()
+
+
 def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_path):
     """``scale_add.py`` on a tiny grown store: the added documents are stored and indexed (a
     delta list group), the add is timed against the build, and the exhaustive ranking of the
