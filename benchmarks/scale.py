@@ -512,7 +512,6 @@ def _kept_build(out_dir: Path, store_dir: Path, scale: float, bits: int) -> dict
     if ci.CentroidIndex.load(store).meta["config"]["residual_bits"] != bits:
         return None
     path = out_dir / "scale.json"
-    out_dir.mkdir(parents=True, exist_ok=True)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     for r in rows:
         if (r["model"], r["bits"], r["scale"]) == (FLAGS.model, bits, scale):
