@@ -32,11 +32,12 @@ an O(sample × D) segment sum on every process, small beside the assignment (sam
 × D) that is split. This assumes homogeneous hosts; on mixed hardware the codes may differ in
 the last bits of a near tie, and step 2 still makes the index consistent.
 
-**What it costs.** Each process gathers the whole k-means sample (32 per centroid × D float16,
-as one process does) into its own scratch file (``sample_file``); the second level's split balances cells, not points. The chunks of one
-iteration are few when the sample is small (a sample of ≤ 32,768 points is one chunk: then the
-coarse assignment runs on process 0 while the others wait). The parts are copied once into the
-segment by process 0 (codes + residuals + saliences: about 200 bytes per token at 384-d, 4 bits).
+**What it costs.** Each process gathers the whole k-means sample (32 per centroid × D float16, as
+one process does) into its own scratch file (``sample_file``); the second level's split balances
+cells, not points. The chunks of one iteration are few when the sample is small (a sample of ≤
+32,768 points is one chunk: then the coarse assignment runs on process 0 while the others wait). The
+parts are copied once into the segment by process 0 (codes + residuals + saliences: about 200 bytes
+per token at 384-d, 4 bits).
 
 A job killed at any point leaves the store's last commit as it was: the parts and generation
 files it wrote are never published, and the next commit's ``collect_garbage`` removes them;
