@@ -92,6 +92,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import threadpoolctl
 from absl import app, flags, logging
@@ -184,6 +185,9 @@ _WARP_GRID = flags.DEFINE_string(
     "XTR-WARP search settings (run_peer.py names), NAME=V1,V2;NAME=... (its default is added).",
 )
 _PEER_PYTHON = flags.DEFINE_string("peer_python", "/work/peer-venv/bin/python", "Peers' Python.")
+_PEER_DEVICE = flags.DEFINE_enum(
+    "peer_device", "cpu", ["cpu", "cuda"], "Torch device of the peers (cuda: on a GPU host)."
+)
 _PEER_TIME_LIMIT = flags.DEFINE_float(
     "peer_time_limit_s", 21600, "Per run_peer.py process (one peer, all its settings)."
 )
@@ -456,15 +460,40 @@ def _timed_queries(fn, items) -> tuple[dict, dict]:
 
 
 class ExactMaxSim:
-    """Top-1 alignment (sum of max, normalised by the number of query tokens) over every token."""
+    """Top-1 alignment (sum of max, normalised by the number of query tokens) over every token.
 
-    def __init__(self, store: ts.TokenStore, k: int):
+    In NumPy on the CPU; on an accelerator (JAX's default backend is not the CPU, or
+    ``on_device``) the token matrix stays on the device and one jitted MaxSim answers a query."""
+
+    def __init__(self, store: ts.TokenStore, k: int, on_device: bool | None = None):
         self.vectors = np.asarray(store.vectors(), np.float32)
         self.starts = store.offsets[:-1]
         self.ids = store.doc_ids
         self.k = k
+        self.on_device = jax.default_backend() != "cpu" if on_device is None else on_device
+        if self.on_device:
+            import jax.numpy as jnp
+
+            doc_of_token = np.repeat(np.arange(len(self.starts)), np.diff(store.offsets))
+            self.device_vectors = jnp.asarray(self.vectors)
+            self.device_docs = jnp.asarray(doc_of_token, jnp.int32)
+            num_docs = len(self.starts)
+
+            @jax.jit
+            def top(q, vectors, docs):
+                best = jax.ops.segment_max(
+                    (q @ vectors.T).T, docs, num_segments=num_docs, indices_are_sorted=True
+                )
+                return jax.lax.top_k(best.mean(1), k)
+
+            self._top = top
 
     def __call__(self, qid, e) -> dict[str, float]:
+        if self.on_device:
+            scores, top = jax.device_get(
+                self._top(e.vectors.astype(np.float32), self.device_vectors, self.device_docs)
+            )
+            return {self.ids[i]: float(s) for i, s in zip(top, scores, strict=True)}
         best = np.maximum.reduceat(e.vectors @ self.vectors.T, self.starts, axis=1)
         scores = best.mean(0)
         top = np.argpartition(-scores, self.k - 1)[: self.k]
@@ -509,7 +538,8 @@ def _peer(system, vectors, work, threads, sweep, reuse, retry) -> tuple[dict, fl
     cmd = [
         _PEER_PYTHON.value, str(REPO / "benchmarks/peers/run_peer.py"), f"--system={system}",
         f"--vectors={vectors}", f"--work_dir={work / system}", f"--threads={threads}",
-        f"--k={_K.value}", f"--out={out}", f"--time_limit_s={_PEER_TIME_LIMIT.value}",
+        f"--device={_PEER_DEVICE.value}", f"--k={_K.value}", f"--out={out}",
+        f"--time_limit_s={_PEER_TIME_LIMIT.value}",
         f"--sweep={json.dumps(sweep)}",
     ] + [f"--retry_setting={s}" for s in retry]  # fmt: skip
     if reuse:
@@ -780,6 +810,7 @@ def _rows(dataset_name, model, store, index_dir, split, measured, built, failed,
                 "model": model,
                 "dataset": dataset_name,
                 "threads": threads,
+                "device": _PEER_DEVICE.value if system in PEERS else jax.default_backend(),
                 "split": "reported",
                 "num_queries": quality.pop("answered"),
                 **quality,
@@ -900,8 +931,10 @@ def markdown_earlier(payload: dict) -> str:
 def markdown(payload: dict) -> str:
     if payload["rows"] and not any("tuned_on" in r for r in payload["rows"]):
         return markdown_earlier(payload)
+    devices = sorted({f"{r['system']} on {r['device']}" for r in payload["rows"] if "device" in r})
+    where = "; ".join(devices) if any(not d.endswith(" on cpu") for d in devices) else "CPU"
     lines = [
-        "# Search latency against the peers (batch 1, CPU)",
+        f"# Search latency against the peers (batch 1, {where})",
         "",
         f"Machine: {payload['machine']}. k = {payload.get('k', '?')}, "
         f"{payload.get('rounds', '?')} interleaved round(s). Same token vectors for every system. "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Build and search one peer multi-vector engine (FastPlaid or XTR-WARP) on CPU.
+"""Build and search one peer multi-vector engine (FastPlaid or XTR-WARP) on CPU or a GPU.
 
 Run with the peer virtualenv, never with the aligner_jax environment:
 
@@ -233,6 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--vectors", required=True, help="input vector folder")
     ap.add_argument("--work_dir", required=True, help="folder for the peer index")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="torch device the peer builds, loads and searches on (cuda: a GPU host)",
+    )
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--out", required=True, help="result JSON path")
     ap.add_argument(
@@ -296,6 +302,7 @@ def new_result(args, raw) -> dict:
         "setting": ",".join(f"{k}={v}" for k, v in raw.items()) or "default",
         "settings": raw,
         "threads": args.threads,
+        "device": args.device,
         "k": args.k,
         "phase": "start",
         "build_s": None,
@@ -659,7 +666,7 @@ class FastPlaidRunner:
 
         if os.path.isdir(self.index_dir):
             shutil.rmtree(self.index_dir)
-        builder = search.FastPlaid(index=self.index_dir, device="cpu")
+        builder = search.FastPlaid(index=self.index_dir, device=self.args.device)
         builder.create(documents_embeddings=doc_list, **self.build_kw)
         builder.close()
         del builder
@@ -667,7 +674,7 @@ class FastPlaidRunner:
     def load(self):
         from fast_plaid import search
 
-        self.index = search.FastPlaid(index=self.index_dir, device="cpu", **self.load_kw)
+        self.index = search.FastPlaid(index=self.index_dir, device=self.args.device, **self.load_kw)
 
     def search_settings(self, search_kw):
         return dict(search_kw)
@@ -770,7 +777,7 @@ class XtrWarpRunner:
             offsets = np.load(os.path.join(self.args.vectors, "doc_offsets.npy"))
             np.save(os.path.join(source, "embeddings_0.doclens.npy"), np.diff(offsets))
         builder = XTRWarp(index=self.index_dir)
-        builder.create(embeddings_source=source, device="cpu", show_progress=False, **kw)
+        builder.create(embeddings_source=source, device=self.args.device, show_progress=False, **kw)
         builder.free()
         del builder
 
@@ -782,7 +789,7 @@ class XtrWarpRunner:
         if isinstance(kw.get("dtype"), str):
             kw["dtype"] = getattr(torch, kw["dtype"])
         self.index = XTRWarp(index=self.index_dir)
-        self.index.load(device="cpu", **kw)
+        self.index.load(device=self.args.device, **kw)
 
     def search(self, q, k):
         if self._auto is None:

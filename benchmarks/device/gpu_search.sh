@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# SciFact zero-shot on a lent GPU host (the `device` tool): GPU indexing throughput, search and
+# end-to-end latency, and FastPlaid on the same GPU and the same vectors, in one call.
+#   bash benchmarks/device/prepare_bundle.sh        # here, once: fills .dev/
+#   device run, carry [.dev]: bash benchmarks/device/gpu_search.sh
+# Each stage has its own time limit and copies what it wrote to $OUT at once, so a stage that
+# runs out of time still leaves the earlier ones' results.
+#   1. aligner-index of SciFact (encode on the GPU + the default search index), wall s and peak
+#      RSS of the child (ru_maxrss);
+#   2. benchmarks/e2e_latency.py: load, compilations after load, encode / search / rerank p50-p99;
+#   3. benchmarks/search_latency.py: ours (a grid), exact MaxSim and FastPlaid (15 settings,
+#      --peer_device=cuda) with the operating points chosen on 200 SciFact train queries and the
+#      300 test queries reported; our search keeps its CPU threads (--threads) and refines on the
+#      JAX default backend (the GPU).
+# Environment (for a smoke run elsewhere): BEIR_TGZ (.dev/scifact.tgz), PEER_PYTHON (python3),
+# PEER_DEVICE (cuda), SWEEP_EXTRA (extra search_latency.py flags). Everything comes back as one
+# $OUT/results.tgz (the tool returns at most 8 files), rewritten after every stage.
+set -u
+export OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+R=/tmp/gpu_results; rm -rf $R; mkdir -p $R
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+[ -n "${SKIP_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/.dev/pkgs:$PWD
+mkdir -p /tmp/beir && tar xzf "${BEIR_TGZ:-.dev/scifact.tgz}" -C /tmp/beir
+D=/tmp/beir/scifact IDX=/tmp/sf_index
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g
+  python3 -c "import jax, torch, fast_plaid; print(jax.__version__, jax.devices(), torch.__version__)"
+} >"$R/host.txt" 2>&1
+stage() {  # NAME LIMIT_S CMD...: wall s and the child's peak RSS into $OUT/stages.jsonl
+  local name=$1 limit=$2; shift 2
+  python3 - "$name" "$limit" "$@" <<'PY' 2>&1 | tee "$R/$name.log" | tail -n 25
+import json, os, resource, subprocess, sys, time
+name, limit, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+t0 = time.time()
+try:
+    rc = subprocess.run(cmd, timeout=limit).returncode
+except subprocess.TimeoutExpired:
+    rc = "timeout"
+row = {"stage": name, "rc": rc, "wall_s": round(time.time() - t0, 2), "cmd": " ".join(cmd),
+       "peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+       "load_avg": os.getloadavg()}
+open("/tmp/gpu_results/stages.jsonl", "a").write(json.dumps(row) + "\n")
+print(row)
+PY
+  tar czf "$OUT/results.tgz" -C $R .
+}
+stage index 170 python3 -m aligner_jax.index --dataset_dir=$D --index_dir=$IDX
+stage e2e 80 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
+  --output_name="$R/e2e_latency_scifact_gpu"
+stage sweep 310 python3 benchmarks/search_latency.py --stores=scifact:zero_shot:$IDX \
+  --data_root=/tmp/beir --systems=aligner_jax,exact,fast-plaid --threads=2 --rounds=1 \
+  --ours_grid="probe_docs=640,1280,2560;refine_per_k=2,4" --ours_bits=4,2 --reuse_index \
+  --peer_python="${PEER_PYTHON:-python3}" --peer_device="${PEER_DEVICE:-cuda}" \
+  --peer_time_limit_s=300 --work_dir=/tmp/sl --out="$R/search_latency_scifact_gpu" ${SWEEP_EXTRA:-}
+tar czf "$OUT/results.tgz" -C $R . && ls -la $R "$OUT"
