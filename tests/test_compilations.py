@@ -182,3 +182,77 @@ def test_assigning_chunks_of_every_length_compiles_one_kernel_per_power_of_two()
             codes, best = kmeans.assign(points, cells)
             np.testing.assert_array_equal(codes, np.argmax(points @ cells.T, axis=1))
     assert names == []
+
+
+PLACEMENT_SCRIPT = r"""
+import json, sys
+import jax
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from index_utils import random_documents, write_store
+from aligner_jax.core import scoring
+from aligner_jax.encoding.encoder import EncodedText
+from aligner_jax.retrieval import refine
+
+jax.config.update("jax_default_device", jax.devices()[1])  # the "accelerator": not cpu:0
+store = write_store(sys.argv[1], random_documents(30, 8, seed=1, max_len=40), dim=8)
+seen = []
+kernel = refine.score_chunk
+
+def spy(*args, **kwargs):
+    out = kernel(*args, **kwargs)
+    seen.append(sorted(str(d) for d in out.devices()))
+    return out
+
+refine.score_chunk = spy
+query = EncodedText(np.arange(5, dtype=np.int32), np.eye(5, 8, dtype=np.float32), np.ones(5, np.float32))
+batch = refine.QueryBatch.from_encoded([query], 16)
+top1 = (scoring.AlignmentStrategy.parse("top_k:1"),)
+result = {}
+for name, config in {
+    "fixed_cpu": refine.RefineConfig(block_docs=8),
+    "fixed_default": refine.RefineConfig(block_docs=8, fixed_shape_device="default"),
+    "bucketed": refine.RefineConfig(fixed_shape_docs=0),
+}.items():
+    seen.clear()
+    scores = refine.Refiner(store, config).score(batch, [np.arange(20)], top1)[0]
+    result[name] = {"devices": sorted({d for s in seen for d in s}), "scores": scores.tolist()}
+print(json.dumps(result))
+"""
+
+
+def test_fixed_shape_blocks_run_on_the_host_cpu_whatever_the_default_device(tmp_path):
+    """A query's fixed-shape blocks are padded to the longest document; on a GPU host copying
+    them to the device for every query made search slower than on a 2-core CPU (results README,
+    GPU host). They run on the host's CPU (``cpu:0`` here, the default device being ``cpu:1``,
+    standing in for an accelerator); ``fixed_shape_device="default"`` and the bucketed path
+    (exhaustive refinement) run on the default device. Scores are the same everywhere."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    tests_dir = str(Path(__file__).resolve().parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", PLACEMENT_SCRIPT, str(tmp_path / "store"), tests_dir],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["fixed_cpu"]["devices"] == ["cpu:0"]
+    assert result["fixed_default"]["devices"] == ["cpu:1"]
+    assert result["bucketed"]["devices"] == ["cpu:1"]
+    np.testing.assert_allclose(
+        result["fixed_cpu"]["scores"], result["bucketed"]["scores"], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        result["fixed_cpu"]["scores"], result["fixed_default"]["scores"], atol=0
+    )
+
+
+def test_fixed_shape_device_is_checked():
+    with pytest.raises(Exception, match=r"fixed_shape_device.*choose one of \['cpu', 'default'\]"):
+        refine.RefineConfig(fixed_shape_device="gpu")

@@ -46,14 +46,15 @@ def make_encode_fn(
     return encode
 
 
-def default_concurrent_batches() -> int:
+def default_concurrent_batches(platform: str | None = None) -> int:
     """How many batches ``iter_encoded_batches`` keeps in flight by default.
 
     XLA:CPU runs each fused matmul of this encoder on one thread, so one batch at a time keeps
     about one core busy; running one batch per usable core in parallel uses them all. On
-    accelerators one stream of batches suffices.
+    accelerators one stream of batches suffices. ``platform``: where the batches run (default:
+    JAX's default backend).
     """
-    if jax.default_backend() != "cpu":
+    if (platform or jax.default_backend()) != "cpu":
         return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))

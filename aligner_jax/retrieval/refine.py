@@ -58,6 +58,11 @@ class RefineConfig:
         scored in fixed-shape blocks: padded to the store's longest document, ``block_docs``
         documents per kernel call (one compiled shape per query bucket: see ``warm_up``).
       block_docs: documents per fixed-shape block.
+      fixed_shape_device: where the fixed-shape blocks run: ``"cpu"``, the host's CPU whatever
+        JAX's default backend is (on a GPU host a query's blocks, padded to the longest
+        document, would otherwise be copied to the device for every query), or ``"default"``,
+        JAX's default device. Larger refinements (exhaustive evaluation) always run on the
+        default device.
     """
 
     length_multiple: int = 32
@@ -67,6 +72,7 @@ class RefineConfig:
     concurrent_chunks: int | None = None
     fixed_shape_docs: int = 1024
     block_docs: int = 64
+    fixed_shape_device: str = "cpu"
 
     def __post_init__(self):
         name = type(self).__name__
@@ -81,6 +87,7 @@ class RefineConfig:
         )
         checks.integer(f"{name}.fixed_shape_docs", self.fixed_shape_docs, minimum=0)
         checks.integer(f"{name}.block_docs", self.block_docs, minimum=1)
+        checks.choice(f"{name}.fixed_shape_device", self.fixed_shape_device, ("cpu", "default"))
 
     def query_buckets_upto(self, n: int) -> tuple[int, ...]:
         """Every query length bucket a query of at most ``n`` tokens can take."""
@@ -218,11 +225,17 @@ class Refiner:
         position = np.full((num_q, len(union)), -1, np.int64)
         for i, c in enumerate(cands):
             position[i, np.searchsorted(union, c)] = np.arange(len(c))
+        fixed = len(union) <= self.config.fixed_shape_docs
+        # The queries committed to a device decide where every block runs (the blocks' NumPy
+        # arrays follow them): the host CPU for fixed-shape blocks by default.
+        device = (
+            jax.devices("cpu")[0] if fixed and self.config.fixed_shape_device == "cpu" else None
+        )
         q = tuple(
-            jax.device_put(x)  # a transfer, not a compiled conversion
+            jax.device_put(x, device)  # a transfer, not a compiled conversion
             for x in (queries.vectors, queries.mask, queries.salience, queries.token_ids)
         )
-        if len(union) <= self.config.fixed_shape_docs:
+        if fixed:
             jobs = self._fixed_shape_jobs(union)
         else:
             jobs = self._bucket_jobs(union, queries.vectors.shape[1], num_q)
@@ -241,7 +254,9 @@ class Refiner:
 
         # XLA:CPU runs each fused op on one thread: keep one chunk in flight per core (threads
         # kept between calls: starting them costs milliseconds on a busy machine).
-        workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
+        workers = self.config.concurrent_chunks or batching.default_concurrent_batches(
+            device.platform if device is not None else None
+        )
         done = map(run, jobs) if len(jobs) == 1 else _pool(max(1, workers)).map(run, jobs)
         for part, scores in done:
             cols = np.searchsorted(union, part)
@@ -303,7 +318,8 @@ class Refiner:
             )
             self.score(QueryBatch.from_encoded([query], length), [docs], parsed)
 
-        workers = self.config.concurrent_chunks or batching.default_concurrent_batches()
+        platform = "cpu" if self.config.fixed_shape_device == "cpu" else None
+        workers = self.config.concurrent_chunks or batching.default_concurrent_batches(platform)
         with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
             list(pool.map(run, shapes))
         return len(shapes)
