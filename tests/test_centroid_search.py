@@ -506,3 +506,43 @@ def test_query_tokens_of_weight_zero_take_no_part(store, index):
     ((docs_sub, _),), _ = searcher.search(q.vectors, u, np.array([0, 4]), k)
     ((docs_one, _),), _ = searcher.search(q.vectors[live], u[live], np.array([0]), k)
     np.testing.assert_array_equal(docs_sub, docs_one)
+
+
+@pytest.mark.parametrize("n", [1, 7, 57])
+def test_segment_max_is_the_maximum_of_each_run_of_rows(n, monkeypatch):
+    monkeypatch.setattr(cs, "SEGMENT_ROWS", 64)  # many blocks, and runs longer than a block
+    rng = np.random.default_rng(n)
+    lengths = np.concatenate([rng.integers(1, 20, 40), [150], rng.integers(1, 70, 30)])
+    values = rng.standard_normal((int(lengths.sum()), n)).astype(np.float32)
+    got = cs.segment_max(values, lengths)
+    ends = np.cumsum(lengths)
+    expected = np.stack([values[e - m : e].max(axis=0) for e, m in zip(ends, lengths, strict=True)])
+    assert got.shape == (len(lengths), n) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_segment_max_gives_minus_infinity_for_an_empty_run():
+    values = np.arange(12, dtype=np.float32).reshape(6, 2)
+    got = cs.segment_max(values, np.array([0, 2, 0, 4, 0]))
+    np.testing.assert_array_equal(
+        got, [[-np.inf, -np.inf], [2, 3], [-np.inf, -np.inf], [10, 11], [-np.inf, -np.inf]]
+    )
+    assert cs.segment_max(values[:0], np.zeros(0, np.int64)).shape == (0, 2)
+
+
+def test_segment_max_selects_the_largest_value_among_the_rows_at_the_maximum(monkeypatch):
+    monkeypatch.setattr(cs, "SEGMENT_ROWS", 8)
+    rng = np.random.default_rng(3)
+    lengths = np.array([3, 1, 12, 5, 0, 4])
+    values = rng.integers(0, 3, (lengths.sum(), 4)).astype(np.float32)  # many ties
+    salience = rng.random(lengths.sum()).astype(np.float32)
+    best, selected = cs.segment_max(values, lengths, at_max=salience)
+    np.testing.assert_array_equal(best, cs.segment_max(values, lengths))
+    ends = np.cumsum(lengths)
+    for d, (e, m) in enumerate(zip(ends, lengths, strict=True)):
+        for i in range(4):
+            if m == 0:
+                assert selected[d, i] == -np.inf
+                continue
+            col = values[e - m : e, i]
+            assert selected[d, i] == salience[e - m : e][col == col.max()].max()

@@ -151,6 +151,60 @@ def _segment_starts(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
+SEGMENT_ROWS = 4096  # rows transposed at a time by segment_max
+
+
+def segment_max(
+    values: np.ndarray, lengths: np.ndarray, at_max: np.ndarray | None = None
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """The maximum of each run of consecutive rows of ``values [T, n]`` (runs of ``lengths``,
+    summing to T): ``[len(lengths), n]``; a run of length 0 gives −∞. With ``at_max [T]``
+    (a value per row) also, per run and column, the largest ``at_max`` of the rows that attain
+    the maximum (Eq. 2: the salience u^d of the selected token): ``(maxima, selected)``.
+
+    The same as ``np.maximum.reduceat(values, starts, axis=0)`` for runs of length ≥ 1, 2–4×
+    faster: NumPy reduces along axis 0 with one inner loop of length n per row, so on a few
+    dozen query tokens the loop overhead dominates. Here runs are grouped into blocks of at
+    most ``SEGMENT_ROWS`` rows (a longer run is a block of its own), each block is transposed
+    into a per-thread scratch buffer and reduced along its contiguous axis."""
+    lengths = np.asarray(lengths, np.int64)
+    num, n = len(lengths), values.shape[1]
+    if not lengths.all():
+        out = np.full((num, n), -np.inf, values.dtype)
+        sel = np.full((num, n), -np.inf, np.float32)
+        nonempty = np.flatnonzero(lengths)
+        if len(nonempty):
+            part = segment_max(values, lengths[nonempty], at_max)
+            if at_max is None:
+                out[nonempty] = part
+            else:
+                out[nonempty], sel[nonempty] = part
+        return out if at_max is None else (out, sel)
+    out = np.empty((num, n), values.dtype)
+    sel = None if at_max is None else np.empty((num, n), np.float32)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    g0 = 0
+    while g0 < num:
+        r0 = int(starts[g0])
+        g1 = max(g0 + 1, int(np.searchsorted(ends, r0 + SEGMENT_ROWS, side="right")))
+        r1 = int(ends[g1 - 1])
+        local = starts[g0:g1] - r0
+        block = scratch.buffer("segment_max.block", (n, r1 - r0), values.dtype)
+        np.copyto(block, values[r0:r1].T)
+        best = np.maximum.reduceat(block, local, axis=1)  # [n, runs]
+        out[g0:g1] = best.T
+        if sel is not None:
+            rep = scratch.buffer("segment_max.repeated", block.shape, values.dtype)
+            np.take(best, np.repeat(np.arange(g1 - g0), lengths[g0:g1]), axis=1, out=rep)
+            chosen = scratch.buffer("segment_max.chosen", block.shape, np.float32)
+            chosen.fill(-np.inf)
+            np.copyto(chosen, np.broadcast_to(at_max[r0:r1], block.shape), where=block == rep)
+            sel[g0:g1] = np.maximum.reduceat(chosen, local, axis=1).T
+        g0 = g1
+    return out if sel is None else (out, sel)
+
+
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest scores, best first (ties: lower index first)."""
     if k < len(scores):
@@ -251,7 +305,7 @@ class CentroidSearcher:
             codes = np.asarray(self.index.codes[rows], np.intp)
         gathered = scratch.buffer("interaction.scores", (len(codes), s_t.shape[1]), np.float32)
         np.take(s_t, codes, axis=0, out=gathered)
-        return codes, lengths, gathered, np.maximum.reduceat(gathered, _segment_starts(lengths))
+        return codes, lengths, gathered, segment_max(gathered, lengths)
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
@@ -312,24 +366,19 @@ class CentroidSearcher:
             sims = np.compress(keep, sims, axis=0, out=kept)
         margin = self.config.refine_margin
         if margin is not None:  # only tokens within `margin` of their doc's best centroid score
-            best_c = np.maximum.reduceat(sims, _segment_starts(lengths), axis=0)
+            best_c = segment_max(sims, lengths)
             keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
             lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
             rows, sims = rows[keep], sims[keep]
         self.index.codec.residual_scores(
             q, self.index.residuals[rows], token_major=True, add_to=sims
         )
-        starts = _segment_starts(lengths)
-        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, n]
         if self.salience is None:
+            best = segment_max(sims, lengths)  # [docs, n]
             return (best @ u_q) / max(float(u_q.sum()), 1e-12)
         # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = np.asarray(self.salience[rows], np.float32)
-        at_max, best_rows = _at_document_rows(sims, best, lengths)
-        u_at_max = best_rows  # reused: u^d where the token is its document's maximum, else −∞
-        u_at_max.fill(-np.inf)
-        np.copyto(u_at_max, u_d[:, None], where=at_max)
-        u_sel = np.maximum.reduceat(u_at_max, starts, axis=0)
+        best, u_sel = segment_max(sims, lengths, at_max=u_d)
         a = u_sel * u_q[None, :]
         z = a.sum(1)
         return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)
