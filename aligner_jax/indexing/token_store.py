@@ -443,12 +443,17 @@ class TokenStore:
         salience = np.zeros((c, length), dtype=np.float32)
         token_ids = np.zeros((c, length), dtype=np.int32)
         mask = np.arange(length)[None, :] < lengths[:, None]
-        # Documents are contiguous runs of rows: read shard by shard in one fancy-index per array.
-        rows = (starts[:, None] + np.arange(length)[None, :])[mask]
-        where_c, where_l = np.nonzero(mask)
-        vectors[where_c, where_l] = self.take("vectors", rows)
-        salience[where_c, where_l] = self.take("salience", rows)
-        token_ids[where_c, where_l] = self.take("token_ids", rows)
+        # A document is a run of rows of its shard: one slice copy per document and array
+        # (4-5x faster than a fancy index over every row).
+        shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
+        kinds = ("vectors", "salience", "token_ids")
+        arrays: dict[int, tuple] = {}
+        for i, (lo, n, s) in enumerate(zip(starts.tolist(), lengths.tolist(), shard.tolist())):
+            if s not in arrays:
+                arrays[s] = tuple(self._array(kind, s) for kind in kinds)
+            off = lo - int(self._shard_token_starts[s])
+            for out, array in zip((vectors, salience, token_ids), arrays[s], strict=True):
+                out[i, :n] = array[off : off + n]
         return vectors, mask, salience, token_ids
 
 
