@@ -448,7 +448,8 @@ class TokenStore:
         shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         kinds = ("vectors", "salience", "token_ids")
         arrays: dict[int, tuple] = {}
-        for i, (lo, n, s) in enumerate(zip(starts.tolist(), lengths.tolist(), shard.tolist())):
+        rows = zip(starts.tolist(), lengths.tolist(), shard.tolist(), strict=True)
+        for i, (lo, n, s) in enumerate(rows):
             if s not in arrays:
                 arrays[s] = tuple(self._array(kind, s) for kind in kinds)
             off = lo - int(self._shard_token_starts[s])
