@@ -412,3 +412,22 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
     assert toy_searcher.documents.fetch([int(second.doc_id[1:])])[0]["metadata"]["kind"] == "even"
     with pytest.raises(ConfigError, match="--filter=year: not JSON"):
         search_job.search_job(index_dir, query="bees", filter="year")
+
+
+def test_fetching_hits_reads_rows_through_the_primary_key_not_a_table_scan(synthetic):
+    store, fast, _ = synthetic
+    table = fast.documents
+    positions = [299, 0, 64, 5, 64, 130]
+    executed = []
+    table._db().set_trace_callback(executed.append)  # the SQL as run, parameters filled in
+    try:
+        got = table.fetch(positions)
+    finally:
+        table._db().set_trace_callback(None)
+    assert [r["doc_id"] for r in got] == [store.doc_ids[p] for p in positions]
+    assert got[0]["title"] == f"title {store.doc_ids[299]}" and got[2]["metadata"]["group"] == 64
+    (sql,) = [q for q in executed if "documents" in q]
+    steps = [row[-1] for row in table._db().execute(f"EXPLAIN QUERY PLAN {sql}").fetchall()]
+    # a table scan costs every search time proportional to the corpus (1.5 ms at 5k documents)
+    assert not any(s.startswith("SCAN d") for s in steps), steps
+    assert any("USING INDEX" in s or "USING PRIMARY KEY" in s for s in steps), steps

@@ -64,6 +64,18 @@ OPERATORS = tuple(RANGE_OPERATORS) + ("in",)
 COLUMNS = ("doc_id", "title")  # filtered as columns; every other field is a metadata key
 
 
+def fetch_sql(num_pairs: int) -> str:
+    """The rows of ``num_pairs`` (shard, slot) pairs, each found through the primary key: the
+    pairs are a table joined to ``documents`` (a row-value ``IN (VALUES ...)`` makes SQLite scan
+    the whole table for every search)."""
+    marks = ", ".join("(?, ?)" for _ in range(num_pairs))
+    return (
+        f"WITH wanted(shard, slot) AS (VALUES {marks}) "
+        "SELECT d.shard, d.slot, d.doc_id, d.title, d.text, d.metadata "
+        "FROM wanted CROSS JOIN documents AS d ON d.shard = wanted.shard AND d.slot = wanted.slot"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class IndexDocument:
     """A document to index with its metadata (``beir.Document``'s fields plus ``metadata``)."""
@@ -294,12 +306,7 @@ class DocumentTable:
         found = {}
         for lo in range(0, len(pairs), 400):  # SQLite's parameter limit
             chunk = pairs[lo : lo + 400]
-            marks = ", ".join("(?, ?)" for _ in chunk)
-            cursor = self._db().execute(
-                "SELECT shard, slot, doc_id, title, text, metadata FROM documents "
-                f"WHERE (shard, slot) IN (VALUES {marks})",
-                [v for pair in chunk for v in pair],
-            )
+            cursor = self._db().execute(fetch_sql(len(chunk)), [v for pair in chunk for v in pair])
             for shard, row, doc_id, title, text, meta in cursor:
                 found[(shard, row)] = {
                     "doc_id": doc_id,
