@@ -397,3 +397,45 @@ def test_scale_exhaustive_reference_equals_brute_force_eq_1_2(tmp_path, monkeypa
         # (the store keeps u^d in float16, the reference here its float32 source)
         np.testing.assert_allclose(found_scores[qid], np.array(scores)[expected], rtol=1e-3)
     assert "d12" not in found["a"] + found["b"]
+
+
+def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
+    """The A/B benchmark times kept copies of replaced code: they must still compute the same."""
+    import query_path_ab as ab
+    from index_utils import random_documents, write_store
+
+    from aligner_jax.indexing import documents as documents_lib
+    from aligner_jax.retrieval import centroid_search as cs
+
+    docs = random_documents(40, 8, seed=2, max_len=25)
+    store = write_store(tmp_path / "idx", docs, 8, shard_size=9)
+    picks = np.array([39, 0, 9, 17, 18, 3])
+    for new, old in zip(
+        store.gather_padded(picks, 32), ab.fancy_gather_padded(store, picks, 32), strict=True
+    ):
+        np.testing.assert_array_equal(new, old)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, 50)
+    values = rng.integers(0, 4, (lengths.sum(), 5)).astype(np.float32)  # ties
+    u = rng.random(lengths.sum()).astype(np.float32)
+    for new, old in zip(
+        cs.segment_max(values, lengths, at_max=u),
+        ab.reduceat_segment_max(values, lengths, at_max=u),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(new, old)
+    for shard, start in enumerate(range(0, 40, 9)):
+        rows = [
+            documents_lib.IndexDocument(d.doc_id, f"t{d.doc_id}", "x", {"i": i})
+            for i, d in enumerate(docs[start : start + 9], start=start)
+        ]
+        documents_lib.write_shard(store.directory, shard, rows)
+    table = documents_lib.DocumentTable(store.directory, store.manifest["shards"])
+    positions = [39, 0, 9, 17, 18, 3]
+    new = table.fetch(positions)
+    try:
+        documents_lib.fetch_sql = ab.scan_fetch_sql
+        old = table.fetch(positions)
+    finally:
+        documents_lib.fetch_sql = ab.NEW["fetch_sql"]
+    assert new == old and [r["doc_id"] for r in new] == [store.doc_ids[p] for p in positions]

@@ -192,6 +192,7 @@ class Refiner:
         self._use_cache = cache_need <= self.config.cache_bytes
         self._cache: dict[int, tuple] | None = None
         self._cache_lock = threading.Lock()
+        self._host_cpu = jax.devices("cpu")[0]  # where fixed-shape blocks run by default
 
     def _chunk_docs(self, query_len: int, num_queries: int, length: int) -> int:
         per_doc = max(1, num_queries * query_len * length)
@@ -228,9 +229,7 @@ class Refiner:
         fixed = len(union) <= self.config.fixed_shape_docs
         # The queries committed to a device decide where every block runs (the blocks' NumPy
         # arrays follow them): the host CPU for fixed-shape blocks by default.
-        device = (
-            jax.devices("cpu")[0] if fixed and self.config.fixed_shape_device == "cpu" else None
-        )
+        device = self._host_cpu if fixed and self.config.fixed_shape_device == "cpu" else None
         q = tuple(
             jax.device_put(x, device)  # a transfer, not a compiled conversion
             for x in (queries.vectors, queries.mask, queries.salience, queries.token_ids)

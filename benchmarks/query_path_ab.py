@@ -1,0 +1,281 @@
+r"""Three query-path changes measured against the code they replaced, interleaved per query.
+
+  .venv/bin/python benchmarks/query_path_ab.py \
+      [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
+
+The machine is shared and its speed drifts 2–5× over hours, so each change is timed against its
+predecessor in one process, alternating which goes first query by query, over ``--rounds``
+timed passes (after one untimed pass), at ``--threads`` BLAS threads. The predecessors are kept
+here, verbatim in behaviour, only to be measured against:
+
+  * ``segment_max`` (``retrieval/centroid_search.py``): per-document maxima of ``[tokens, n]``
+    similarities through transposed blocks, and u^d of the selected token (Eq. 2) in the same
+    pass — against ``np.maximum.reduceat`` along axis 0 and a ``[tokens, n]`` tie mask. Timed:
+    ``CentroidSearcher`` queries at k = 10 and k = 100 (query encoding excluded).
+  * ``TokenStore.gather_padded``: one slice copy per document — against a fancy index over
+    every row. Timed: ``Searcher.rerank`` of each query's ``--rerank_candidates`` best documents.
+  * ``DocumentTable.fetch``: the wanted (shard, slot) pairs joined to the table through its
+    primary key — against a row-value ``IN (VALUES ...)``, which SQLite answers with a scan of
+    the table. Timed: fetching each query's 10 best documents (title, text, metadata).
+
+Every pair of results is compared (rankings, scores within 1e-5, fetched rows): the count of
+identical ones is in the output. Writes ``benchmarks/results/--output_name.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from absl import app, flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import threadpoolctl  # noqa: E402
+
+from aligner_jax.common import cli, fileio  # noqa: E402
+from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.indexing import documents as documents_lib  # noqa: E402
+from aligner_jax.indexing import token_store as ts  # noqa: E402
+from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
+from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
+
+_STORES = flags.DEFINE_list(
+    "stores",
+    ["scifact:outputs/zero_shot_scifact/index", "cisi:outputs/zero_shot_cisi/index"],
+    "DATASET:INDEX_DIR pairs (the dataset under --data_root); each index needs its search index.",
+)
+_DATA_ROOT = flags.DEFINE_string("data_root", "../shared/data/beir", "BEIR folders.")
+_THREADS = flags.DEFINE_integer("threads", 2, "BLAS threads (threadpoolctl).", lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed passes over the queries.", lower_bound=1)
+_MAX_QUERIES = flags.DEFINE_integer("max_queries", 0, "At most this many test queries (0: all).")
+_RERANK = flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
+_OUTPUT_NAME = flags.DEFINE_string("output_name", "query_path_ab", "benchmarks/results/NAME.*")
+
+
+# -- the predecessors ------------------------------------------------------------------------------
+def reduceat_segment_max(values, lengths, at_max=None):
+    """``segment_max`` before: ``np.maximum.reduceat`` along axis 0, a ``[T, n]`` tie mask."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    best = np.maximum.reduceat(values, starts, axis=0)
+    if at_max is None:
+        return best
+    equal, chosen = cs._at_document_rows(values, best, lengths)  # scratch buffers, as before
+    chosen.fill(-np.inf)
+    np.copyto(chosen, at_max[:, None], where=equal)
+    return best, np.maximum.reduceat(chosen, starts, axis=0)
+
+
+def fancy_gather_padded(self, doc_indices, length):
+    """``TokenStore.gather_padded`` before: one fancy index over every row."""
+    doc_indices = np.asarray(doc_indices, dtype=np.int64)
+    starts = self.offsets[doc_indices]
+    lengths = self.offsets[doc_indices + 1] - starts
+    c = len(doc_indices)
+    vectors = np.zeros((c, length, self.dim), dtype=ts.VECTOR_DTYPE)
+    salience = np.zeros((c, length), dtype=np.float32)
+    token_ids = np.zeros((c, length), dtype=np.int32)
+    mask = np.arange(length)[None, :] < lengths[:, None]
+    rows = (starts[:, None] + np.arange(length)[None, :])[mask]
+    where_c, where_l = np.nonzero(mask)
+    vectors[where_c, where_l] = self.take("vectors", rows)
+    salience[where_c, where_l] = self.take("salience", rows)
+    token_ids[where_c, where_l] = self.take("token_ids", rows)
+    return vectors, mask, salience, token_ids
+
+
+def scan_fetch_sql(num_pairs: int) -> str:
+    """``documents.fetch_sql`` before: a row-value IN over the pairs (a table scan)."""
+    marks = ", ".join("(?, ?)" for _ in range(num_pairs))
+    return (
+        "SELECT shard, slot, doc_id, title, text, metadata FROM documents "
+        f"WHERE (shard, slot) IN (VALUES {marks})"
+    )
+
+
+# -- timing ------------------------------------------------------------------------------------------
+def interleaved(items, run: Callable, use: Callable, rounds: int) -> dict:
+    """Times ``run(item)`` under ``use("before")`` and ``use("after")`` (alternating which goes
+    first), one untimed pass then ``rounds`` timed ones; counts identical results."""
+    ms = {"before": [], "after": []}
+    same = 0
+    for r in range(rounds + 1):
+        for i, item in enumerate(items):
+            results = {}
+            for which in ("before", "after") if (i + r) % 2 else ("after", "before"):
+                use(which)
+                t = time.perf_counter()
+                results[which] = run(item)
+                if r:
+                    ms[which].append(1000.0 * (time.perf_counter() - t))
+            same += results["before"] == results["after"]
+    use("after")
+    row = {"n": len(ms["after"]), "identical": f"{same}/{(rounds + 1) * len(items)}"}
+    for which, values in ms.items():
+        a = np.asarray(values)
+        row[which] = {f"p{p}_ms": round(float(np.percentile(a, p)), 3) for p in (50, 90, 99)}
+    row["p50_speedup"] = round(row["before"]["p50_ms"] / row["after"]["p50_ms"], 3)
+    return row, ms
+
+
+def _ranking(results: dict) -> tuple:
+    """A ranking with scores rounded to 1e-5 (the same ranking, scores within rounding)."""
+    return tuple((d, round(s, 5)) for d, s in results.items())
+
+
+def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dict]:
+    data = pathlib.Path(_DATA_ROOT.value) / name
+    dataset = beir.load_beir(data, split="test")
+    qids = sorted(dataset.queries)[: _MAX_QUERIES.value or None]
+    searcher = search_lib.Searcher.load(index_dir)
+    encoded = {q: searcher.encoder.encode([dataset.queries[q]], "query")[0] for q in qids}
+    rows, samples = [], {}
+
+    def segment_max(which):
+        cs.segment_max = NEW["segment_max"] if which == "after" else reduceat_segment_max
+
+    for k in (10, 100):
+
+        def search(q, k=k):
+            out = searcher.run([q], [encoded[q]], show_progress=False, k=k)
+            return _ranking(out.results[next(iter(out.results))][q])
+
+        row, ms = interleaved(qids, search, segment_max, rounds)
+        rows.append({"change": "segment_max", "timed": f"search, k = {k}", **row})
+        samples[f"{name}: search k={k}"] = ms
+
+    candidates = {}
+    for q in qids:
+        out = searcher.run([q], [encoded[q]], show_progress=False, k=_RERANK.value)
+        candidates[q] = list(out.results[next(iter(out.results))][q])
+
+    def gather(which):
+        ts.TokenStore.gather_padded = NEW["gather"] if which == "after" else fancy_gather_padded
+
+    def rerank(q):
+        out = searcher.rerank([q], [encoded[q]], {q: candidates[q]}, show_progress=False, k=10)
+        return _ranking(out.results[next(iter(out.results))][q])
+
+    row, ms = interleaved(qids, rerank, gather, rounds)
+    rows.append(
+        {"change": "gather_padded", "timed": f"rerank of {_RERANK.value}", **row}
+    )  # fmt: skip
+    samples[f"{name}: rerank {_RERANK.value}"] = ms
+
+    table = searcher.documents
+    positions = searcher.doc_positions
+    top10 = {q: [positions[d] for d in candidates[q][:10]] for q in qids}
+
+    def sql(which):
+        documents_lib.fetch_sql = NEW["fetch_sql"] if which == "after" else scan_fetch_sql
+
+    def fetch(q):
+        return tuple(r["doc_id"] for r in table.fetch(top10[q]))
+
+    row, ms = interleaved(qids, fetch, sql, rounds)
+    rows.append({"change": "fetch", "timed": "fetch of 10 hits", **row})
+    samples[f"{name}: fetch 10"] = ms
+    for r in rows:
+        r.update(dataset=name, index_dir=index_dir, queries=len(qids), load_1m=os.getloadavg()[0])
+    return rows, samples
+
+
+NEW = {
+    "segment_max": cs.segment_max,
+    "gather": ts.TokenStore.gather_padded,
+    "fetch_sql": documents_lib.fetch_sql,
+}
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "# Query-path changes against the code they replaced (interleaved per query)",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"{report['machine']}; {report['threads']} threads; {report['rounds']} timed rounds "
+        f"after one untimed; load average before {report['loadavg_before']}, after "
+        f"{report['loadavg_after']}.",
+        "",
+        "| dataset | change | timed | n | before p50 / p99 ms | after p50 / p99 ms | p50 speed-up "
+        "| identical results | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        b, a = r["before"], r["after"]
+        lines.append(
+            f"| {r['dataset']} | {r['change']} | {r['timed']} | {r['n']} | "
+            f"{b['p50_ms']:.2f} / {b['p99_ms']:.2f} | {a['p50_ms']:.2f} / {a['p99_ms']:.2f} | "
+            f"{r['p50_speedup']:.2f}× | {r['identical']} | {r['load_1m']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(samples: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(samples)
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(names)))
+    for i, name in enumerate(names):
+        for which, color, dy in (("before", "tab:gray", 0.12), ("after", "tab:blue", -0.12)):
+            p50, p99 = np.percentile(samples[name][which], [50, 99])
+            ax.plot([p50, p99], [i + dy] * 2, color=color, lw=1)
+            ax.plot(p50, i + dy, "o", color=color, label=which if i == 0 else None)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per query (dot: p50, line to p99)")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.quiet_logs()
+    pairs = []
+    for spec in _STORES.value:
+        name, sep, index_dir = spec.partition(":")
+        if not sep or not (pathlib.Path(index_dir) / ts.MANIFEST).exists():
+            raise app.UsageError(f"--stores: {spec!r} is not DATASET:INDEX_DIR of a token store")
+        pairs.append((name, index_dir))
+    loadavg_before = [round(x, 2) for x in os.getloadavg()]
+    rows, samples = [], {}
+    with threadpoolctl.threadpool_limits(_THREADS.value):
+        for name, index_dir in pairs:
+            r, s = bench_store(name, index_dir, _ROUNDS.value)
+            rows += r
+            samples.update(s)
+            for row in r:
+                print(row, flush=True)
+    report = {
+        "command": " ".join(["benchmarks/query_path_ab.py", *sys.argv[1:]]),
+        "threads": _THREADS.value,
+        "rounds": _ROUNDS.value,
+        "rows": rows,
+        "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
+        "loadavg_before": loadavg_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    out = REPO / "benchmarks" / "results" / _OUTPUT_NAME.value
+    fileio.atomic_write_json(out.with_suffix(".json"), report, sort_keys=False)
+    fileio.atomic_write_text(out.with_suffix(".md"), markdown(report))
+    plot(samples, out.with_suffix(".png"))
+    print(markdown(report))
+    print(f"wrote {out}.json, .md, .png")
+
+
+if __name__ == "__main__":
+    app.run(main)
