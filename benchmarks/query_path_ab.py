@@ -47,17 +47,7 @@ from aligner_jax.indexing import token_store as ts  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
-_STORES = flags.DEFINE_list(
-    "stores",
-    ["scifact:outputs/zero_shot_scifact/index", "cisi:outputs/zero_shot_cisi/index"],
-    "DATASET:INDEX_DIR pairs (the dataset under --data_root); each index needs its search index.",
-)
-_DATA_ROOT = flags.DEFINE_string("data_root", "../shared/data/beir", "BEIR folders.")
-_THREADS = flags.DEFINE_integer("threads", 2, "BLAS threads (threadpoolctl).", lower_bound=1)
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed passes over the queries.", lower_bound=1)
-_MAX_QUERIES = flags.DEFINE_integer("max_queries", 0, "At most this many test queries (0: all).")
-_RERANK = flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
-_OUTPUT_NAME = flags.DEFINE_string("output_name", "query_path_ab", "benchmarks/results/NAME.*")
+FLAGS = flags.FLAGS
 
 
 # -- the predecessors ------------------------------------------------------------------------------
@@ -131,9 +121,9 @@ def _ranking(results: dict) -> tuple:
 
 
 def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dict]:
-    data = pathlib.Path(_DATA_ROOT.value) / name
+    data = pathlib.Path(FLAGS.data_root) / name
     dataset = beir.load_beir(data, split="test")
-    qids = sorted(dataset.queries)[: _MAX_QUERIES.value or None]
+    qids = sorted(dataset.queries)[: FLAGS.max_queries or None]
     searcher = search_lib.Searcher.load(index_dir)
     encoded = {q: searcher.encoder.encode([dataset.queries[q]], "query")[0] for q in qids}
     rows, samples = [], {}
@@ -153,7 +143,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
 
     candidates = {}
     for q in qids:
-        out = searcher.run([q], [encoded[q]], show_progress=False, k=_RERANK.value)
+        out = searcher.run([q], [encoded[q]], show_progress=False, k=FLAGS.rerank_candidates)
         candidates[q] = list(out.results[next(iter(out.results))][q])
 
     def gather(which):
@@ -165,9 +155,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
 
     row, ms = interleaved(qids, rerank, gather, rounds)
     rows.append(
-        {"change": "gather_padded", "timed": f"rerank of {_RERANK.value}", **row}
+        {"change": "gather_padded", "timed": f"rerank of {FLAGS.rerank_candidates}", **row}
     )  # fmt: skip
-    samples[f"{name}: rerank {_RERANK.value}"] = ms
+    samples[f"{name}: rerank {FLAGS.rerank_candidates}"] = ms
 
     table = searcher.documents
     positions = searcher.doc_positions
@@ -241,35 +231,50 @@ def plot(samples: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def define_flags() -> None:
+    """The flags (defined when run, so tests import the predecessors without them)."""
+    flags.DEFINE_list(
+        "stores",
+        ["scifact:outputs/zero_shot_scifact/index", "cisi:outputs/zero_shot_cisi/index"],
+        "DATASET:INDEX_DIR pairs (the dataset under --data_root); each needs its search index.",
+    )
+    flags.DEFINE_string("data_root", "../shared/data/beir", "BEIR folders.")
+    flags.DEFINE_integer("threads", 2, "BLAS threads (threadpoolctl).", lower_bound=1)
+    flags.DEFINE_integer("rounds", 2, "Timed passes over the queries.", lower_bound=1)
+    flags.DEFINE_integer("max_queries", 0, "At most this many test queries (0: all).")
+    flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
+    flags.DEFINE_string("output_name", "query_path_ab", "benchmarks/results/NAME.*")
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     cli.quiet_logs()
     pairs = []
-    for spec in _STORES.value:
+    for spec in FLAGS.stores:
         name, sep, index_dir = spec.partition(":")
         if not sep or not (pathlib.Path(index_dir) / ts.MANIFEST).exists():
             raise app.UsageError(f"--stores: {spec!r} is not DATASET:INDEX_DIR of a token store")
         pairs.append((name, index_dir))
     loadavg_before = [round(x, 2) for x in os.getloadavg()]
     rows, samples = [], {}
-    with threadpoolctl.threadpool_limits(_THREADS.value):
+    with threadpoolctl.threadpool_limits(FLAGS.threads):
         for name, index_dir in pairs:
-            r, s = bench_store(name, index_dir, _ROUNDS.value)
+            r, s = bench_store(name, index_dir, FLAGS.rounds)
             rows += r
             samples.update(s)
             for row in r:
                 print(row, flush=True)
     report = {
         "command": " ".join(["benchmarks/query_path_ab.py", *sys.argv[1:]]),
-        "threads": _THREADS.value,
-        "rounds": _ROUNDS.value,
+        "threads": FLAGS.threads,
+        "rounds": FLAGS.rounds,
         "rows": rows,
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}",
         "loadavg_before": loadavg_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
     }
-    out = REPO / "benchmarks" / "results" / _OUTPUT_NAME.value
+    out = REPO / "benchmarks" / "results" / FLAGS.output_name
     fileio.atomic_write_json(out.with_suffix(".json"), report, sort_keys=False)
     fileio.atomic_write_text(out.with_suffix(".md"), markdown(report))
     plot(samples, out.with_suffix(".png"))
@@ -278,4 +283,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
