@@ -90,8 +90,16 @@ def scan_fetch_sql(num_pairs: int) -> str:
     )
 
 
+# the current code, put back after each "before" run
+NEW = {
+    "segment_max": cs.segment_max,
+    "gather": ts.TokenStore.gather_padded,
+    "fetch_sql": documents_lib.fetch_sql,
+}
+
+
 # -- timing ------------------------------------------------------------------------------------------
-def interleaved(items, run: Callable, use: Callable, rounds: int) -> dict:
+def interleaved(items, run: Callable, use: Callable, rounds: int) -> tuple[dict, dict]:
     """Times ``run(item)`` under ``use("before")`` and ``use("after")`` (alternating which goes
     first), one untimed pass then ``rounds`` timed ones; counts identical results."""
     ms = {"before": [], "after": []}
@@ -175,13 +183,6 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     for r in rows:
         r.update(dataset=name, index_dir=index_dir, queries=len(qids), load_1m=os.getloadavg()[0])
     return rows, samples
-
-
-NEW = {
-    "segment_max": cs.segment_max,
-    "gather": ts.TokenStore.gather_padded,
-    "fetch_sql": documents_lib.fetch_sql,
-}
 
 
 def markdown(report: dict) -> str:
