@@ -8,20 +8,24 @@
 #   1. aligner-index of SciFact (encode on the GPU + the default search index), wall s and peak
 #      RSS of the child (ru_maxrss);
 #   2. benchmarks/e2e_latency.py: load, compilations after load, encode / search / rerank p50-p99;
-#   3. benchmarks/search_latency.py: ours (a grid), exact MaxSim and FastPlaid (15 settings,
-#      --peer_device=cuda) with the operating points chosen on 200 SciFact train queries and the
-#      300 test queries reported; our search keeps its CPU threads (--threads) and refines on the
-#      JAX default backend (the GPU).
+#   3. benchmarks/serve_load.py: aligner-serve (encoding on the GPU, search on the host's
+#      cores: --threads BLAS threads × --search_threads batching threads) under 1, 4 and 16
+#      closed-loop HTTP clients (issue 25's p95 at 16 clients; the writer phase is skipped);
+#   4. benchmarks/search_latency.py: ours (a grid), exact MaxSim and FastPlaid (--peer_device=cuda,
+#      8 settings around its tuned point of stop 28) with the operating points chosen on 200
+#      SciFact train queries and the 300 test queries reported; our search keeps its CPU threads
+#      (--threads) and its fixed-shape refinement on the host CPU (RefineConfig.fixed_shape_device).
 # Environment (for a smoke run elsewhere): BEIR_TGZ (.dev/scifact.tgz), PEER_PYTHON (python3),
-# PEER_DEVICE (cuda), SWEEP_EXTRA (extra search_latency.py flags). Everything comes back as one
-# $OUT/results.tgz (the tool returns at most 8 files), rewritten after every stage.
+# PEER_DEVICE (cuda), SWEEP_EXTRA and SERVE_EXTRA (extra search_latency.py / serve_load.py flags).
+# Everything comes back as one $OUT/results.tgz (the tool returns at most 8 files), rewritten after
+# every stage. The four stages' limits add up to 570 s: run it with the tool's timeout_s=600.
 set -u
 export OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 R=/tmp/gpu_results; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 [ -n "${SKIP_WHEELS:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dev/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/.dev/pkgs:$PWD
-mkdir -p /tmp/beir && tar xzf "${BEIR_TGZ:-.dev/scifact.tgz}" -C /tmp/beir
+rm -rf /tmp/beir /tmp/sf_index /tmp/sl /tmp/serve_work; mkdir -p /tmp/beir && tar xzf "${BEIR_TGZ:-.dev/scifact.tgz}" -C /tmp/beir
 D=/tmp/beir/scifact IDX=/tmp/sf_index
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g
   python3 -c "import jax, torch, fast_plaid; print(jax.__version__, jax.devices(), torch.__version__)"
@@ -44,12 +48,16 @@ print(row)
 PY
   tar czf "$OUT/results.tgz" -C $R .
 }
-stage index 170 python3 -m aligner_jax.index --dataset_dir=$D --index_dir=$IDX
-stage e2e 80 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
+stage index 160 python3 -m aligner_jax.index --dataset_dir=$D --index_dir=$IDX
+stage e2e 100 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
   --output_name="$R/e2e_latency_scifact_gpu"
-stage sweep 310 python3 benchmarks/search_latency.py --stores=scifact:zero_shot:$IDX \
+stage serve 120 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
+  --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 \
+  --search_threads=6 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu" ${SERVE_EXTRA:-}
+stage sweep 190 python3 benchmarks/search_latency.py --stores=scifact:zero_shot:$IDX \
   --data_root=/tmp/beir --systems=aligner_jax,exact,fast-plaid --threads=2 --rounds=1 \
-  --ours_grid="probe_docs=640,1280,2560;refine_per_k=2,4" --ours_bits=4,2 --reuse_index \
+  --ours_grid="probe_docs=640,1280,2560;refine_per_k=2,4" --ours_bits=4 --reuse_index \
+  --fast_plaid_grid="n_ivf_probe=1,2,4,8;n_full_scores=1024,4096" \
   --peer_python="${PEER_PYTHON:-python3}" --peer_device="${PEER_DEVICE:-cuda}" \
-  --peer_time_limit_s=300 --work_dir=/tmp/sl --out="$R/search_latency_scifact_gpu" ${SWEEP_EXTRA:-}
+  --peer_time_limit_s=150 --work_dir=/tmp/sl --out="$R/search_latency_scifact_gpu" ${SWEEP_EXTRA:-}
 tar czf "$OUT/results.tgz" -C $R . && ls -la $R "$OUT"
