@@ -270,8 +270,8 @@ def write_markdown(result, path: Path) -> None:
         "# aligner-serve under load (benchmarks/serve_load.py)",
         "",
         f"Index `{result['index_dir']}` ({result['num_docs']} documents), k = {result['k']}, "
-        f"{result['num_queries']} SciFact queries in turn, closed-loop clients (httpx asyncio) on "
-        "the same 2-core machine as the server. Latency is the client's (HTTP included).",
+        f"{result['num_queries']} queries in turn, closed-loop clients (httpx asyncio) on the same "
+        f"machine as the server ({result['machine']}). Latency is the client's (HTTP included).",
         "",
         "| clients | searches | queries/s | p50 ms | p95 ms | p99 ms | errors | server p50 ms | mean batch | load before → after |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
