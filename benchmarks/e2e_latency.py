@@ -41,6 +41,7 @@ from jax import monitoring  # noqa: E402
 
 from aligner_jax.common import cli, fileio  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.evaluation import plotting  # noqa: E402
 from aligner_jax.retrieval import refine  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
@@ -196,6 +197,7 @@ def plot(samples: dict, path: pathlib.Path) -> None:
         a = np.sort(np.asarray(ms))
         ax.plot(a, np.arange(1, a.size + 1) / a.size, label=name.replace("_", " "))
     ax.set_xscale("log")
+    plotting.plain_log_axis(ax.xaxis)
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("fraction of queries")
     ax.axhline(0.99, color="grey", lw=0.5, ls=":")
