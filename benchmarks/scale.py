@@ -241,7 +241,7 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
     start = time.perf_counter()
     store = ts.TokenStore(index_dir)
     index = ci.CentroidIndex.load(store)
-    searcher = cs.CentroidSearcher(store, index)
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**overrides()))
     load_s = time.perf_counter() - start
     rss_after_load = _rss_gib()
     times, times_10, rankings = [], [], {}
@@ -436,17 +436,17 @@ def markdown(rows: list[dict]) -> str:
         "vectors, same 100 test queries. `load avg`: the 1-minute load average when the search "
         "started (the machine has 2 cores: above 2, latencies are inflated by other jobs).",
         "",
-        "| model | dim | bits | scale | tokens | build s | build peak RSS GiB | index B/token | "
-        "load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | p50 / p99 ms, k = 10 | "
-        "top-10 overlap | nDCG@10 (exh.) | R@100 (exh.) | load avg |",
-        "|" + "---|" * 17,
+        "| model | dim | bits | scale | search rules | tokens | build s | build peak RSS GiB | "
+        "index B/token | load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | "
+        "p50 / p99 ms, k = 10 | top-10 overlap | nDCG@10 (exh.) | R@100 (exh.) | load avg |",
+        "|" + "---|" * 18,
     ]
-    for r in sorted(rows, key=lambda r: (r["model"], r["bits"], r["scale"])):
+    for r in sorted(rows, key=row_key):
         k10 = "not measured"
         if r.get("p50_ms_k10") is not None:
             k10 = f"{r['p50_ms_k10']:.1f} / {r['p99_ms_k10']:.1f}"
         lines.append(
-            f"| {r['model']} | {r['dim']} | {r['bits']} | {r['scale']:g}× | "
+            f"| {r['model']} | {r['dim']} | {r['bits']} | {r['scale']:g}× | {rules(r)} | "
             f"{r['tokens'] / 1e6:.1f}M | {r['build_s']:.0f} | {r['build_peak_rss_gib']:.2f} | "
             f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
             f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
@@ -460,17 +460,19 @@ def plot(rows: list[dict], path: Path) -> None:
 
     plt = plotting.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    series = sorted({(r["model"], r["bits"]) for r in rows})
+    series = sorted({(r["model"], r["bits"], rules(r)) for r in rows})
     panels = (("p50_ms", axes[0]), ("p50_ms_k10", axes[1]), ("build_peak_rss_gib", axes[2]))
-    for i, (model, bits) in enumerate(series):
+    for i, (model, bits, rule) in enumerate(series):
         pts = sorted(
-            (r for r in rows if (r["model"], r["bits"]) == (model, bits)), key=lambda r: r["tokens"]
+            (r for r in rows if (r["model"], r["bits"], rules(r)) == (model, bits, rule)),
+            key=lambda r: r["tokens"],
         )
         for key, ax in panels:
             shown = [r for r in pts if r.get(key) is not None]
             if shown:
                 ax.plot([r["tokens"] for r in shown], [r[key] for r in shown],
-                        label=f"{model}, {bits}-bit", **plotting.series_style(i))  # fmt: skip
+                        label=f"{model}, {bits}-bit" + ("" if rule == "default" else f", {rule}"),
+                        **plotting.series_style(i))  # fmt: skip
     loads = [r["machine_load"] for r in rows] or [0.0]
     on = f"load avg {min(loads):.1f}–{max(loads):.1f} on 2 cores"
     titles = (f"search p50 (ms), k = 100, {on}", "search p50 (ms), k = 10", "build peak RSS (GiB)")
@@ -485,15 +487,41 @@ def plot(rows: list[dict], path: Path) -> None:
     plotting.save(fig, path)
 
 
+def overrides() -> dict:
+    """``--search_config``: the ``CentroidSearchConfig`` fields the search child overrides."""
+    from aligner_jax.retrieval import centroid_search as cs
+
+    try:
+        given = json.loads(FLAGS.search_config)
+    except json.JSONDecodeError as e:
+        raise app.UsageError(f"--search_config={FLAGS.search_config!r}: not JSON ({e})") from None
+    fields = {f.name for f in dataclasses.fields(cs.CentroidSearchConfig)}
+    if not isinstance(given, dict) or set(given) - fields:
+        raise app.UsageError(
+            f"--search_config={FLAGS.search_config!r}: expected an object of "
+            f"CentroidSearchConfig fields ({', '.join(sorted(fields))})"
+        )
+    return given
+
+
+def rules(r: dict) -> str:
+    """A row's search rules: "default" or its overrides, e.g. ``residual_candidates=True``."""
+    given = r.get("search_overrides") or {}
+    return ", ".join(f"{k}={v}" for k, v in sorted(given.items())) or "default"
+
+
+def row_key(r: dict) -> tuple:
+    return (r["model"], r["bits"], r["scale"], rules(r))
+
+
 def write_results(out_dir: Path, new_rows: list[dict]) -> list[dict]:
     from aligner_jax.common import fileio
 
     path = out_dir / "scale.json"
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    key = lambda r: (r["model"], r["bits"], r["scale"])  # noqa: E731
-    fresh = {key(r) for r in new_rows}
-    rows = [r for r in rows if key(r) not in fresh] + new_rows
+    fresh = {row_key(r) for r in new_rows}
+    rows = [r for r in rows if row_key(r) not in fresh] + new_rows
     fileio.atomic_write_json(path, {"rows": rows})
     fileio.atomic_write_text(out_dir / "scale.md", markdown(rows))
     plot(rows, out_dir / "scale.png")
@@ -542,6 +570,12 @@ def define_flags() -> None:
         False,
         "Search a kept store's search index when it has the requested bits (after a change of "
         "the search rules only); its row keeps the build figures scale.json already holds.",
+    )
+    flags.DEFINE_string(
+        "search_config",
+        "{}",
+        "CentroidSearchConfig fields the search overrides, as JSON (rows are kept per rules), "
+        'e.g. \'{"residual_candidates": true, "probe_docs": 2560}\'.',
     )
     flags.DEFINE_bool("replot", False, "Redraw scale.md / scale.png from scale.json only.")
     flags.DEFINE_enum("child", None, ["encode", "search", "exhaustive"], "(internal)")
@@ -611,7 +645,7 @@ def main(argv) -> None:
             build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
                                f"--gin.CentroidIndexConfig.residual_bits={int(bits)}"], 2, log)  # fmt: skip
             found_path = store_dir / f"search_{bits}.json"
-            search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}"], FLAGS.threads, log)  # fmt: skip
+            search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}", f"--search_config={FLAGS.search_config}"], FLAGS.threads, log)  # fmt: skip
             found[bits] = json.loads(found_path.read_text())
             row = {
                 "model": FLAGS.model,
@@ -639,6 +673,7 @@ def main(argv) -> None:
                 "interaction_docs": search["interaction_docs"],
                 "jitter_sigma": sigma,
                 "search_config": search.get("search_config"),
+                "search_overrides": overrides(),
                 "queries": len(found[bits]),
             }
             rows.append(row)

@@ -125,17 +125,18 @@ def markdown(result: dict) -> str:
     head = (
         f"# Search rules tuned on {result['store']} ({result['split']} queries, "
         f"{result['queries']})\n\nRule: {result['rule']}.\n\n"
-        "| probe_docs | refine_per_k | interaction_per_refine | residual interaction (per refined) | probes | "
+        "| probe_docs | refine_per_k | interaction_per_refine | residual interaction (per refined) | "
+        "residual candidates | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
         "p50 k=100 | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
         mark = " **chosen**" if r is result.get("chosen_row") else ""
         lines.append(
             f"| {r['probe_docs']} | {r['refine_per_k']} | {r['interaction_per_refine']} | "
-            f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
+            f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
             f"{100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
             f"{r['p50_ms_k10']:.1f} | {r['p50_ms_k100']:.1f}{mark} | {r['machine_load']:.1f} |"
@@ -157,6 +158,9 @@ def define_flags() -> None:
         "residual_interaction", ["true"], "Stage 3 scores best-centroid tokens with residuals."
     )
     flags.DEFINE_list("residual_per_refine", ["2"], "Residual-interaction docs per refined one.")
+    flags.DEFINE_list(
+        "residual_candidates", ["false"], "Stage 2 scores the probed tokens with residuals."
+    )
     flags.DEFINE_integer("threads", 2, "BLAS threads.")
     flags.DEFINE_string("work_dir", "/work/scale_work", "Encoded queries, exhaustive rankings.")
     flags.DEFINE_string("output_dir", "benchmarks/results", "Where the JSON and Markdown go.")
@@ -180,6 +184,7 @@ def main(argv) -> None:
         "interaction_per_refine": [int(v) for v in FLAGS.interaction_per_refine],
         "residual_interaction": [v.lower() in ("1", "true") for v in FLAGS.residual_interaction],
         "residual_per_refine": [float(v) for v in FLAGS.residual_per_refine],
+        "residual_candidates": [v.lower() in ("1", "true") for v in FLAGS.residual_candidates],
     }
     if FLAGS.child == "sweep":
         return sweep_child(store, queries_npz, exact_path, grid, Path(FLAGS.out))

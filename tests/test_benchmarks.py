@@ -304,6 +304,23 @@ def test_scale_results_go_to_an_output_dir_that_does_not_exist_yet(tmp_path):
     assert f"| {row['model']} |" in (out / "scale.md").read_text()
 
 
+def test_scale_rows_with_other_search_rules_sit_beside_the_default_rows(tmp_path):
+    """A row measured with ``--search_config`` overrides does not replace the default row of
+    the same store and bits; the table names each row's rules."""
+    from benchmarks import scale
+
+    row = json.loads((REPO / "benchmarks/results/scale.json").read_text())["rows"][0]
+    default = {**row, "search_overrides": {}}
+    other = {**row, "search_overrides": {"residual_candidates": True}, "p50_ms": 1234.5}
+    scale.write_results(tmp_path, [default])
+    rows = scale.write_results(tmp_path, [other])
+    assert rows == [default, other]
+    again = {**other, "p50_ms": 99.0}
+    assert scale.write_results(tmp_path, [again]) == [default, again]
+    table = (tmp_path / "scale.md").read_text()
+    assert "| residual_candidates=True |" in table and "| default |" in table
+
+
 def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_path):
     """``scale_add.py`` on a tiny grown store: the added documents are stored and indexed (a
     delta list group), the add is timed against the build, and the exhaustive ranking of the

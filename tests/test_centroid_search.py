@@ -546,3 +546,73 @@ def test_segment_max_selects_the_largest_value_among_the_rows_at_the_maximum(mon
                 continue
             col = values[e - m : e, i]
             assert selected[d, i] == salience[e - m : e][col == col.max()].max()
+
+
+def _residual_candidates(searcher, q, rows):
+    s = q.vectors @ searcher.index.centroids.T
+    cands, approx = searcher.residual_candidates(q.vectors, s, rows, q.salience)
+    return dict(zip(cands.tolist(), approx.tolist(), strict=True))
+
+
+def test_residual_candidates_probing_every_centroid_score_each_tokens_best_decoded_match(
+    store, index
+):
+    """Stage 2 with residuals, every centroid probed: Σ_i u_i max_j q_i·(c_j + r̂_j) / Σ u_i."""
+    cfg = cs.CentroidSearchConfig(probes=index.num_centroids, residual_candidates=True)
+    searcher = cs.CentroidSearcher(store, index, cfg)
+    q = _query(21, n=6)
+    found = _residual_candidates(searcher, q, np.arange(6))
+    sims = q.vectors @ _decoded(store, index).T  # [n, T]
+    best = np.maximum.reduceat(sims, store.offsets[:-1], axis=1)  # [n, docs]
+    expected = (q.salience @ best) / q.salience.sum()
+    assert sorted(found) == list(range(store.num_docs))
+    np.testing.assert_allclose([found[d] for d in range(store.num_docs)], expected, atol=1e-5)
+
+
+def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_centroid(store, index):
+    probes = 3
+    cfg = cs.CentroidSearchConfig(probes=probes, residual_candidates=True)
+    searcher = cs.CentroidSearcher(store, index, cfg)
+    q = _query(22, n=4)
+    rows = np.array([0, 2, 3])  # token 1 pruned (β^q): it takes no part in stage 2
+    found = _residual_candidates(searcher, q, rows)
+    qk, w = q.vectors[rows], q.salience[rows]
+    s = qk @ index.centroids.T
+    order = np.argsort(-s, axis=1)
+    missing = s[np.arange(3), order[:, probes]]
+    sims = qk @ _decoded(store, index).T
+    doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
+    expected = {}
+    for d in range(store.num_docs):
+        per_token, hit = [], False
+        for i in range(3):
+            mine = (doc_of == d) & np.isin(index.codes, order[i, :probes])
+            hit |= bool(mine.any())
+            per_token.append(sims[i, mine].max() if mine.any() else missing[i])
+        if hit:
+            expected[d] = float(w @ np.array(per_token) / w.sum())
+    assert set(found) == set(expected)
+    for d, x in found.items():
+        assert x == pytest.approx(expected[d], abs=1e-5)
+
+
+def test_residual_candidates_search_refines_the_best_and_ranks_like_wide_open_refinement(
+    store, index
+):
+    """Every document refined: the ranking is the compressed refinement's (stage 4) of all."""
+    n_docs = store.num_docs
+    wide = cs.CentroidSearchConfig(
+        probes=index.num_centroids, interaction_docs=n_docs, refine_docs=n_docs
+    )
+    q = _query(23, n=5)
+    rows = np.arange(5)
+    (want,), _ = cs.CentroidSearcher(store, index, wide).search(q.vectors, q.salience, rows, 10)
+    cfg = dataclasses.replace(wide, residual_candidates=True)
+    (got,), counts = cs.CentroidSearcher(store, index, cfg).search(q.vectors, q.salience, rows, 10)
+    assert counts.refined == n_docs and counts.candidates == n_docs
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], atol=1e-6)
+    # fewer refined: the refined block comes first, the rest in stage-2 order below it
+    few = dataclasses.replace(cfg, refine_docs=3)
+    (part,), counts = cs.CentroidSearcher(store, index, few).search(q.vectors, q.salience, rows, 10)
+    assert counts.refined == 3 and len(part[0]) == 10 and np.all(np.diff(part[1]) <= 0)

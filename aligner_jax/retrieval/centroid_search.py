@@ -29,6 +29,17 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
      store through ``refine.Refiner``, see ``searcher``).
 
+With ``CentroidSearchConfig.residual_candidates`` (off by default) stage 2 scores every token of
+the probed clusters with its residual, q·(c + r̂), WARP's candidate scoring applied to Eq. 1–2
+(``residual_candidates``), and stage 3 is skipped: the best ``refine_docs`` by that score are
+refined. It keeps more recall where centroid scores cannot separate documents, at a cost:
+on SciFact grown 10× with distractors (zero-shot, 4 bits; ``benchmarks/results/
+scale_residual_candidates.md``, 100 test queries, ``probe_docs=2560`` chosen on train queries
+by ``benchmarks/tune_search.py``) top-10 overlap with exhaustive 0.838 → 0.892 and R@100 85.5
+→ 89.0 (exhaustive 94.0), p50 at k = 10 56 → 103 ms (k = 100: 129 → 137 ms); on SciFact
+itself the quality is the same and k = 10 is 3.6× slower. Every probed token is read and
+scored (~128k per query at 10×).
+
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
 ``xtr_probes`` best centroids, the residuals of the (β^d-kept) tokens in those clusters are scored
@@ -86,6 +97,9 @@ class CentroidSearchConfig:
       probes = clip(round(probe_docs / L), 2, MAX_PROBES)   (L: mean documents per inverted list)
       refine = max(clip(⌈0.75·√N⌉, 40, 128), min(⌈refine_per_k · k⌉, 512))   (N docs, k asked)
       interaction = interaction_per_refine · refine
+
+    ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
+    and stage 3 is skipped (see the module docstring); slower, better recall at scale.
     """
 
     probes: int | None = None
@@ -98,6 +112,7 @@ class CentroidSearchConfig:
     interaction_per_refine: int = INTERACTION_PER_REFINE
     residual_interaction: bool = True
     residual_per_refine: float = RESIDUAL_PER_REFINE
+    residual_candidates: bool = False
 
     def __post_init__(self):
         name = type(self).__name__
@@ -275,6 +290,54 @@ class CentroidSearcher:
             best[docs[::-1]] = values[::-1]  # the best probe's score wins
             acc[docs] += w[i] * (best[docs] - imputed[i])
             seen[docs] = True
+        cands = np.flatnonzero(seen)
+        approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
+        acc[cands] = 0.0
+        seen[cands] = False
+        keep = (self.alive if alive is None else alive)[cands]
+        return cands[keep], approx[keep]
+
+    def residual_candidates(
+        self, q: np.ndarray, s: np.ndarray, probe_rows: np.ndarray, weights, alive=None
+    ):
+        """Stage 2 with residuals (WARP §3's candidate scoring for Eq. 1–2): each kept query
+        token's probed clusters are read token by token (centroid → β^d-kept tokens), every
+        token scored q·(c + r̂) without decoding; a document gets, for that query token, its
+        best such token, else the token's imputed score (its first unprobed centroid's).
+
+        Centroid scores alone cannot tell apart documents whose tokens share centroids (near
+        duplicates; ``benchmarks/scale.py``'s distractors): these scores can. The packed
+        residuals of the union of the probed clusters are read once; each query token scores
+        its own clusters' rows (one product ``[rows, W] @ [W, 1]`` per plane: a product of
+        every row with every query token costs ~1.5× more at 10× SciFact, 4 probes)."""
+        offsets, rows, docs = self.token_lists()
+        p = self.probes
+        sp = s[probe_rows]
+        width = min(p + 1, sp.shape[1])
+        top = top_columns(sp, width)
+        top_scores = np.take_along_axis(sp, top, axis=1)
+        order = np.argsort(-top_scores, axis=1)
+        top = np.take_along_axis(top, order, axis=1)
+        top_scores = np.take_along_axis(top_scores, order, axis=1)
+        imputed = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
+        probed = top[:, :p]
+        clusters, where = np.unique(probed, return_inverse=True)
+        where = where.reshape(probed.shape)
+        sel, lengths = concatenated_ranges(offsets, clusters)
+        union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        packed = np.asarray(self.index.residuals[rows[sel]])
+        qk = np.asarray(q[probe_rows], np.float32)
+        w = np.asarray(weights[probe_rows], np.float32)
+        best, acc, seen = self._buffers()
+        for i in range(len(probe_rows)):
+            pos, _ = concatenated_ranges(union, where[i])
+            values = self.index.codec.residual_scores(qk[i : i + 1], packed[pos])[0]
+            values += np.repeat(top_scores[i, :p], lengths[where[i]])
+            d = docs[sel[pos]]
+            best[d] = -np.inf
+            np.maximum.at(best, d, values)  # each document's best token for query token i
+            acc[d] += w[i] * (best[d] - imputed[i])
+            seen[d] = True
         cands = np.flatnonzero(seen)
         approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
         acc[cands] = 0.0
@@ -464,10 +527,21 @@ class CentroidSearcher:
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
         np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
         s = s_t.T
-        cands, approx = self.candidates(s, probe_rows, u_q, alive)
         _, interaction_docs, refine_docs = self.config.resolved(
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
         )
+        if self.config.residual_candidates:
+            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive)
+            refined = cands[_top(approx, min(refine_docs, len(cands)))]
+            if refine_fn is None:
+                exact = self.refine(q, s_t, refined, u_q)[None, :]
+            else:
+                exact = np.asarray(refine_fn(refined))
+            others = ~np.isin(cands, refined, assume_unique=True)
+            tail = [(cands[others], approx[others])]
+            rankings = [_merge([(refined, row)] + tail, k) for row in exact]
+            return rankings, StageCounts(len(cands), len(refined), len(refined))
+        cands, approx = self.candidates(s, probe_rows, u_q, alive)
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
             m = math.ceil(self.config.residual_per_refine * refine_docs)
