@@ -13,6 +13,11 @@ XLA):
   * rerank: ``searcher.rerank`` of ``--rerank_candidates`` documents per query (the query's own
     top documents, found before timing), the query encoded before timing.
 
+``--mode``: ``fast`` (the compressed centroid index, on the host CPU), ``exhaustive`` (every
+document refined, one device) or ``mesh`` (``Searcher.load(..., mode="exhaustive",
+mesh=sharded_search.document_mesh())``: the exact search with the documents resident on the
+accelerators — on a GPU host, the whole query path on the GPU).
+
 Every XLA compilation during the timed loops is counted with JAX's monitoring hook (the
 ``backend_compile_duration`` event); the goal is 0. Writes
 ``benchmarks/results/--output_name.{json,md,png}`` with p50/p90/p99 (ms), the warm-up cost and
@@ -44,6 +49,7 @@ from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.evaluation import plotting  # noqa: E402
 from aligner_jax.retrieval import refine  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
+from aligner_jax.retrieval import sharded_search  # noqa: E402
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -58,6 +64,9 @@ _THREADS = flags.DEFINE_integer("threads", 2, "BLAS threads (threadpoolctl).", l
 _K = flags.DEFINE_integer("k", 10, "Documents per search.", lower_bound=1)
 _RERANK = flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Passes over the queries.", lower_bound=1)
+_MODE = flags.DEFINE_enum(
+    "mode", "fast", ["fast", "exhaustive", "mesh"], "Searcher.load mode (mesh: exact on devices)."
+)
 _OUTPUT_NAME = flags.DEFINE_string("output_name", "e2e_latency", "benchmarks/results/NAME.*")
 
 
@@ -90,7 +99,7 @@ def timed(fn, *args, **kwargs) -> float:
     return 1000.0 * (time.perf_counter() - start)
 
 
-def load_with_warm_up(index_dir: str) -> tuple[search_lib.Searcher, dict]:
+def load_with_warm_up(index_dir: str, mode: str = "fast") -> tuple[search_lib.Searcher, dict]:
     """``Searcher.load``, recording what its warm-up did and what compiling cost."""
     infos: list[dict] = []
     original = refine.warm_up
@@ -104,7 +113,11 @@ def load_with_warm_up(index_dir: str) -> tuple[search_lib.Searcher, dict]:
     refine.warm_up = recording
     try:
         start = time.perf_counter()
-        searcher = search_lib.Searcher.load(index_dir)
+        if mode == "mesh":
+            mesh = sharded_search.document_mesh()
+            searcher = search_lib.Searcher.load(index_dir, mode="exhaustive", mesh=mesh)
+        else:
+            searcher = search_lib.Searcher.load(index_dir, mode=mode)
         load_s = time.perf_counter() - start
     finally:
         refine.warm_up = original
@@ -159,7 +172,9 @@ def markdown(report: dict) -> str:
         f"`{report['command']}`",
         "",
         f"{report['dataset']} ({report['queries']} {report['split']} queries × {report['rounds']} "
-        f"rounds), index `{report['index_dir']}`, {report['threads']} threads; {report['machine']}"
+        f"rounds), index `{report['index_dir']}`, mode `{report.get('mode', 'fast')}` on "
+        f"{', '.join(sorted(set(report.get('devices', ['cpu']))))}, {report['threads']} threads; "
+        f"{report['machine']}"
         f"; load average before {report['loadavg_before']}, after {report['loadavg_after']}; "
         f"nice {report['nice']}.",
         "",
@@ -215,7 +230,7 @@ def main(argv: Sequence[str]) -> None:
     loadavg_before = [round(x, 2) for x in os.getloadavg()]
     dataset = beir.load_beir(_DATASET_DIR.value, split=_SPLIT.value)
     with threadpoolctl.threadpool_limits(_THREADS.value):
-        searcher, warm = load_with_warm_up(_INDEX_DIR.value)
+        searcher, warm = load_with_warm_up(_INDEX_DIR.value, _MODE.value)
         measured = measure(searcher, dataset.queries, _K.value, _RERANK.value, _ROUNDS.value)
     samples = measured.pop("_samples")
     report = {
@@ -226,6 +241,8 @@ def main(argv: Sequence[str]) -> None:
         "rounds": _ROUNDS.value,
         "index_dir": _INDEX_DIR.value,
         "threads": _THREADS.value,
+        "mode": _MODE.value,
+        "devices": [str(d.device_kind) for d in jax.devices()],
         "k": _K.value,
         "warm_up": warm,
         "measured": measured,

@@ -15,7 +15,15 @@ import json
 import jax
 import numpy as np
 import pytest
-from fixtures import TOY_DOCS, TOY_QRELS, TOY_QUERIES, run_module, write_beir_fixture
+from fixtures import (
+    REPO,
+    TOY_DOCS,
+    TOY_QRELS,
+    TOY_QUERIES,
+    run_module,
+    run_python,
+    write_beir_fixture,
+)
 from index_utils import random_documents, write_store
 from jax import monitoring
 
@@ -24,6 +32,7 @@ from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.retrieval import refine
 from aligner_jax.retrieval import searcher as search_lib
+from aligner_jax.retrieval import sharded_search
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -123,11 +132,19 @@ QUERIES = ["honey " * n for n in (1, 5, 13, 14, 15, 30, 31, 40, 62, 63, 64, 90, 
 
 
 @pytest.mark.parametrize(
-    "mode, alignment", [("fast", "top_k:1"), ("fast", "top_k:2"), ("exhaustive", "top_k:1")]
+    "mode, alignment",
+    [("fast", "top_k:1"), ("fast", "top_k:2"), ("exhaustive", "top_k:1"), ("mesh", "top_k:1")],
 )
 def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
+    """``mesh``: the exhaustive search on the devices of a mesh (``sharded_search``), whose
+    k and query batch are rounded up to powers of two."""
+    mesh = sharded_search.document_mesh() if mode == "mesh" else None
     searcher = search_lib.Searcher.load(
-        str(index_dir), mode=mode, encoder=encoder, alignment=alignment
+        str(index_dir),
+        mode="exhaustive" if mesh else mode,
+        encoder=encoder,
+        alignment=alignment,
+        mesh=mesh,
     )
     doc_ids = list(searcher.store.doc_ids)
     encoded = encoder.encode(QUERIES, "query")
@@ -135,6 +152,7 @@ def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
     with compilations() as names:
         for text in QUERIES:
             assert searcher.search(text, k=3)
+            assert len(searcher.search(text, k=100)) == min(100, len(doc_ids))
         candidates = {str(i): doc_ids[i % 3 :] for i in range(len(QUERIES))}
         qids = list(candidates)
         out = searcher.rerank(qids, encoded, candidates, show_progress=False)
@@ -256,3 +274,41 @@ def test_fixed_shape_blocks_run_on_the_host_cpu_whatever_the_default_device(tmp_
 def test_fixed_shape_device_is_checked():
     with pytest.raises(Exception, match=r"fixed_shape_device.*choose one of \['cpu', 'default'\]"):
         refine.RefineConfig(fixed_shape_device="gpu")
+
+
+def test_mesh_search_rounds_k_and_the_batch_up_and_returns_what_was_asked(index_dir, encoder):
+    """The device search runs at k = 16 for k = 3 and pads 3 queries to 4: the answers are the
+    first k of the larger search, one page per query."""
+    searcher = search_lib.Searcher.load(
+        str(index_dir), mode="exhaustive", encoder=encoder, mesh=sharded_search.document_mesh()
+    )
+    assert [sharded_search.k_bucket(k, 64) for k in (1, 3, 16, 17, 100, 1000)] == [
+        16, 16, 16, 32, 64, 64,
+    ]  # fmt: skip
+    texts = QUERIES[:3]
+    three, twenty = searcher.search_batch(texts, k=3), searcher.search_batch(texts, k=20)
+    assert [len(p) for p in three] == [3, 3, 3]
+    assert [[tuple(h) for h in p] for p in three] == [[tuple(h) for h in p[:3]] for p in twenty]
+    single = [searcher.search(t, k=3) for t in texts]
+    assert [[h[0] for h in p] for p in single] == [[h[0] for h in p] for p in three]
+
+
+def test_e2e_latency_benchmark_runs_the_mesh_mode_without_compiling_after_load(index_dir, tmp_path):
+    """``benchmarks/e2e_latency.py --mode=mesh`` (the exact search on the devices of a mesh):
+    every query timed, 0 compilations after load, the mode and devices in its report."""
+    out = tmp_path / "e2e"
+    r = run_python(
+        REPO / "benchmarks" / "e2e_latency.py",
+        f"--index_dir={index_dir}",
+        f"--dataset_dir={index_dir.parent / 'toy'}",
+        "--mode=mesh",
+        "--rounds=1",
+        "--rerank_candidates=5",
+        f"--output_name={out}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["mode"] == "mesh" and report["devices"] == ["cpu"]
+    assert report["measured"]["compilations_after_load"] == 0
+    assert report["measured"]["end_to_end"]["n"] == report["queries"] == len(TOY_QUERIES)
+    assert "mode `mesh` on cpu" in out.with_suffix(".md").read_text()

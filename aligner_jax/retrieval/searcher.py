@@ -372,6 +372,9 @@ class Searcher:
             )
         # Every shape a single query's search or rerank takes compiles now, none after load.
         refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
+        if searcher.sharded is not None:
+            longest = searcher.encoder.maxlen(aligner_lib.QUERY)
+            searcher.sharded.warm_up(searcher.refiner.config.query_buckets_upto(longest))
         searcher._load_args = (index_dir, mode, alignment, verify_checksums, centroid_config, mesh)
         searcher._load_overrides = overrides
         return searcher

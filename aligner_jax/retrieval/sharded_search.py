@@ -15,6 +15,11 @@ The ranking equals the single-device exhaustive ranking (``Refiner`` over every 
 same kernel, ``refine.score_chunk``'s scores): a device's top-k holds every document of the
 global top-k it owns, and ties keep the lower document first, as a single ``top_k`` would.
 
+Shapes: the device search runs with k rounded up to a power of two (16 at least) and the query
+batch padded to a power of two, so nearby requests share one compilation; ``Searcher.load``
+compiles a single query's search for every query length bucket at k ≤ 16 and k ≤ 128 (what
+``search(text, k=10)`` and ``k=100`` run), none after load.
+
 Layout: each document is padded to the store's longest document (``ShardedSearchConfig.
 length_multiple``), so memory is ``num_docs × max_length × dim`` (float16) over all devices;
 deleted documents (tombstones) and the padding up to a multiple of the device count never rank.
@@ -38,6 +43,8 @@ from aligner_jax.core import scoring
 from aligner_jax.indexing import token_store as ts
 
 DOC_AXIS = "docs"
+MIN_K = 16  # the smallest k the device search runs with (see ``k_bucket``)
+WARM_KS = (10, 100)  # the k values whose shapes ``Searcher.load`` compiles
 _TOP1 = (scoring.AlignmentStrategy.parse("top_k:1"),)
 
 
@@ -82,6 +89,12 @@ def check_mesh(mesh, mode: str, alignment: str) -> None:
 def document_mesh(devices=None) -> Mesh:
     """A 1-D mesh (axis ``docs``) over ``devices`` (default: every device of every process)."""
     return Mesh(np.asarray(jax.devices() if devices is None else devices), (DOC_AXIS,))
+
+
+def k_bucket(k: int, total: int) -> int:
+    """The k the device search runs with for a request of ``k`` (≤ ``total`` documents): the
+    next power of two, ``MIN_K`` at least, at most ``total``."""
+    return min(total, max(MIN_K, 1 << (k - 1).bit_length()))
 
 
 def _replicated(value: np.ndarray, mesh: Mesh) -> jax.Array:
@@ -141,20 +154,35 @@ class ShardedExhaustiveSearch:
         """The top ``k`` live documents of each query: ``q [Q, n, D]``, ``q_mask``/``u_q [Q, n]``."""
         checks.integer("k", k, minimum=1)
         k = min(k, self.total)
-        args = [
-            _replicated(np.asarray(x, dtype), self.mesh)
-            for x, dtype in ((q, np.float32), (q_mask, bool), (u_q, np.float32))
-        ]
+        rows = len(q)
+        batch = 1 << max(rows - 1, 0).bit_length()  # padded queries: no token, never read
+        args = []
+        for x, dtype in ((q, np.float32), (q_mask, bool), (u_q, np.float32)):
+            x = np.asarray(x, dtype)
+            x = np.concatenate([x, np.zeros((batch - rows,) + x.shape[1:], dtype)])
+            args.append(_replicated(x, self.mesh))
         scores, positions = _search(
             *args, self.vectors, self.mask, self.salience, self.live,
-            k=k, mesh=self.mesh, salience=self.config.salience, block=self.config.block_docs,
+            k=k_bucket(k, self.total), mesh=self.mesh, salience=self.config.salience,
+            block=self.config.block_docs,
         )  # fmt: skip
-        scores = np.asarray(scores.addressable_data(0))
-        positions = np.asarray(positions.addressable_data(0))
+        scores = np.asarray(scores.addressable_data(0))[:rows, :k]
+        positions = np.asarray(positions.addressable_data(0))[:rows, :k]
         return [
             [(int(p), float(s)) for p, s in zip(pos, sc, strict=True) if np.isfinite(s)]
             for pos, sc in zip(positions, scores, strict=True)
         ]
+
+    def warm_up(self, query_lengths, ks=WARM_KS) -> int:
+        """Compiles a single query's search for every length of ``query_lengths`` (the
+        refiner's query buckets) and every k of ``ks``; returns the number of shapes run."""
+        shapes = sorted(
+            {(n, k_bucket(min(k, self.total), self.total)) for n in query_lengths for k in ks}
+        )
+        for n, k in shapes:
+            ones = np.ones((1, n), np.float32)
+            self.search(np.zeros((1, n, self.store.dim), np.float32), ones > 0, ones, k)
+        return len(shapes)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "mesh", "salience", "block"))

@@ -8,6 +8,7 @@
 #   1. aligner-index of SciFact (encode on the GPU + the default search index), wall s and peak
 #      RSS of the child (ru_maxrss);
 #   2. benchmarks/e2e_latency.py: load, compilations after load, encode / search / rerank p50-p99;
+#      e2e_mesh: the same with --mode=mesh (the exact search with the documents on the GPU);
 #   3. benchmarks/serve_load.py: aligner-serve (encoding on the GPU, search on the host's
 #      cores: --threads BLAS threads × --search_threads batching threads) under 1, 4 and 16
 #      closed-loop HTTP clients (issue 25's p95 at 16 clients; the writer phase is skipped);
@@ -17,9 +18,11 @@
 #      CPU threads (--threads) and its fixed-shape refinement on the host CPU. (Stop 30's six of our
 #      settings at k = 100 did not finish in 190 s on an H200 host; these settings took 174 s.)
 # Environment (for a smoke run elsewhere): BEIR_TGZ (.dev/scifact.tgz), PEER_PYTHON (python3),
-# PEER_DEVICE (cuda), SWEEP_EXTRA and SERVE_EXTRA (extra search_latency.py / serve_load.py flags).
+# PEER_DEVICE (cuda), SWEEP_EXTRA and SERVE_EXTRA (extra search_latency.py / serve_load.py flags),
+# STAGES (which stages run, in order; default "index e2e e2e_mesh serve sweep").
 # Everything comes back as one $OUT/results.tgz (the tool returns at most 8 files), rewritten after
-# every stage. The four stages' limits add up to 570 s: run it with the tool's timeout_s=600.
+# every stage. The five stages' limits add up to 690 s, over one call's 600 s: name four at most
+# in STAGES (index first: the others search its index).
 set -u
 export OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 R=/tmp/gpu_results; rm -rf $R; mkdir -p $R
@@ -31,7 +34,7 @@ D=/tmp/beir/scifact IDX=/tmp/sf_index
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g
   python3 -c "import jax, torch, fast_plaid; print(jax.__version__, jax.devices(), torch.__version__)"
 } >"$R/host.txt" 2>&1
-stage() {  # NAME LIMIT_S CMD...: wall s and the child's peak RSS into $OUT/stages.jsonl
+_stage() {  # NAME LIMIT_S CMD...: wall s and the child's peak RSS into $OUT/stages.jsonl
   local name=$1 limit=$2; shift 2
   python3 - "$name" "$limit" "$@" <<'PY' 2>&1 | tee "$R/$name.log" | tail -n 25
 import json, os, resource, subprocess, sys, time
@@ -49,9 +52,15 @@ print(row)
 PY
   tar czf "$OUT/results.tgz" -C $R .
 }
+STAGES=" ${STAGES:-index e2e e2e_mesh serve sweep} "
+stage() {  # runs _stage when NAME is in STAGES
+  case "$STAGES" in *" $1 "*) _stage "$@" ;; *) echo "stage $1: skipped" ;; esac
+}
 stage index 160 python3 -m aligner_jax.index --dataset_dir=$D --index_dir=$IDX
 stage e2e 100 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
   --output_name="$R/e2e_latency_scifact_gpu"
+stage e2e_mesh 120 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
+  --mode=mesh --output_name="$R/e2e_latency_scifact_gpu_mesh"
 stage serve 120 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
   --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 \
   --search_threads=6 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu" ${SERVE_EXTRA:-}
