@@ -30,9 +30,8 @@ from jax import monitoring
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
-from aligner_jax.retrieval import refine
+from aligner_jax.retrieval import refine, sharded_search
 from aligner_jax.retrieval import searcher as search_lib
-from aligner_jax.retrieval import sharded_search
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
