@@ -47,10 +47,7 @@ from jax import monitoring  # noqa: E402
 from aligner_jax.common import cli, fileio  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.evaluation import plotting  # noqa: E402
-from aligner_jax.retrieval import (
-    refine,  # noqa: E402
-    sharded_search,  # noqa: E402
-)
+from aligner_jax.retrieval import refine, sharded_search  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
