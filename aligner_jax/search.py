@@ -28,7 +28,8 @@ flags.DEFINE_string("query", None, "One free-text query: prints the ranked docum
 flags.DEFINE_string("queries", None, "A queries.jsonl ({'_id', 'text'} per line).")
 flags.DEFINE_string("output", None, "TREC run file written for --queries.")
 flags.DEFINE_integer("k", 10, "Documents per query.")
-flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive"], "Compressed index or every document.")
+flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive", "device"],
+                  "Compressed index, every document, or every document on the accelerators.")  # fmt: skip
 flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
 flags.DEFINE_string("checkpoint", None, "A trained model folder replacing the index's own.")
 flags.DEFINE_string("alignment", "top_k:1", "Alignment strategy of the final stage (§3.1).")

@@ -32,7 +32,8 @@ flags.DEFINE_integer("port", 8080, "TCP port.")
 flags.DEFINE_string(
     "write_token", None, f"Bearer token enabling writes (or ${serve_job.TOKEN_ENV})."
 )
-flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive"], "Compressed index or every document.")
+flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive", "device"],
+                  "Compressed index, every document, or every document on the accelerators.")  # fmt: skip
 flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
 flags.DEFINE_float("refresh_s", 2.0, "Seconds between looks for other writers' changes (0: off).")
 _LIMITS = index_service.ServeLimits()

@@ -14,9 +14,9 @@ XLA):
     top documents, found before timing), the query encoded before timing.
 
 ``--mode``: ``fast`` (the compressed centroid index, on the host CPU), ``exhaustive`` (every
-document refined, one device) or ``mesh`` (``Searcher.load(..., mode="exhaustive",
-mesh=sharded_search.document_mesh())``: the exact search with the documents resident on the
-accelerators — on a GPU host, the whole query path on the GPU).
+document refined, one device) or ``device`` (``Searcher.load(..., mode="device")``: the exact
+search with the documents resident on the accelerators of a mesh — on a GPU host, the whole
+query path on the GPU; stop 38's run named it ``--mode=mesh``).
 
 Every XLA compilation during the timed loops is counted with JAX's monitoring hook (the
 ``backend_compile_duration`` event); the goal is 0. Writes
@@ -47,7 +47,7 @@ from jax import monitoring  # noqa: E402
 from aligner_jax.common import cli, fileio  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.evaluation import plotting  # noqa: E402
-from aligner_jax.retrieval import refine, sharded_search  # noqa: E402
+from aligner_jax.retrieval import refine  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -64,7 +64,10 @@ _K = flags.DEFINE_integer("k", 10, "Documents per search.", lower_bound=1)
 _RERANK = flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Passes over the queries.", lower_bound=1)
 _MODE = flags.DEFINE_enum(
-    "mode", "fast", ["fast", "exhaustive", "mesh"], "Searcher.load mode (mesh: exact on devices)."
+    "mode",
+    "fast",
+    ["fast", "exhaustive", "device"],
+    "Searcher.load mode (device: exact, on devices).",
 )
 _OUTPUT_NAME = flags.DEFINE_string("output_name", "e2e_latency", "benchmarks/results/NAME.*")
 
@@ -112,11 +115,7 @@ def load_with_warm_up(index_dir: str, mode: str = "fast") -> tuple[search_lib.Se
     refine.warm_up = recording
     try:
         start = time.perf_counter()
-        if mode == "mesh":
-            mesh = sharded_search.document_mesh()
-            searcher = search_lib.Searcher.load(index_dir, mode="exhaustive", mesh=mesh)
-        else:
-            searcher = search_lib.Searcher.load(index_dir, mode=mode)
+        searcher = search_lib.Searcher.load(index_dir, mode=mode)
         load_s = time.perf_counter() - start
     finally:
         refine.warm_up = original

@@ -132,19 +132,15 @@ QUERIES = ["honey " * n for n in (1, 5, 13, 14, 15, 30, 31, 40, 62, 63, 64, 90, 
 
 @pytest.mark.parametrize(
     "mode, alignment",
-    [("fast", "top_k:1"), ("fast", "top_k:2"), ("exhaustive", "top_k:1"), ("mesh", "top_k:1")],
+    [("fast", "top_k:1"), ("fast", "top_k:2"), ("exhaustive", "top_k:1"), ("device", "top_k:1")],
 )
 def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
-    """``mesh``: the exhaustive search on the devices of a mesh (``sharded_search``), whose
+    """``device``: the exhaustive search on the devices of a mesh (``sharded_search``), whose
     k and query batch are rounded up to powers of two."""
-    mesh = sharded_search.document_mesh() if mode == "mesh" else None
     searcher = search_lib.Searcher.load(
-        str(index_dir),
-        mode="exhaustive" if mesh else mode,
-        encoder=encoder,
-        alignment=alignment,
-        mesh=mesh,
+        str(index_dir), mode=mode, encoder=encoder, alignment=alignment
     )
+    assert (searcher.sharded is not None) == (mode == "device")
     doc_ids = list(searcher.store.doc_ids)
     encoded = encoder.encode(QUERIES, "query")
     assert {len(e.token_ids) for e in encoded} >= {3, 16, 17, 32, 33, 64}
@@ -292,22 +288,24 @@ def test_mesh_search_rounds_k_and_the_batch_up_and_returns_what_was_asked(index_
     assert [[h[0] for h in p] for p in single] == [[h[0] for h in p] for p in three]
 
 
-def test_e2e_latency_benchmark_runs_the_mesh_mode_without_compiling_after_load(index_dir, tmp_path):
-    """``benchmarks/e2e_latency.py --mode=mesh`` (the exact search on the devices of a mesh):
+def test_e2e_latency_benchmark_runs_the_device_mode_without_compiling_after_load(
+    index_dir, tmp_path
+):
+    """``benchmarks/e2e_latency.py --mode=device`` (the exact search on the devices of a mesh):
     every query timed, 0 compilations after load, the mode and devices in its report."""
     out = tmp_path / "e2e"
     r = run_python(
         REPO / "benchmarks" / "e2e_latency.py",
         f"--index_dir={index_dir}",
         f"--dataset_dir={index_dir.parent / 'toy'}",
-        "--mode=mesh",
+        "--mode=device",
         "--rounds=1",
         "--rerank_candidates=5",
         f"--output_name={out}",
     )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.with_suffix(".json").read_text())
-    assert report["mode"] == "mesh" and report["devices"] == ["cpu"]
+    assert report["mode"] == "device" and report["devices"] == ["cpu"]
     assert report["measured"]["compilations_after_load"] == 0
     assert report["measured"]["end_to_end"]["n"] == report["queries"] == len(TOY_QUERIES)
-    assert "mode `mesh` on cpu" in out.with_suffix(".md").read_text()
+    assert "mode `device` on cpu" in out.with_suffix(".md").read_text()

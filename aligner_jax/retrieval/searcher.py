@@ -49,7 +49,7 @@ from aligner_jax.retrieval import sharded_search
 
 REFINE_MODES = ("full", "xtr")
 BACKENDS = ("centroid",) + ti.BACKENDS
-MODES = ("fast", "exhaustive")
+MODES = ("fast", "exhaustive", "device")
 
 
 @gin.configurable
@@ -298,8 +298,10 @@ class Searcher:
         Args:
           index_dir: a token store folder with its ``search_index/`` (``aligner-index
             --search_index``) and ``encoder.json``.
-          mode: ``fast`` (the compressed centroid index) or ``exhaustive`` (every document
-            refined with the float store: the quality ceiling).
+          mode: ``fast`` (the compressed centroid index), ``exhaustive`` (every document
+            refined with the float store: the quality ceiling) or ``device`` (``exhaustive``
+            with ``mesh=sharded_search.document_mesh()`` unless a mesh is given: the documents
+            resident on the accelerators of every process, for GPU / TPU hosts).
           checkpoint: a trained model folder replacing the recorded one (same fingerprint).
           encoder: a ready :class:`Encoder` instead of the recorded model.
           alignment: the alignment strategy of the final stage (§3.1).
@@ -308,8 +310,8 @@ class Searcher:
             documents' token vectors are laid out and searched (``ShardedExhaustiveSearch``,
             configured by ``ShardedSearchConfig``): the same ranking as one device, for an
             index larger than one device's or host's memory. Top-1 alignment only; filtered
-            searches refine their documents on this host instead. Each query length bucket
-            and ``k`` compiles on its first search.
+            searches refine their documents on this host instead. ``k`` runs rounded up to a
+            power of two; a single query's shapes at k ≤ 16 and k ≤ 128 compile at load.
           overrides: ``SearchConfig`` fields (e.g. ``top_k``, ``beta_q``).
         Refuses an encoder whose fingerprint differs from the store's. Exhaustive mode reads the
         token store alone (no search index needed).
@@ -328,6 +330,8 @@ class Searcher:
             )
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}: choose one of {MODES}")
+        if mode == "device":
+            mode, mesh = "exhaustive", sharded_search.document_mesh() if mesh is None else mesh
         if mesh is not None:
             sharded_search.check_mesh(mesh, mode, alignment)
         if encoder is not None and not isinstance(encoder, Encoder):

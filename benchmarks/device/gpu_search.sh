@@ -8,7 +8,7 @@
 #   1. aligner-index of SciFact (encode on the GPU + the default search index), wall s and peak
 #      RSS of the child (ru_maxrss);
 #   2. benchmarks/e2e_latency.py: load, compilations after load, encode / search / rerank p50-p99;
-#      e2e_mesh: the same with --mode=mesh (the exact search with the documents on the GPU);
+#      e2e_mesh: the same with --mode=device (the exact search with the documents on the GPU);
 #   3. benchmarks/serve_load.py: aligner-serve (encoding on the GPU, search on the host's
 #      cores: --threads BLAS threads × --search_threads batching threads) under 1, 4 and 16
 #      closed-loop HTTP clients (issue 25's p95 at 16 clients; the writer phase is skipped);
@@ -60,7 +60,7 @@ stage index 160 python3 -m aligner_jax.index --dataset_dir=$D --index_dir=$IDX
 stage e2e 100 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
   --output_name="$R/e2e_latency_scifact_gpu"
 stage e2e_mesh 120 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
-  --mode=mesh --output_name="$R/e2e_latency_scifact_gpu_mesh"
+  --mode=device --output_name="$R/e2e_latency_scifact_gpu_mesh"
 stage serve 120 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
   --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 \
   --search_threads=6 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu" ${SERVE_EXTRA:-}
