@@ -12,6 +12,7 @@ import time
 
 import gin
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -472,3 +473,35 @@ def test_changes_committed_by_another_writer_are_served(index_copy, query_encode
         assert service.stats()["counts"]["refreshes"] == 1
         assert not service.refresh()  # nothing new since
     service.close()
+
+
+def test_device_mode_serves_batches_without_compiling_after_start(pristine, query_encoder):
+    """``--mode=device`` (the exact search with the documents on the devices): the start
+    compiles the device search of the batches the batching thread forms, so a batch of 3
+    queries compiles nothing, and its answers are the exhaustive search's."""
+    from jax import monitoring
+
+    def loader(directory, encoder):
+        return search_lib.Searcher.load(directory, mode="device", encoder=encoder or query_encoder)
+
+    service = index_service.IndexService(
+        pristine, loader=loader, limits=index_service.ServeLimits(max_batch=4), warm_batches=True
+    )
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kwargs.get("fun_name"))
+
+    texts = list(TOY_QUERIES.values())[:3]
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        pages = service.snapshot.searcher.search_batch(texts, k=3)
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+        service.close()
+    assert compiled == []
+    exhaustive = search_lib.Searcher.load(str(pristine), mode="exhaustive", encoder=query_encoder)
+    for page, want in zip(pages, exhaustive.search_batch(texts, k=3), strict=True):
+        assert [h[0] for h in page] == [h[0] for h in want]
+        np.testing.assert_allclose([h[1] for h in page], [h[1] for h in want], rtol=1e-5)

@@ -173,15 +173,21 @@ class ShardedExhaustiveSearch:
             for pos, sc in zip(positions, scores, strict=True)
         ]
 
-    def warm_up(self, query_lengths, ks=WARM_KS) -> int:
-        """Compiles a single query's search for every length of ``query_lengths`` (the
-        refiner's query buckets) and every k of ``ks``; returns the number of shapes run."""
+    def warm_up(self, query_lengths, ks=WARM_KS, batches=(1,)) -> int:
+        """Compiles the search of ``batches`` queries (each padded to a power of two) for every
+        length of ``query_lengths`` (the refiner's query buckets) and every k of ``ks``;
+        returns the number of shapes run."""
         shapes = sorted(
-            {(n, k_bucket(min(k, self.total), self.total)) for n in query_lengths for k in ks}
+            {
+                (1 << max(b - 1, 0).bit_length(), n, k_bucket(min(k, self.total), self.total))
+                for b in batches
+                for n in query_lengths
+                for k in ks
+            }
         )
-        for n, k in shapes:
-            ones = np.ones((1, n), np.float32)
-            self.search(np.zeros((1, n, self.store.dim), np.float32), ones > 0, ones, k)
+        for b, n, k in shapes:
+            ones = np.ones((b, n), np.float32)
+            self.search(np.zeros((b, n, self.store.dim), np.float32), ones > 0, ones, k)
         return len(shapes)
 
 

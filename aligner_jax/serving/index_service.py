@@ -230,18 +230,23 @@ class IndexService:
     def _warm_batches(self, searcher: search_lib.Searcher) -> None:
         """Compiles the query encoder for the batch shapes the batching thread forms (2, 4, 8,
         ... rows, padded to powers of two) at the two shortest query lengths, where nearly all
-        queries fall; ``Searcher.load`` warmed single queries of every length."""
+        queries fall (and, in ``device`` mode, the device search of those batches at k ≤ 16);
+        ``Searcher.load`` warmed single queries of every length."""
         encoder = searcher.encoder
         lengths = encoder.config.bucket_lengths(encoder.maxlen("query"), "query")[:2]
         start, shapes = time.perf_counter(), 0
-        rows = 2
+        rows, batches = 2, []
         while rows <= self.limits.max_batch:
             for length in lengths:
                 texts = [np.zeros(length, np.int32)] * rows
                 for _ in encoder.encode_token_ids(texts, "query"):
                     pass
                 shapes += 1
+            batches.append(rows)
             rows *= 2
+        if searcher.sharded is not None and batches:
+            buckets = searcher.refiner.config.query_buckets_upto(encoder.maxlen("query"))[:2]
+            shapes += searcher.sharded.warm_up(buckets, ks=(10,), batches=batches)
         logging.info(
             "aligner-serve: %d batched query shapes compiled in %.1f s",
             shapes,
