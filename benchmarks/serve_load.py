@@ -64,7 +64,12 @@ class Server:
     """``aligner-serve`` in a subprocess on a free localhost port."""
 
     def __init__(
-        self, index_dir: str, token: str | None = None, threads: int = 2, search_threads: int = 1
+        self,
+        index_dir: str,
+        token: str | None = None,
+        threads: int = 2,
+        search_threads: int = 1,
+        mode: str = "fast",
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -73,7 +78,7 @@ class Server:
             env["ALIGNER_SERVE_WRITE_TOKEN"] = token
         cmd = [sys.executable, "-m", "aligner_jax.serve", f"--index_dir={index_dir}"]
         cmd += [f"--port={self.port}", f"--threads={threads}", "--max_write_bytes=67108864"]
-        cmd += [f"--search_threads={search_threads}"]
+        cmd += [f"--search_threads={search_threads}", f"--mode={mode}"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
         deadline = time.time() + 900
         while time.time() < deadline:
@@ -190,7 +195,7 @@ def writer_phase(args, queries, token) -> dict:
     shutil.copytree(args.index_dir, copy)
     corpus = beir.load_corpus(args.corpus)
     fixed = queries[: args.consistency_queries]
-    server = Server(str(copy), token, args.threads, args.search_threads)
+    server = Server(str(copy), token, args.threads, args.search_threads, args.mode)
     try:
         asyncio.run(closed_loop(server.url, fixed, args.write_clients, args.warmup, args.k))
         before = answers_of(server.url, fixed, args.k)
@@ -270,7 +275,8 @@ def write_markdown(result, path: Path) -> None:
         "# aligner-serve under load (benchmarks/serve_load.py)",
         "",
         f"Index `{result['index_dir']}` ({result['num_docs']} documents), k = {result['k']}, "
-        f"{result['num_queries']} queries in turn, closed-loop clients (httpx asyncio) on the same "
+        f"{result['num_queries']} queries in turn, aligner-serve "
+        f"`--mode={result['server_flags'].get('mode', 'fast')}`, closed-loop clients (httpx asyncio) on the same "
         f"machine as the server ({result['machine']}). Latency is the client's (HTTP included).",
         "",
         "| clients | searches | queries/s | p50 ms | p95 ms | p99 ms | errors | server p50 ms | mean batch | load before → after |",
@@ -370,6 +376,8 @@ def main() -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--threads", type=int, default=2, help="aligner-serve --threads (BLAS)")
     p.add_argument("--search_threads", type=int, default=1, help="aligner-serve --search_threads")
+    p.add_argument("--mode", default="fast", choices=["fast", "exhaustive", "device"],
+                   help="aligner-serve --mode (device: the exact search on the accelerators)")  # fmt: skip
     p.add_argument("--writer_docs", type=int, default=1000)
     p.add_argument("--write_clients", type=int, default=16)
     p.add_argument("--write_after", type=float, default=5.0)
@@ -387,11 +395,16 @@ def main() -> int:
         "num_queries": len(queries),
         "duration_s": args.duration,
         "machine": f"{os.cpu_count()} cores, shared",
-        "server_flags": {"threads": args.threads, "search_threads": args.search_threads},
+        "server_flags": {
+            "threads": args.threads,
+            "search_threads": args.search_threads,
+            "mode": args.mode,
+        },
         "uptime_start": uptime(),
         "phases": [],
     }
-    server = Server(args.index_dir, threads=args.threads, search_threads=args.search_threads)
+    server = Server(args.index_dir, threads=args.threads, search_threads=args.search_threads,
+                    mode=args.mode)  # fmt: skip
     result["num_docs"] = server.health["num_docs"]
     try:
         asyncio.run(closed_loop(server.url, queries, max(counts), args.warmup, args.k))
