@@ -310,6 +310,27 @@ def _decoded(store, index):
     )
 
 
+def _imputed_means(store, index, qk, probes, w) -> dict[int, float]:
+    """The reference of WARP-style scoring, one document at a time: each query token's best
+    decoded token in its ``probes`` best centroids' lists, else its first unprobed centroid's
+    score; the w-weighted mean, for every document some query token reached."""
+    s = qk @ index.centroids.T
+    order = np.argsort(-s, axis=1)
+    missing = s[np.arange(len(qk)), order[:, probes]]
+    sims = qk @ _decoded(store, index).T
+    doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
+    expected = {}
+    for d in range(store.num_docs):
+        per_token, hit = [], False
+        for i in range(len(qk)):
+            mine = (doc_of == d) & np.isin(index.codes, order[i, :probes])
+            hit |= bool(mine.any())
+            per_token.append(sims[i, mine].max() if mine.any() else missing[i])
+        if hit:
+            expected[d] = float(w @ np.array(per_token) / w.sum())
+    return expected
+
+
 def test_xtr_probing_every_centroid_is_mean_of_token_maxima_over_decoded_vectors(store, index):
     searcher = cs.CentroidSearcher(
         store, index, cs.CentroidSearchConfig(xtr_probes=index.num_centroids)
@@ -331,21 +352,7 @@ def test_xtr_imputes_unreached_tokens_with_the_first_unprobed_centroid_score(sto
     q = _query(12, n=4)
     rows = np.array([0, 2, 3])  # token 1 pruned (β^q)
     (docs, scores), reached = searcher.xtr(q.vectors, rows, k=1000)
-    qk = q.vectors[rows]
-    s = qk @ index.centroids.T
-    order = np.argsort(-s, axis=1)
-    missing = s[np.arange(3), order[:, probes]]
-    sims = qk @ _decoded(store, index).T
-    doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
-    expected = {}
-    for d in range(store.num_docs):
-        per_token, hit = [], False
-        for i in range(3):
-            mine = (doc_of == d) & np.isin(index.codes, order[i, :probes])
-            hit |= bool(mine.any())
-            per_token.append(sims[i, mine].max() if mine.any() else missing[i])
-        if hit:
-            expected[d] = float(np.mean(per_token))
+    expected = _imputed_means(store, index, q.vectors[rows], probes, np.ones(3, np.float32))
     assert reached == len(expected) and set(docs.tolist()) == set(expected)
     for d, x in zip(docs, scores, strict=True):
         assert x == pytest.approx(expected[int(d)], abs=1e-5)
@@ -576,21 +583,7 @@ def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_cen
     q = _query(22, n=4)
     rows = np.array([0, 2, 3])  # token 1 pruned (β^q): it takes no part in stage 2
     found = _residual_candidates(searcher, q, rows)
-    qk, w = q.vectors[rows], q.salience[rows]
-    s = qk @ index.centroids.T
-    order = np.argsort(-s, axis=1)
-    missing = s[np.arange(3), order[:, probes]]
-    sims = qk @ _decoded(store, index).T
-    doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
-    expected = {}
-    for d in range(store.num_docs):
-        per_token, hit = [], False
-        for i in range(3):
-            mine = (doc_of == d) & np.isin(index.codes, order[i, :probes])
-            hit |= bool(mine.any())
-            per_token.append(sims[i, mine].max() if mine.any() else missing[i])
-        if hit:
-            expected[d] = float(w @ np.array(per_token) / w.sum())
+    expected = _imputed_means(store, index, q.vectors[rows], probes, q.salience[rows])
     assert set(found) == set(expected)
     for d, x in found.items():
         assert x == pytest.approx(expected[d], abs=1e-5)

@@ -162,6 +162,18 @@ def top_columns(s: np.ndarray, w: int) -> np.ndarray:
     return np.take_along_axis(cols, np.argpartition(-values, w - 1, axis=1)[:, :w], axis=1)
 
 
+def probed(s: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row of ``s [n, C]``'s ``p`` best columns, best first, their scores, and the row's
+    imputed score: its first column not probed (WARPSELECT), or its last probed one − 1 when
+    every column is probed."""
+    width = min(p + 1, s.shape[1])
+    top = top_columns(s, width)
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
+    scores = np.take_along_axis(s, top, axis=1)
+    imputed = scores[:, -1] if width > p else scores[:, -1] - 1.0
+    return top[:, :p], scores[:, :p], imputed
+
+
 def _segment_starts(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
@@ -273,29 +285,15 @@ class CentroidSearcher:
         Σ_i w_i·(best_i − imputed_i) is accumulated once per document (a fancy ``+=`` adds once
         per distinct index) in per-thread scratch arrays that are reset where touched. The work
         is the number of list entries read, never a sort of them or an array per candidate."""
-        idx = self.index
-        sp = s[probe_rows]  # [n', C]
-        p = self.probes
-        width = min(p + 1, sp.shape[1])
-        top = top_columns(sp, width)
-        top_scores = np.take_along_axis(sp, top, axis=1)
-        order = np.argsort(-top_scores, axis=1)
-        top = np.take_along_axis(top, order, axis=1)
-        top_scores = np.take_along_axis(top_scores, order, axis=1)
-        imputed = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
+        top, top_scores, imputed = probed(s[probe_rows], self.probes)
         w = np.asarray(weights[probe_rows], np.float32)
         best, acc, seen = self._buffers()
         for i in range(len(probe_rows)):
-            docs, values = idx.lists.probe(top[i, :p], top_scores[i, :p])
+            docs, values = self.index.lists.probe(top[i], top_scores[i])
             best[docs[::-1]] = values[::-1]  # the best probe's score wins
             acc[docs] += w[i] * (best[docs] - imputed[i])
             seen[docs] = True
-        cands = np.flatnonzero(seen)
-        approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
-        acc[cands] = 0.0
-        seen[cands] = False
-        keep = (self.alive if alive is None else alive)[cands]
-        return cands[keep], approx[keep]
+        return self._reached(w, imputed, alive)
 
     def residual_candidates(
         self, q: np.ndarray, s: np.ndarray, probe_rows: np.ndarray, weights, alive=None
@@ -311,18 +309,9 @@ class CentroidSearcher:
         its own clusters' rows (one product ``[rows, W] @ [W, 1]`` per plane: a product of
         every row with every query token costs ~1.5× more at 10× SciFact, 4 probes)."""
         offsets, rows, docs = self.token_lists()
-        p = self.probes
-        sp = s[probe_rows]
-        width = min(p + 1, sp.shape[1])
-        top = top_columns(sp, width)
-        top_scores = np.take_along_axis(sp, top, axis=1)
-        order = np.argsort(-top_scores, axis=1)
-        top = np.take_along_axis(top, order, axis=1)
-        top_scores = np.take_along_axis(top_scores, order, axis=1)
-        imputed = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
-        probed = top[:, :p]
-        clusters, where = np.unique(probed, return_inverse=True)
-        where = where.reshape(probed.shape)
+        top, top_scores, imputed = probed(s[probe_rows], self.probes)
+        clusters, where = np.unique(top, return_inverse=True)
+        where = where.reshape(top.shape)
         sel, lengths = concatenated_ranges(offsets, clusters)
         union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         packed = np.asarray(self.index.residuals[rows[sel]])
@@ -332,12 +321,18 @@ class CentroidSearcher:
         for i in range(len(probe_rows)):
             pos, _ = concatenated_ranges(union, where[i])
             values = self.index.codec.residual_scores(qk[i : i + 1], packed[pos])[0]
-            values += np.repeat(top_scores[i, :p], lengths[where[i]])
+            values += np.repeat(top_scores[i], lengths[where[i]])
             d = docs[sel[pos]]
             best[d] = -np.inf
             np.maximum.at(best, d, values)  # each document's best token for query token i
             acc[d] += w[i] * (best[d] - imputed[i])
             seen[d] = True
+        return self._reached(w, imputed, alive)
+
+    def _reached(self, w: np.ndarray, imputed: np.ndarray, alive) -> tuple:
+        """Stage 2's end: the reached documents (``alive`` ones: default, not deleted) and
+        Σ_i w_i·(best_i or imputed_i) / Σ w from the scratch the token loop filled (reset)."""
+        _, acc, seen = self._buffers()
         cands = np.flatnonzero(seen)
         approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
         acc[cands] = 0.0
@@ -469,20 +464,14 @@ class CentroidSearcher:
         documents reached)."""
         q = np.asarray(q, np.float32)[probe_rows]
         offsets, rows, docs = self.token_lists()
-        s = q @ self.index.centroids.T  # [n', C]
-        p = self.xtr_probes
-        width = min(p + 1, s.shape[1])
-        top = top_columns(s, width)
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
-        top_scores = np.take_along_axis(s, top, axis=1)
-        missing = top_scores[:, -1] if width > p else top_scores[:, -1] - 1.0
+        top, top_scores, missing = probed(q @ self.index.centroids.T, self.xtr_probes)
         hit_scores, hit_docs = [], []
         for i in range(len(q)):  # one vectorised step per query token
-            sel, lengths = concatenated_ranges(offsets, top[i, :p])
+            sel, lengths = concatenated_ranges(offsets, top[i])
             residual = self.index.codec.residual_scores(
                 q[i : i + 1], self.index.residuals[rows[sel]]
             )
-            hit_scores.append(np.repeat(top_scores[i, :p], lengths) + residual[0])
+            hit_scores.append(np.repeat(top_scores[i], lengths) + residual[0])
             hit_docs.append(docs[sel])
         token = np.repeat(np.arange(len(q)), [len(d) for d in hit_docs])
         cands, where = np.unique(np.concatenate(hit_docs), return_inverse=True)
