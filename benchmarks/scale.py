@@ -605,6 +605,7 @@ def main(argv) -> None:
     if FLAGS.replot:
         write_results(out_dir, [])
         return
+    overrides()  # a bad --search_config stops here, before any store is grown
     from aligner_jax.data import beir
 
     source = (REPO / (FLAGS.source_index or SOURCES[FLAGS.model])).resolve()

@@ -522,13 +522,9 @@ class CentroidSearcher:
         if self.config.residual_candidates:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive)
             refined = cands[_top(approx, min(refine_docs, len(cands)))]
-            if refine_fn is None:
-                exact = self.refine(q, s_t, refined, u_q)[None, :]
-            else:
-                exact = np.asarray(refine_fn(refined))
             others = ~np.isin(cands, refined, assume_unique=True)
-            tail = [(cands[others], approx[others])]
-            rankings = [_merge([(refined, row)] + tail, k) for row in exact]
+            rankings = self._ranked(q, s_t, u_q, refined, [(cands[others], approx[others])],
+                                    k, refine_fn)  # fmt: skip
             return rankings, StageCounts(len(cands), len(refined), len(refined))
         cands, approx = self.candidates(s, probe_rows, u_q, alive)
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
@@ -544,16 +540,21 @@ class CentroidSearcher:
             inter = self.interaction(s_t, first, u_q)
         order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
-        if refine_fn is None:
-            exact = self.refine(q, s_t, refined, u_q)[None, :]
-        else:
-            exact = np.asarray(refine_fn(refined))
         rest = np.ones(len(first), bool)
         rest[order] = False
         others = ~np.isin(cands, first, assume_unique=True)
         tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
-        rankings = [_merge([(refined, row)] + tail, k) for row in exact]
+        rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn)
         return rankings, StageCounts(len(cands), len(first), len(refined))
+
+    def _ranked(self, q, s_t, u_q, refined, tail, k: int, refine_fn) -> list:
+        """Stage 4 of ``refined`` (compressed top-1, or ``refine_fn``'s rankings), each ranking
+        followed by the ``tail`` blocks ``[(docs, estimates)]`` in order, cut at ``k``."""
+        if refine_fn is None:
+            exact = self.refine(q, s_t, refined, u_q)[None, :]
+        else:
+            exact = np.asarray(refine_fn(refined))
+        return [_merge([(refined, row)] + tail, k) for row in exact]
 
 
 def _at_best(

@@ -91,10 +91,15 @@ def document_mesh(devices=None) -> Mesh:
     return Mesh(np.asarray(jax.devices() if devices is None else devices), (DOC_AXIS,))
 
 
+def _power_of_two(n: int) -> int:
+    """The smallest power of two ≥ ``n`` (1 for n ≤ 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def k_bucket(k: int, total: int) -> int:
     """The k the device search runs with for a request of ``k`` (≤ ``total`` documents): the
     next power of two, ``MIN_K`` at least, at most ``total``."""
-    return min(total, max(MIN_K, 1 << (k - 1).bit_length()))
+    return min(total, max(MIN_K, _power_of_two(k)))
 
 
 def _replicated(value: np.ndarray, mesh: Mesh) -> jax.Array:
@@ -155,11 +160,12 @@ class ShardedExhaustiveSearch:
         checks.integer("k", k, minimum=1)
         k = min(k, self.total)
         rows = len(q)
-        batch = 1 << max(rows - 1, 0).bit_length()  # padded queries: no token, never read
+        batch = _power_of_two(rows)  # padded queries: no token, never read
         args = []
         for x, dtype in ((q, np.float32), (q_mask, bool), (u_q, np.float32)):
             x = np.asarray(x, dtype)
-            x = np.concatenate([x, np.zeros((batch - rows,) + x.shape[1:], dtype)])
+            if batch > rows:
+                x = np.concatenate([x, np.zeros((batch - rows,) + x.shape[1:], dtype)])
             args.append(_replicated(x, self.mesh))
         scores, positions = _search(
             *args, self.vectors, self.mask, self.salience, self.live,
@@ -179,7 +185,7 @@ class ShardedExhaustiveSearch:
         returns the number of shapes run."""
         shapes = sorted(
             {
-                (1 << max(b - 1, 0).bit_length(), n, k_bucket(min(k, self.total), self.total))
+                (_power_of_two(b), n, k_bucket(min(k, self.total), self.total))
                 for b in batches
                 for n in query_lengths
                 for k in ks
