@@ -482,6 +482,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("tokens")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
+        plotting.plain_log_axis(ax.xaxis)
+    for ax in axes[:2]:  # latencies span decades; the RSS panel keeps matplotlib's labels
+        plotting.plain_log_axis(ax.yaxis)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     plotting.save(fig, path)
