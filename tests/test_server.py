@@ -475,17 +475,25 @@ def test_changes_committed_by_another_writer_are_served(index_copy, query_encode
     service.close()
 
 
-def test_device_mode_serves_batches_without_compiling_after_start(pristine, query_encoder):
-    """``--mode=device`` (the exact search with the documents on the devices): the start
-    compiles the device search of the batches the batching thread forms, so a batch of 3
-    queries compiles nothing, and its answers are the exhaustive search's."""
+# ~45 tokens: past the two shortest query length buckets (16, 32), which alone are warmed in
+# batches; such a query is searched alone, in the shapes Searcher.load compiled.
+LONG = " ".join(["honey bees gather nectar from flowers and store it in the hive"] * 4)
+
+
+@pytest.mark.parametrize("mode", ["fast", "device"])
+def test_a_warmed_service_compiles_nothing_for_any_batch(pristine, query_encoder, index_copy, mode):
+    """``warm_batches`` (the binary's): after the start nothing compiles, whatever a batch
+    holds — short queries together, long ones (beyond the warmed length buckets) and a
+    ``k + offset`` beyond the warmed k (device mode) — and the snapshot published after a write
+    is warmed before it answers; the answers are the exhaustive search's (device) / the same
+    as one query at a time (fast)."""
     from jax import monitoring
 
     def loader(directory, encoder):
-        return search_lib.Searcher.load(directory, mode="device", encoder=encoder or query_encoder)
+        return search_lib.Searcher.load(directory, mode=mode, encoder=encoder or query_encoder)
 
     service = index_service.IndexService(
-        pristine, loader=loader, limits=index_service.ServeLimits(max_batch=4), warm_batches=True
+        index_copy, loader=loader, limits=index_service.ServeLimits(max_batch=4), warm_batches=True
     )
     compiled = []
 
@@ -493,15 +501,28 @@ def test_device_mode_serves_batches_without_compiling_after_start(pristine, quer
         if event == "/jax/core/compile/backend_compile_duration":
             compiled.append(kwargs.get("fun_name"))
 
-    texts = list(TOY_QUERIES.values())[:3]
+    texts = list(TOY_QUERIES.values())[:2] + [LONG, LONG + " again"]
     monitoring.register_event_duration_secs_listener(listener)
     try:
         pages = service.snapshot.searcher.search_batch(texts, k=3)
+        deep = service.snapshot.searcher.search_batch(texts[:2], k=40, offset=10)
+        after_start = list(compiled)
+        service.add([{"id": "new1", "text": LONG}])  # compiles the new snapshot's shapes
+        published = len(compiled)
+        late = service.snapshot.searcher.search_batch(texts, k=3)
     finally:
         monitoring.unregister_event_duration_listener(listener)
         service.close()
-    assert compiled == []
-    exhaustive = search_lib.Searcher.load(str(pristine), mode="exhaustive", encoder=query_encoder)
-    for page, want in zip(pages, exhaustive.search_batch(texts, k=3), strict=True):
-        assert [h[0] for h in page] == [h[0] for h in want]
-        np.testing.assert_allclose([h[1] for h in page], [h[1] for h in want], rtol=1e-5)
+    assert after_start == []
+    assert compiled[published:] == []
+    assert [p.query_tokens > 32 for p in pages] == [False, False, True, True]
+    assert late[2][0][0] == "new1"  # the added document is the long query's best
+    reference = search_lib.Searcher.load(
+        str(pristine), mode="exhaustive" if mode == "device" else mode, encoder=query_encoder
+    )
+    want = [reference.search(t, k=3) for t in texts] + [
+        reference.search(t, k=40, offset=10) for t in texts[:2]
+    ]
+    for page, w in zip(pages + deep, want, strict=True):
+        assert [h[0] for h in page] == [h[0] for h in w]
+        np.testing.assert_allclose([h[1] for h in page], [h[1] for h in w], rtol=1e-5)

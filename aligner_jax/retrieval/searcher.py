@@ -267,6 +267,7 @@ class Searcher:
         self._doc_positions: dict[str, int] | None = None
         self._refiner = None
         self._documents: documents_lib.DocumentTable | None = None
+        self._batch_envelope: tuple[int, int | None] | None = None  # see ``warm_batches``
 
     @property
     def refiner(self) -> refine_lib.Refiner | None:
@@ -449,11 +450,59 @@ class Searcher:
         k, offset = _check_page(k, offset)
         allowed = self.allowed(filter, subset)
         token_ids = self.encoder.tokenize(texts, "query")
-        encoded: list[EncodedText] = [None] * len(texts)  # type: ignore[list-item]
-        for i, e in self.encoder.encode_token_ids(token_ids, "query"):
-            encoded[i] = e
         dropped = self._dropped_query_tokens(texts, token_ids)
-        return self._search_encoded(encoded, k, offset, allowed, dropped)
+        pages: list[SearchResults] = [None] * len(texts)  # type: ignore[list-item]
+        for group in self._batch_groups(token_ids, k + offset):
+            encoded: list[EncodedText] = [None] * len(group)  # type: ignore[list-item]
+            for i, e in self.encoder.encode_token_ids([token_ids[g] for g in group], "query"):
+                encoded[i] = e
+            found = self._search_encoded(encoded, k, offset, allowed, [dropped[g] for g in group])
+            for g, page in zip(group, found, strict=True):
+                pages[g] = page
+        return pages
+
+    def warm_batches(self, max_batch: int, lengths: int = 2, k: int = 10) -> int:
+        """Compiles what a batch of 2…``max_batch`` queries runs (row counts padded to powers of
+        two) when each of its queries falls in one of the ``lengths`` shortest query length
+        buckets and asks for at most ``k`` documents (``k + offset``): the query encoder's batched
+        shapes and, with the documents on the devices (``mode="device"``), their search's.
+        Afterwards :meth:`search_batch` searches any query outside that envelope alone (a single
+        query of every length, and k ≤ 128, compiled at load), so a warmed searcher compiles
+        nothing more (``aligner-serve`` warms its searchers so). Returns the shapes run."""
+        encoder = self.encoder
+        longest = encoder.maxlen(aligner_lib.QUERY)
+        encoder_buckets = encoder.config.bucket_lengths(longest, aligner_lib.QUERY)[:lengths]
+        rows, batches, shapes = 2, [], 0
+        while rows <= max_batch:
+            for length in encoder_buckets:
+                for _ in encoder.encode_token_ids([np.zeros(length, np.int32)] * rows, "query"):
+                    pass
+                shapes += 1
+            batches.append(rows)
+            rows *= 2
+        max_tokens, max_k = max(encoder_buckets), None
+        if self.sharded is not None:
+            buckets = self.refiner.config.query_buckets_upto(longest)[:lengths]
+            if batches:
+                shapes += self.sharded.warm_up(buckets, ks=(k,), batches=batches)
+            max_tokens = min(max_tokens, max(buckets))
+            max_k = sharded_search.k_bucket(k, self.sharded.total)
+        self._batch_envelope = (max_tokens, max_k)
+        return shapes
+
+    def _batch_groups(self, token_ids, need: int) -> list[list[int]]:
+        """The queries of a ``search_batch`` call grouped as they are encoded and searched:
+        all together, except, on a searcher warmed by :meth:`warm_batches`, each query outside
+        its envelope alone (longer than its warmed lengths, or ``k + offset`` above its k)."""
+        everyone = list(range(len(token_ids)))
+        if self._batch_envelope is None or len(token_ids) < 2:
+            return [everyone]
+        max_tokens, max_k = self._batch_envelope
+        if max_k is not None and need > max_k:
+            return [[i] for i in everyone]
+        inside = [i for i in everyone if len(token_ids[i]) <= max_tokens]
+        alone = [[i] for i in everyone if len(token_ids[i]) > max_tokens]
+        return ([inside] if inside else []) + alone
 
     def search_vectors(
         self,

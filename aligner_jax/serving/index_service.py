@@ -188,8 +188,9 @@ class IndexService:
       loader: ``loader(index_dir, encoder)`` → a ``Searcher`` (``encoder`` is ``None`` the first
         time, then the first searcher's, so a reload does not load the model again).
       limits: request bounds.
-      warm_batches: compile the query encoder's batched shapes at start (the binary does; tests
-        need not).
+      warm_batches: compile the batched shapes at start, and again for each new snapshot before
+        it answers (``Searcher.warm_batches``: after it nothing compiles while serving; the
+        binary does; tests need not).
       refresh_s: every so many seconds, look for changes another process committed to the index
         directory and serve them (:meth:`refresh`); 0: never.
     """
@@ -213,6 +214,7 @@ class IndexService:
         self._latencies: collections.deque[float] = collections.deque(maxlen=10_000)
         self._counts = collections.Counter()
         self._started = time.time()
+        self._warm = warm_batches
         if warm_batches:
             self._warm_batches(searcher)
         self._workers = [
@@ -228,25 +230,11 @@ class IndexService:
             ).start()
 
     def _warm_batches(self, searcher: search_lib.Searcher) -> None:
-        """Compiles the query encoder for the batch shapes the batching thread forms (2, 4, 8,
-        ... rows, padded to powers of two) at the two shortest query lengths, where nearly all
-        queries fall (and, in ``device`` mode, the device search of those batches at k ≤ 16);
-        ``Searcher.load`` warmed single queries of every length."""
-        encoder = searcher.encoder
-        lengths = encoder.config.bucket_lengths(encoder.maxlen("query"), "query")[:2]
-        start, shapes = time.perf_counter(), 0
-        rows, batches = 2, []
-        while rows <= self.limits.max_batch:
-            for length in lengths:
-                texts = [np.zeros(length, np.int32)] * rows
-                for _ in encoder.encode_token_ids(texts, "query"):
-                    pass
-                shapes += 1
-            batches.append(rows)
-            rows *= 2
-        if searcher.sharded is not None and batches:
-            buckets = searcher.refiner.config.query_buckets_upto(encoder.maxlen("query"))[:2]
-            shapes += searcher.sharded.warm_up(buckets, ks=(10,), batches=batches)
+        """Compiles the batches the batching thread forms (2, 4, 8, ... rows) at the two
+        shortest query lengths, where nearly all queries fall (``Searcher.warm_batches``; a
+        longer query is then searched alone, in shapes ``Searcher.load`` compiled)."""
+        start = time.perf_counter()
+        shapes = searcher.warm_batches(self.limits.max_batch)
         logging.info(
             "aligner-serve: %d batched query shapes compiled in %.1f s",
             shapes,
@@ -369,6 +357,8 @@ class IndexService:
     def _publish(self, old: Snapshot, added=(), deleted=()) -> None:
         """Loads the index as the write left it and makes it the snapshot of new requests."""
         searcher = self._loader(self.index_dir, old.searcher.encoder)
+        if self._warm:  # before it answers anything
+            self._warm_batches(searcher)
         documents = old.documents.with_changes(added, deleted) if old.documents else None
         self._snapshot = Snapshot(searcher, documents, old.generation + 1, time.time())
 
@@ -381,6 +371,8 @@ class IndexService:
             searcher = old.searcher.refresh()
             if searcher is old.searcher:
                 return False
+            if self._warm:
+                self._warm_batches(searcher)
             self._snapshot = Snapshot(searcher, old.documents, old.generation + 1, time.time())
         self._counts["refreshes"] += 1
         return True
