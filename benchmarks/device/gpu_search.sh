@@ -22,9 +22,12 @@
 # PEER_DEVICE (cuda), SWEEP_EXTRA and SERVE_EXTRA (extra search_latency.py / serve_load.py flags),
 # STAGES (which stages run, in order; default "index e2e e2e_mesh serve serve_device sweep").
 # Everything comes back as one $OUT/results.tgz (the tool returns at most 8 files), rewritten after
-# every stage. The six stages' limits add up to 1010 s, over one call's 600 s: name those that fit
+# every stage. The six stages' limits add up to 1090 s, over one call's 600 s: name those that fit
 # in STAGES (index first: the others search its index). Stop 38 (H100): index 130.6 s and past
-# 160 s (host load 7), fast-mode e2e past 100 s: hence 220 and 160 s.
+# 160 s (host load 7), fast-mode e2e past 100 s: hence 220 and 160 s. Stop 40 (H200): index
+# 147.9 s; the fast-mode serve stage ran past its then 120 s limit and its aligner-serve, left
+# alive, held the log pipe until the call's own limit (595 s), so nothing after the index came
+# back: hence 200 s, and each stage is killed as a process group.
 set -u
 export OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 R=/tmp/gpu_results; rm -rf $R; mkdir -p $R
@@ -39,12 +42,17 @@ D=/tmp/beir/scifact IDX=/tmp/sf_index
 _stage() {  # NAME LIMIT_S CMD...: wall s and the child's peak RSS into $OUT/stages.jsonl
   local name=$1 limit=$2; shift 2
   python3 - "$name" "$limit" "$@" <<'PY' 2>&1 | tee "$R/$name.log" | tail -n 25
-import json, os, resource, subprocess, sys, time
+import json, os, resource, signal, subprocess, sys, time
 name, limit, cmd = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 t0 = time.time()
+# Its own process group, killed whole at the limit: a stage's grandchildren (serve_load.py's
+# aligner-serve) would otherwise keep this pipe open and the script waits on them past the call.
+proc = subprocess.Popen(cmd, start_new_session=True)
 try:
-    rc = subprocess.run(cmd, timeout=limit).returncode
+    rc = proc.wait(timeout=limit)
 except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     rc = "timeout"
 row = {"stage": name, "rc": rc, "wall_s": round(time.time() - t0, 2), "cmd": " ".join(cmd),
        "peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
@@ -63,7 +71,7 @@ stage e2e 160 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$
   --output_name="$R/e2e_latency_scifact_gpu"
 stage e2e_mesh 120 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_dir=$D --rounds=2 \
   --mode=device --output_name="$R/e2e_latency_scifact_gpu_mesh"
-stage serve 120 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
+stage serve 200 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
   --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 \
   --search_threads=6 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu" ${SERVE_EXTRA:-}
 stage serve_device 200 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
