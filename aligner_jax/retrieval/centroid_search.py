@@ -78,6 +78,7 @@ from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.indexing.inverted_lists import concatenated_ranges
+from aligner_jax.retrieval import gather_max
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 MAX_PROBES = 32  # probes per query token, at most
@@ -350,20 +351,16 @@ class CentroidSearcher:
             self._scratch.buffers = buffers
         return buffers
 
-    def _best_codes(self, s_t: np.ndarray, docs: np.ndarray):
-        """Each document's distinct centroid ids (concatenated) — or, for an index without
-        document → centroid lists, its tokens' centroid ids (the same maxima) —, their lengths,
-        their scores ``[rows, n]`` (gathered from ``s_t``, a scratch buffer) and each document's
-        best per query token ``[docs, n]``."""
+    def _best_codes(self, s_t: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Each document's best centroid score per query token ``[docs, n]``, over its distinct
+        centroid ids — or, for an index without document → centroid lists, its tokens'
+        centroid ids (the same maxima) — in one fused pass (``gather_max``)."""
         if self.index.lists.has_doc_lists:
             codes, lengths = self.index.lists.document_centroids(docs)
-            codes = np.asarray(codes, np.intp)
         else:
             rows, lengths = concatenated_ranges(self.store.offsets, docs)
-            codes = np.asarray(self.index.codes[rows], np.intp)
-        gathered = scratch.buffer("interaction.scores", (len(codes), s_t.shape[1]), np.float32)
-        np.take(s_t, codes, axis=0, out=gathered)
-        return codes, lengths, gathered, segment_max(gathered, lengths)
+            codes = self.index.codes[rows]
+        return gather_max.gather_segment_max(s_t, codes, lengths, reference=segment_max)
 
     def interaction(self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Stage 3: Σ_i w_i max_j S[i, code_j] / Σ w over all stored tokens of ``docs``, read
@@ -377,7 +374,7 @@ class CentroidSearcher:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(``interaction`` scores of ``docs``, each document's best centroid score per query
         token ``[docs, n]``), from one gather of centroid scores."""
-        _, _, _, best = self._best_codes(s_t, docs)
+        best = self._best_codes(s_t, docs)
         return (best @ weights) / max(float(weights.sum()), 1e-12), best
 
     def best_centroid_tokens(
@@ -414,29 +411,33 @@ class CentroidSearcher:
         if keep is not None:
             lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
             rows = rows[keep]
-        sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
-        np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)  # q·c, [T, n]
-        if best_centroids is not None:
-            keep = _at_best(sims, best_centroids, lengths, u_q)
-            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-            rows = rows[keep]
-            kept = scratch.buffer("refine.kept", (len(rows), sims.shape[1]), np.float32)
-            sims = np.compress(keep, sims, axis=0, out=kept)
         margin = self.config.refine_margin
-        if margin is not None:  # only tokens within `margin` of their doc's best centroid score
-            best_c = segment_max(sims, lengths)
-            keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
-            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-            rows, sims = rows[keep], sims[keep]
+        if best_centroids is not None or margin is not None:  # choose tokens by q·c first
+            sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
+            np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)
+            if best_centroids is not None:
+                keep = _at_best(sims, best_centroids, lengths, u_q)
+                lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+                rows, sims = rows[keep], sims[keep]
+            if margin is not None:  # tokens within `margin` of their doc's best centroid score
+                best_c = segment_max(sims, lengths)
+                keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
+                lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+                rows = rows[keep]
+        residual = scratch.buffer("refine.residual", (len(rows), s_t.shape[1]), np.float32)
+        residual.fill(0.0)
         self.index.codec.residual_scores(
-            q, self.index.residuals[rows], token_major=True, add_to=sims
+            q, self.index.residuals[rows], token_major=True, add_to=residual
         )
-        if self.salience is None:
-            best = segment_max(sims, lengths)  # [docs, n]
-            return (best @ u_q) / max(float(u_q.sum()), 1e-12)
-        # u^d of each column's selected (maximal) token; selection is by S alone (Eq. 2).
-        u_d = np.asarray(self.salience[rows], np.float32)
-        best, u_sel = segment_max(sims, lengths, at_max=u_d)
+        # q·c + q·r̂ and each document's maxima in one pass (no [T, n] gather), with the u^d of
+        # each column's selected (maximal) token; selection is by S alone (Eq. 2).
+        u_d = None if self.salience is None else np.asarray(self.salience[rows], np.float32)
+        found = gather_max.gather_segment_max(
+            s_t, self.index.codes[rows], lengths, add=residual, at_max=u_d, reference=segment_max
+        )
+        if u_d is None:
+            return (found @ u_q) / max(float(u_q.sum()), 1e-12)  # found: [docs, n]
+        best, u_sel = found
         a = u_sel * u_q[None, :]
         z = a.sum(1)
         return np.where(z > 0, (a * best).sum(1) / np.maximum(z, 1e-6), 0.0)

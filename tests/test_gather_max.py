@@ -1,0 +1,50 @@
+"""The fused gather-and-max of stages 3–4 equals NumPy's gather, sum and ``segment_max``."""
+
+import numpy as np
+import pytest
+
+from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import gather_max
+
+
+def _case(seed: int, ties: bool):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 6, 40)  # documents of no rows included
+    lengths[:2] = (0, 1)
+    rows = int(lengths.sum())
+    if ties:  # few distinct values: maxima reached by several rows, u^d must pick the largest
+        s_t = rng.integers(-2, 3, (30, 9)).astype(np.float32)
+        add = rng.integers(0, 2, (rows, 9)).astype(np.float32)
+    else:
+        s_t = rng.standard_normal((30, 9)).astype(np.float32)
+        add = rng.standard_normal((rows, 9)).astype(np.float32)
+    codes = rng.integers(0, 30, rows)
+    u_d = rng.random(rows).astype(np.float32)
+    return s_t, codes, lengths, add, u_d
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_gather_segment_max_equals_take_then_segment_max(monkeypatch, compiled, ties):
+    if not compiled:
+        monkeypatch.setattr(gather_max, "numba", None)
+    else:
+        assert gather_max.numba is not None, "numba is a dependency (requirements.txt)"
+    s_t, codes, lengths, add, u_d = _case(3, ties)
+    got = gather_max.gather_segment_max(s_t, codes, lengths, reference=cs.segment_max)
+    np.testing.assert_array_equal(got, cs.segment_max(np.take(s_t, codes, axis=0), lengths))
+    assert got.shape == (40, 9) and np.isneginf(got[0]).all() and np.isfinite(got[1]).all()
+    best, sel = gather_max.gather_segment_max(
+        s_t, codes, lengths, add=add, at_max=u_d, reference=cs.segment_max
+    )
+    want_best, want_sel = cs.segment_max(s_t[codes] + add, lengths, at_max=u_d)
+    np.testing.assert_array_equal(best, want_best)
+    np.testing.assert_array_equal(sel, want_sel)
+    if ties:  # the case exists: some document's maximum is reached by two rows
+        starts = np.cumsum(lengths) - lengths
+        tied = [
+            ((s_t[codes[a : a + n]] + add[a : a + n]) == want_best[d]).sum(0).max() > 1
+            for d, (a, n) in enumerate(zip(starts, lengths, strict=True))
+            if n
+        ]
+        assert any(tied)
