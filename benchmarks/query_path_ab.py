@@ -1,4 +1,4 @@
-r"""Three query-path changes measured against the code they replaced, interleaved per query.
+r"""Four query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -8,7 +8,12 @@ predecessor in one process, alternating which goes first query by query, over ``
 timed passes (after one untimed pass), at ``--threads`` BLAS threads. The predecessors are kept
 here, verbatim in behaviour, only to be measured against:
 
-  * ``segment_max`` (``retrieval/centroid_search.py``): per-document maxima of ``[tokens, n]``
+  * ``gather_max`` (``retrieval/gather_max.py``): stages 3–4's centroid-score gather, residual
+    sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
+    sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
+    and k = 100 (query encoding excluded).
+  * ``segment_max`` (``retrieval/centroid_search.py``), timed on that NumPy path (the compiled
+    pass replaced it in the default search): per-document maxima of ``[tokens, n]``
     similarities through transposed blocks, and u^d of the selected token (Eq. 2) in the same
     pass — against ``np.maximum.reduceat`` along axis 0 and a ``[tokens, n]`` tie mask. Timed:
     ``CentroidSearcher`` queries at k = 10 and k = 100 (query encoding excluded).
@@ -45,6 +50,7 @@ from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.indexing import documents as documents_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
+from aligner_jax.retrieval import gather_max  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -93,6 +99,7 @@ def scan_fetch_sql(num_pairs: int) -> str:
 # the current code, put back after each "before" run
 NEW = {
     "segment_max": cs.segment_max,
+    "numba": gather_max.numba,
     "gather": ts.TokenStore.gather_padded,
     "fetch_sql": documents_lib.fetch_sql,
 }
@@ -136,18 +143,24 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     encoded = {q: searcher.encoder.encode([dataset.queries[q]], "query")[0] for q in qids}
     rows, samples = [], {}
 
-    def segment_max(which):
+    def fused(which):
+        gather_max.numba = NEW["numba"] if which == "after" else None
+
+    def segment_max(which):  # on gather_max's NumPy path, where segment_max still runs
+        gather_max.numba = None
         cs.segment_max = NEW["segment_max"] if which == "after" else reduceat_segment_max
 
-    for k in (10, 100):
+    for change, use in (("gather_max", fused), ("segment_max", segment_max)):
+        for k in (10, 100):
 
-        def search(q, k=k):
-            out = searcher.run([q], [encoded[q]], show_progress=False, k=k)
-            return _ranking(out.results[next(iter(out.results))][q])
+            def search(q, k=k):
+                out = searcher.run([q], [encoded[q]], show_progress=False, k=k)
+                return _ranking(out.results[next(iter(out.results))][q])
 
-        row, ms = interleaved(qids, search, segment_max, rounds)
-        rows.append({"change": "segment_max", "timed": f"search, k = {k}", **row})
-        samples[f"{name}: search k={k}"] = ms
+            row, ms = interleaved(qids, search, use, rounds)
+            gather_max.numba = NEW["numba"]
+            rows.append({"change": change, "timed": f"search, k = {k}", **row})
+            samples[f"{name}: {change}, search k={k}"] = ms
 
     candidates = {}
     for q in qids:
