@@ -1,5 +1,8 @@
 """The fused gather-and-max of stages 3–4 equals NumPy's gather, sum and ``segment_max``."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,3 +51,22 @@ def test_gather_segment_max_equals_take_then_segment_max(monkeypatch, compiled, 
             if n
         ]
         assert any(tied)
+
+
+def test_warm_up_compiles_the_pass_that_searches_then_reuse():
+    """``Searcher.load`` calls ``warm_up``: afterwards a search's call compiles nothing."""
+    code = (
+        "import numpy as np\n"
+        "from aligner_jax.retrieval import centroid_search as cs, gather_max as g\n"
+        "assert not g._gather_max.signatures\n"
+        "g.warm_up()\n"
+        "warm = list(g._gather_max.signatures)\n"
+        "s = np.ones((5, 3), np.float32)\n"
+        "g.gather_segment_max(s, np.array([0, 4]), np.array([1, 1]), reference=cs.segment_max)\n"
+        "g.gather_segment_max(s, np.array([1]), np.array([1]), add=np.ones((1, 3), np.float32),\n"
+        "                     at_max=np.ones(1, np.float32), reference=cs.segment_max)\n"
+        "assert len(warm) == 1 and list(g._gather_max.signatures) == warm, g._gather_max.signatures\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

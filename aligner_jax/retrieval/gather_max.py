@@ -86,3 +86,13 @@ def gather_segment_max(
         sel,
     )
     return out if at_max is None else (out, sel)
+
+
+def warm_up() -> None:
+    """Compiles the pass now (or loads it from numba's cache, ~0.5 s on 2 cores), so that the
+    first search after ``Searcher.load`` does not pay for it. A no-op without numba."""
+    if numba is None:
+        return
+    one = np.zeros((1, 1), np.float32)
+    ids = np.zeros(1, np.int64)
+    gather_segment_max(one, ids, ids + 1, add=one, at_max=one[0], reference=None)

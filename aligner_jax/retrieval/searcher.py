@@ -44,8 +44,8 @@ from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import gather_max, sharded_search
 from aligner_jax.retrieval import refine as refine_lib
-from aligner_jax.retrieval import sharded_search
 
 REFINE_MODES = ("full", "xtr")
 BACKENDS = ("centroid",) + ti.BACKENDS
@@ -377,6 +377,8 @@ class Searcher:
             )
         # Every shape a single query's search or rerank takes compiles now, none after load.
         refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
+        if searcher.centroid is not None:
+            gather_max.warm_up()
         if searcher.sharded is not None:
             longest = searcher.encoder.maxlen(aligner_lib.QUERY)
             searcher.sharded.warm_up(searcher.refiner.config.query_buckets_upto(longest))
