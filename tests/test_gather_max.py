@@ -43,6 +43,13 @@ def test_gather_segment_max_equals_take_then_segment_max(monkeypatch, compiled, 
     want_best, want_sel = cs.segment_max(s_t[codes] + add, lengths, at_max=u_d)
     np.testing.assert_array_equal(best, want_best)
     np.testing.assert_array_equal(sel, want_sel)
+    empty = np.zeros(3, np.int64)  # no rows at all: every maximum and selected u^d is −∞
+    got = gather_max.gather_segment_max(
+        s_t, codes[:0], empty, add=add[:0], at_max=u_d[:0], reference=cs.segment_max
+    )
+    for a, b in zip(got, cs.segment_max(add[:0], empty, at_max=u_d[:0]), strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert a.shape == (3, 9) and np.isneginf(a).all()
     if ties:  # the case exists: some document's maximum is reached by two rows
         starts = np.cumsum(lengths) - lengths
         tied = [

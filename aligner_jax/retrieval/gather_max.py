@@ -75,7 +75,7 @@ def gather_segment_max(
         return reference(gathered, lengths, at_max)
     n = s_t.shape[1]
     out = np.empty((len(lengths), n), np.float32)
-    sel = np.empty((len(lengths), n), np.float32)
+    sel = np.full((len(lengths), n), -np.inf, np.float32)  # −∞ also when no document has rows
     _gather_max(
         np.ascontiguousarray(s_t, np.float32),
         np.ascontiguousarray(codes, np.int64),
