@@ -1,4 +1,4 @@
-r"""Four query-path changes measured against the code they replaced, interleaved per query.
+r"""Five query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -12,6 +12,12 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``probe_scores`` (``retrieval/probe_scores.py``): WARP's candidate scoring (every token of
+    each query token's probed clusters scored with its residual, per-document maxima) in one
+    compiled pass — against its NumPy loop (a product per plane and query token, then
+    ``np.maximum.at``), the code before it. Timed: ``CentroidSearcher`` queries with
+    ``residual_candidates=True`` and ``--residual_candidates_refine_per_k`` at k = 10 and
+    k = 100 (query encoding excluded).
   * ``segment_max`` (``retrieval/centroid_search.py``), timed on that NumPy path (the compiled
     pass replaced it in the default search): per-document maxima of ``[tokens, n]``
     similarities through transposed blocks, and u^d of the selected token (Eq. 2) in the same
@@ -50,7 +56,7 @@ from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.indexing import documents as documents_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
-from aligner_jax.retrieval import gather_max  # noqa: E402
+from aligner_jax.retrieval import gather_max, probe_scores  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -100,9 +106,13 @@ def scan_fetch_sql(num_pairs: int) -> str:
 NEW = {
     "segment_max": cs.segment_max,
     "numba": gather_max.numba,
+    "probe_numba": probe_scores.numba,
     "gather": ts.TokenStore.gather_padded,
     "fetch_sql": documents_lib.fetch_sql,
 }
+
+
+CHANGES = ("gather_max", "probe_scores", "segment_max", "gather_padded", "fetch")
 
 
 # -- timing ------------------------------------------------------------------------------------------
@@ -150,11 +160,28 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         gather_max.numba = None
         cs.segment_max = NEW["segment_max"] if which == "after" else reduceat_segment_max
 
-    for change, use in (("gather_max", fused), ("segment_max", segment_max)):
+    def probed(which):
+        probe_scores.numba = NEW["probe_numba"] if which == "after" else None
+
+    residual = search_lib.Searcher.load(
+        index_dir,
+        encoder=searcher.encoder,
+        centroid_config=cs.CentroidSearchConfig(
+            residual_candidates=True, refine_per_k=FLAGS.residual_candidates_refine_per_k
+        ),
+    )
+    changes = (
+        ("gather_max", fused, searcher),
+        ("probe_scores", probed, residual),
+        ("segment_max", segment_max, searcher),
+    )
+    for change, use, by in changes:
+        if change not in FLAGS.changes:
+            continue
         for k in (10, 100):
 
-            def search(q, k=k):
-                out = searcher.run([q], [encoded[q]], show_progress=False, k=k)
+            def search(q, k=k, by=by):
+                out = by.run([q], [encoded[q]], show_progress=False, k=k)
                 return _ranking(out.results[next(iter(out.results))][q])
 
             row, ms = interleaved(qids, search, use, rounds)
@@ -174,11 +201,12 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         out = searcher.rerank([q], [encoded[q]], {q: candidates[q]}, show_progress=False, k=10)
         return _ranking(out.results[next(iter(out.results))][q])
 
-    row, ms = interleaved(qids, rerank, gather, rounds)
-    rows.append(
-        {"change": "gather_padded", "timed": f"rerank of {FLAGS.rerank_candidates}", **row}
-    )  # fmt: skip
-    samples[f"{name}: rerank {FLAGS.rerank_candidates}"] = ms
+    if "gather_padded" in FLAGS.changes:
+        row, ms = interleaved(qids, rerank, gather, rounds)
+        rows.append(
+            {"change": "gather_padded", "timed": f"rerank of {FLAGS.rerank_candidates}", **row}
+        )  # fmt: skip
+        samples[f"{name}: rerank {FLAGS.rerank_candidates}"] = ms
 
     table = searcher.documents
     positions = searcher.doc_positions
@@ -190,9 +218,10 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     def fetch(q):
         return tuple(r["doc_id"] for r in table.fetch(top10[q]))
 
-    row, ms = interleaved(qids, fetch, sql, rounds)
-    rows.append({"change": "fetch", "timed": "fetch of 10 hits", **row})
-    samples[f"{name}: fetch 10"] = ms
+    if "fetch" in FLAGS.changes:
+        row, ms = interleaved(qids, fetch, sql, rounds)
+        rows.append({"change": "fetch", "timed": "fetch of 10 hits", **row})
+        samples[f"{name}: fetch 10"] = ms
     for r in rows:
         r.update(dataset=name, index_dir=index_dir, queries=len(qids), load_1m=os.getloadavg()[0])
     return rows, samples
@@ -208,14 +237,15 @@ def markdown(report: dict) -> str:
         f"after one untimed; load average before {report['loadavg_before']}, after "
         f"{report['loadavg_after']}.",
         "",
-        "| dataset | change | timed | n | before p50 / p99 ms | after p50 / p99 ms | p50 speed-up "
-        "| identical results | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dataset | index | change | timed | n | before p50 / p99 ms | after p50 / p99 ms "
+        "| p50 speed-up | identical results | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         b, a = r["before"], r["after"]
         lines.append(
-            f"| {r['dataset']} | {r['change']} | {r['timed']} | {r['n']} | "
+            f"| {r['dataset']} | `{r.get('index_dir', '')}` | {r['change']} | {r['timed']} "
+            f"| {r['n']} | "
             f"{b['p50_ms']:.2f} / {b['p99_ms']:.2f} | {a['p50_ms']:.2f} / {a['p99_ms']:.2f} | "
             f"{r['p50_speedup']:.2f}× | {r['identical']} | {r['load_1m']:.1f} |"
         )
@@ -258,6 +288,18 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_queries", 0, "At most this many test queries (0: all).")
     flags.DEFINE_integer("rerank_candidates", 100, "Documents per rerank.", lower_bound=1)
     flags.DEFINE_string("output_name", "query_path_ab", "benchmarks/results/NAME.*")
+    flags.DEFINE_multi_enum(
+        "changes",
+        list(CHANGES),
+        list(CHANGES),
+        "The changes to time (repeat the flag for several; default: all).",
+    )
+    flags.DEFINE_float(
+        "residual_candidates_refine_per_k",
+        1.0,
+        "CentroidSearchConfig.refine_per_k of the probe_scores pair's searcher.",
+        lower_bound=0.0,
+    )
 
 
 def main(argv: Sequence[str]) -> None:

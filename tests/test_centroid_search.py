@@ -18,6 +18,7 @@ from aligner_jax.indexing import codec as codec_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import probe_scores
 from aligner_jax.retrieval import searcher as search_lib
 
 DIM = 16
@@ -346,7 +347,9 @@ def test_xtr_probing_every_centroid_is_mean_of_token_maxima_over_decoded_vectors
     assert np.all(np.diff(scores) <= 1e-7)  # best first
 
 
-def test_xtr_imputes_unreached_tokens_with_the_first_unprobed_centroid_score(store, index):
+def test_xtr_imputes_unreached_tokens_with_the_first_unprobed_centroid_score(
+    store, index, compiled
+):
     probes = 3
     searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(xtr_probes=probes))
     q = _query(12, n=4)
@@ -555,6 +558,16 @@ def test_segment_max_selects_the_largest_value_among_the_rows_at_the_maximum(mon
             assert selected[d, i] == salience[e - m : e][col == col.max()].max()
 
 
+@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
+def compiled(request, monkeypatch):
+    """Runs a test with the compiled probe scoring (``probe_scores``) and with its NumPy path."""
+    if request.param:
+        assert probe_scores.available(), "numba is a dependency (requirements.txt)"
+    else:
+        monkeypatch.setattr(probe_scores, "numba", None)
+    return request.param
+
+
 def _residual_candidates(searcher, q, rows):
     s = q.vectors @ searcher.index.centroids.T
     cands, approx = searcher.residual_candidates(q.vectors, s, rows, q.salience)
@@ -562,7 +575,7 @@ def _residual_candidates(searcher, q, rows):
 
 
 def test_residual_candidates_probing_every_centroid_score_each_tokens_best_decoded_match(
-    store, index
+    store, index, compiled
 ):
     """Stage 2 with residuals, every centroid probed: Σ_i u_i max_j q_i·(c_j + r̂_j) / Σ u_i."""
     cfg = cs.CentroidSearchConfig(probes=index.num_centroids, residual_candidates=True)
@@ -576,7 +589,9 @@ def test_residual_candidates_probing_every_centroid_score_each_tokens_best_decod
     np.testing.assert_allclose([found[d] for d in range(store.num_docs)], expected, atol=1e-5)
 
 
-def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_centroid(store, index):
+def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_centroid(
+    store, index, compiled
+):
     probes = 3
     cfg = cs.CentroidSearchConfig(probes=probes, residual_candidates=True)
     searcher = cs.CentroidSearcher(store, index, cfg)
@@ -587,6 +602,29 @@ def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_cen
     assert set(found) == set(expected)
     for d, x in found.items():
         assert x == pytest.approx(expected[d], abs=1e-5)
+
+
+def test_residual_candidates_skip_deleted_documents_and_leave_the_scratch_as_found(
+    store, index, compiled
+):
+    """Deleted documents are never candidates; the per-thread scratch is left as found (−∞
+    floor, zero sums, nothing seen), so the next query starts clean and scores the same."""
+    cfg = cs.CentroidSearchConfig(probes=3, residual_candidates=True)
+    searcher = cs.CentroidSearcher(store, index, cfg)
+    q = _query(24, n=5)
+    first = _residual_candidates(searcher, q, np.arange(5))
+    _, acc, seen = searcher._buffers()
+    assert not seen.any() and not acc.any()
+    assert np.isneginf(searcher._floor()).all()
+    dead = sorted(first)[:3]
+    alive = np.ones(store.num_docs, bool)
+    alive[dead] = False
+    s = q.vectors @ index.centroids.T
+    cands, approx = searcher.residual_candidates(q.vectors, s, np.arange(5), q.salience, alive)
+    assert set(cands.tolist()) == set(first) - set(dead)
+    for d, x in zip(cands.tolist(), approx.tolist(), strict=True):
+        assert x == pytest.approx(first[d], abs=1e-6)
+    assert _residual_candidates(searcher, q, np.arange(5)) == pytest.approx(first, abs=1e-6)
 
 
 def test_residual_candidates_search_refines_the_best_and_ranks_like_wide_open_refinement(

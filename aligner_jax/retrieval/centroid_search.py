@@ -78,7 +78,7 @@ from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.indexing.inverted_lists import concatenated_ranges
-from aligner_jax.retrieval import gather_max
+from aligner_jax.retrieval import gather_max, probe_scores
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 MAX_PROBES = 32  # probes per query token, at most
@@ -305,25 +305,39 @@ class CentroidSearcher:
         best such token, else the token's imputed score (its first unprobed centroid's).
 
         Centroid scores alone cannot tell apart documents whose tokens share centroids (near
-        duplicates; ``benchmarks/scale.py``'s distractors): these scores can. The packed
-        residuals of the union of the probed clusters are read once; each query token scores
-        its own clusters' rows (one product ``[rows, W] @ [W, 1]`` per plane: a product of
-        every row with every query token costs ~1.5× more at 10× SciFact, 4 probes)."""
-        offsets, rows, docs = self.token_lists()
+        duplicates; ``benchmarks/scale.py``'s distractors): these scores can."""
         top, top_scores, imputed = probed(s[probe_rows], self.probes)
+        qk = np.asarray(q[probe_rows], np.float32)
+        w = np.asarray(weights[probe_rows], np.float32)
+        return self._score_probed(qk, w, top, top_scores, imputed, alive)
+
+    def _score_probed(self, q, w, top, top_scores, imputed, alive) -> tuple:
+        """WARP's candidate scoring over the clusters ``top [n, p]`` (scores ``top_scores``) of
+        query tokens ``q [n, D]`` (weights ``w``, imputed scores ``imputed``): the reached
+        documents and their scores (``_reached``). The packed residuals of the union of the
+        probed clusters are read once; each query token scores its own clusters' rows, in one
+        compiled pass (``probe_scores``) or, without numba, one product ``[rows, W] @ [W, 1]``
+        per plane and query token (a product of every row with every query token costs ~1.5×
+        more at 10× SciFact, 4 probes)."""
+        offsets, rows, docs = self.token_lists()
         clusters, where = np.unique(top, return_inverse=True)
         where = where.reshape(top.shape)
         sel, lengths = concatenated_ranges(offsets, clusters)
         union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         packed = np.asarray(self.index.residuals[rows[sel]])
-        qk = np.asarray(q[probe_rows], np.float32)
-        w = np.asarray(weights[probe_rows], np.float32)
+        reached = docs[sel]
         best, acc, seen = self._buffers()
-        for i in range(len(probe_rows)):
+        if probe_scores.available():
+            probe_scores.accumulate(
+                self.index.codec, q, where, top_scores, union[:-1], lengths, packed, reached,
+                w, imputed, self._floor(), acc, seen,
+            )  # fmt: skip
+            return self._reached(w, imputed, alive)
+        for i in range(len(q)):
             pos, _ = concatenated_ranges(union, where[i])
-            values = self.index.codec.residual_scores(qk[i : i + 1], packed[pos])[0]
+            values = self.index.codec.residual_scores(q[i : i + 1], packed[pos])[0]
             values += np.repeat(top_scores[i], lengths[where[i]])
-            d = docs[sel[pos]]
+            d = reached[pos]
             best[d] = -np.inf
             np.maximum.at(best, d, values)  # each document's best token for query token i
             acc[d] += w[i] * (best[d] - imputed[i])
@@ -350,6 +364,13 @@ class CentroidSearcher:
             buffers = (np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, bool))
             self._scratch.buffers = buffers
         return buffers
+
+    def _floor(self) -> np.ndarray:
+        """Per-thread scratch of ``probe_scores``: −∞ per document, left so by each use."""
+        floor = getattr(self._scratch, "floor", None)
+        if floor is None or len(floor) != self.store.num_docs:
+            floor = self._scratch.floor = np.full(self.store.num_docs, -np.inf, np.float32)
+        return floor
 
     def _best_codes(self, s_t: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """Each document's best centroid score per query token ``[docs, n]``, over its distinct
@@ -462,26 +483,13 @@ class CentroidSearcher:
     ) -> tuple[tuple[np.ndarray, np.ndarray], int]:
         """f_XTR′ (XTR Eq. 4) of the documents reached by the kept query tokens ``probe_rows``,
         WARP-style (see the module docstring): ((document indices, scores) best first, number of
-        documents reached)."""
+        live documents reached)."""
         q = np.asarray(q, np.float32)[probe_rows]
-        offsets, rows, docs = self.token_lists()
         top, top_scores, missing = probed(q @ self.index.centroids.T, self.xtr_probes)
-        hit_scores, hit_docs = [], []
-        for i in range(len(q)):  # one vectorised step per query token
-            sel, lengths = concatenated_ranges(offsets, top[i])
-            residual = self.index.codec.residual_scores(
-                q[i : i + 1], self.index.residuals[rows[sel]]
-            )
-            hit_scores.append(np.repeat(top_scores[i], lengths) + residual[0])
-            hit_docs.append(docs[sel])
-        token = np.repeat(np.arange(len(q)), [len(d) for d in hit_docs])
-        cands, where = np.unique(np.concatenate(hit_docs), return_inverse=True)
-        # f_XTR′ (Eq. 4): each token's best hit in a document, else its imputed score; the mean.
-        best = np.full((len(q), len(cands)), -np.inf, np.float32)
-        np.maximum.at(best, (token, where), np.concatenate(hit_scores))
-        total = np.where(np.isfinite(best), best, missing[:, None]).mean(axis=0)
-        keep = self.alive[cands]
-        cands, total = cands[keep], total[keep]
+        # f_XTR′ (Eq. 4): each token's best hit in a document, else its imputed score; the mean
+        cands, total = self._score_probed(
+            q, np.ones(len(q), np.float32), top, top_scores, missing, None
+        )
         top_k = _top(total, min(k, len(cands)))
         return (cands[top_k], total[top_k]), len(cands)
 
