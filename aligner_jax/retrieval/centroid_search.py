@@ -37,8 +37,10 @@ on SciFact grown 10× with distractors (zero-shot, 4 bits; ``benchmarks/results/
 scale_residual_candidates.md``, 100 test queries, ``probe_docs=2560`` chosen on train queries
 by ``benchmarks/tune_search.py``) top-10 overlap with exhaustive 0.838 → 0.892 and R@100 85.5
 → 89.0 (exhaustive 94.0), p50 at k = 10 56 → 103 ms (k = 100: 129 → 137 ms); on SciFact
-itself the quality is the same and k = 10 is 3.6× slower. Every probed token is read and
-scored (~128k per query at 10×).
+itself the quality is the same and k = 10 is 3.6× slower (those times are of its NumPy loop).
+Every probed token is read and scored (~128k per query at 10×), in one compiled pass
+(``probe_scores``; the ``xtr`` scorer below shares it): 1.4–2.2× faster than the NumPy loop,
+same rankings (``benchmarks/results/query_path_ab_probe_scores.md``).
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
