@@ -13,8 +13,9 @@ decoding (``codec.ResidualCodec``: q·r̂ = constant + Σ_p Σ_b (q⊙step)_{p,b
 
 NumPy does this one query token at a time (a ``[rows, W] @ [W, 1]`` product per plane, then
 ``np.maximum.at``), and those passes, not the arithmetic, were most of the search: the compiled
-loop reads each probed token's packed row once and keeps nothing per token (SciFact zero-shot,
-k = 100, 1 thread, 8 probes: 36.5 → 28.5 ms p50; CISI zero-shot 80.1 → 46.8 ms). It runs on the
+loop reads each probed token's packed row once and keeps nothing per token (``residual_candidates``
+with ``refine_per_k=1``, k = 100, 2 threads: SciFact zero-shot 34.2 → 25.0 ms p50, CISI
+zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). It runs on the
 calling thread. Without numba, ``centroid_search`` keeps its NumPy loop (same values up to float
 rounding: the compiled sum reassociates).
 """
@@ -22,6 +23,8 @@ rounding: the compiled sum reassociates).
 from __future__ import annotations
 
 import numpy as np
+
+from aligner_jax.common import scratch
 
 try:
     import numba
@@ -115,7 +118,7 @@ def accumulate(
         floor,
         acc,
         seen,
-        np.empty(max(len(packed), 1), np.int64),
+        scratch.buffer("probe_scores.touched", (max(len(packed), 1),), np.int64),
     )
 
 
