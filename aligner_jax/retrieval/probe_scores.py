@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from aligner_jax.common import scratch
+from aligner_jax.indexing.codec import ResidualCodec
 
 try:
     import numba
@@ -127,8 +128,6 @@ def warm_up() -> None:
     ``Searcher.load`` does not pay for it. A no-op without numba."""
     if numba is None:
         return
-    from aligner_jax.indexing.codec import ResidualCodec
-
     codec = ResidualCodec(4, np.zeros(2, np.float32), np.ones(2, np.float32))
     one = np.zeros(1, np.int64)
     floor = np.full(1, -np.inf, np.float32)
