@@ -152,6 +152,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     searcher = search_lib.Searcher.load(index_dir)
     encoded = {q: searcher.encoder.encode([dataset.queries[q]], "query")[0] for q in qids}
     rows, samples = [], {}
+    label = f"{name} ({pathlib.Path(index_dir).parent.name})"  # two stores of one dataset differ
 
     def fused(which):
         gather_max.numba = NEW["numba"] if which == "after" else None
@@ -187,7 +188,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
             row, ms = interleaved(qids, search, use, rounds)
             gather_max.numba = NEW["numba"]
             rows.append({"change": change, "timed": f"search, k = {k}", **row})
-            samples[f"{name}: {change}, search k={k}"] = ms
+            samples[f"{label}: {change}, search k={k}"] = ms
 
     candidates = {}
     for q in qids:
@@ -206,7 +207,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         rows.append(
             {"change": "gather_padded", "timed": f"rerank of {FLAGS.rerank_candidates}", **row}
         )  # fmt: skip
-        samples[f"{name}: rerank {FLAGS.rerank_candidates}"] = ms
+        samples[f"{label}: rerank {FLAGS.rerank_candidates}"] = ms
 
     table = searcher.documents
     positions = searcher.doc_positions
@@ -221,7 +222,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     if "fetch" in FLAGS.changes:
         row, ms = interleaved(qids, fetch, sql, rounds)
         rows.append({"change": "fetch", "timed": "fetch of 10 hits", **row})
-        samples[f"{name}: fetch 10"] = ms
+        samples[f"{label}: fetch 10"] = ms
     for r in rows:
         r.update(dataset=name, index_dir=index_dir, queries=len(qids), load_1m=os.getloadavg()[0])
     return rows, samples
