@@ -48,10 +48,12 @@ def _query(seed, n=5):
     )
 
 
-def _float_top1(store, q):
-    """Eq. 1–2 top-1 scores of every document with the scoring core (float vectors)."""
+def _float_top1(store, q, salience=True):
+    """Eq. 1–2 top-1 scores of every document with the scoring core (float vectors; every
+    u^d = 1 without ``salience``)."""
     length = int(store.doc_lengths.max())
     v, d_mask, s, _ = store.gather_padded(np.arange(store.num_docs), length)
+    s = s if salience else np.ones_like(s)
     sim = scoring.similarity_matrix(q.vectors[None], v.astype(np.float32))
     n = len(q.token_ids)
     return np.asarray(
@@ -234,6 +236,39 @@ def test_all_stages_wide_open_equal_float_scores_within_tolerance(tmp_path, bits
         reference = _float_top1(store, q)
         np.testing.assert_allclose(scores, reference[docs], atol=tolerance)
         assert reference[docs[0]] >= reference.max() - 2 * tolerance
+
+
+@pytest.mark.parametrize("salience", [True, False])
+def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
+    tmp_path, store, salience
+):
+    """``refine_float``: the best ⌈refine_float·k⌉ documents of the compressed refinement are
+    scored again from the float store — Eq. 1–2 with the learned u^d, as exhaustive search —
+    and ranked above the other refined documents (which keep their compressed scores)."""
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
+    wide = dict(probes=index.num_centroids, interaction_docs=60, refine_docs=60)
+    compressed = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**wide), salience)
+    floated = cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(**wide, refine_float=0.5), salience
+    )
+    k, differs = 10, 0
+    for seed in range(6):
+        q = _query(seed)
+        if not salience:
+            q = dataclasses.replace(q, salience=np.ones(5, np.float32))
+        reference = _float_top1(store, q, salience)
+        (mine,), _ = compressed.search(q.vectors, q.salience, np.arange(5), k=k)
+        ((docs, scores),), _ = floated.search(q.vectors, q.salience, np.arange(5), k=k)
+        assert len(docs) == k and np.all(np.diff(scores) <= 0)
+        # the 5 best by compressed score, re-scored exactly and ordered by that score
+        assert set(docs[:5]) == set(mine[0][:5])
+        np.testing.assert_allclose(scores[:5], reference[docs[:5]], rtol=1e-5, atol=1e-5)
+        # then the compressed ranking's other documents, in its order
+        np.testing.assert_array_equal(docs[5:], mine[0][5:])
+        differs += not np.allclose(mine[1][:5], reference[mine[0][:5]], atol=1e-3)
+    assert differs  # 2-bit scores are not the float ones: the test would see a no-op
+    with pytest.raises(errors.ConfigError, match="refine_float"):
+        cs.CentroidSearchConfig(refine_float=-1.0)
 
 
 @pytest.mark.parametrize("margin", [None, 0.15])

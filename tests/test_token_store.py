@@ -53,6 +53,22 @@ def test_gather_padded_spans_shards(tmp_path, docs):
         store.gather_padded(picks, 2)
 
 
+def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, docs):
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)
+    picks = np.array([22, 3, 4, 9, 4])  # any order, across shards, repeated
+    t = sum(len(docs[i].token_ids) for i in picks)
+    vectors = store.concatenated("vectors", picks, np.empty((t, DIM), np.float32))
+    np.testing.assert_array_equal(
+        vectors, np.concatenate([docs[i].vectors for i in picks]).astype(np.float32)
+    )
+    salience = store.concatenated("salience", picks, np.empty(t, np.float32))
+    np.testing.assert_allclose(
+        salience, np.concatenate([docs[i].salience.astype(np.float16) for i in picks])
+    )
+    with pytest.raises(ValueError, match=f"hold {t} rows, out has {t + 1}"):
+        store.concatenated("vectors", picks, np.empty((t + 1, DIM), np.float32))
+
+
 def test_truncated_shard_is_refused_naming_the_file(tmp_path, docs):
     write_store(tmp_path / "idx", docs, DIM, shard_size=10)
     victim = tmp_path / "idx" / "shard-00001.vectors.npy"

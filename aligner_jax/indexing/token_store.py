@@ -443,19 +443,38 @@ class TokenStore:
         salience = np.zeros((c, length), dtype=np.float32)
         token_ids = np.zeros((c, length), dtype=np.int32)
         mask = np.arange(length)[None, :] < lengths[:, None]
-        # A document is a run of rows of its shard: one slice copy per document and array
-        # (4-5x faster than a fancy index over every row).
-        shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         kinds = ("vectors", "salience", "token_ids")
+        for i, (arrays, lo, hi) in enumerate(self._document_runs(kinds, doc_indices)):
+            for out, array in zip((vectors, salience, token_ids), arrays, strict=True):
+                out[i, : hi - lo] = array[lo:hi]
+        return vectors, mask, salience, token_ids
+
+    def concatenated(self, kind: str, doc_indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The rows of ``kind`` of the given documents, concatenated in their order, copied
+        into ``out`` (``[their tokens, ...]``; of another dtype, e.g. float32 vectors, the cast
+        happens in the copy); returns ``out``."""
+        at = 0
+        for (array,), lo, hi in self._document_runs((kind,), doc_indices):
+            out[at : at + hi - lo] = array[lo:hi]
+            at += hi - lo
+        if at != len(out):
+            raise ValueError(f"concatenated: the documents hold {at} rows, out has {len(out)}")
+        return out
+
+    def _document_runs(self, kinds: tuple[str, ...], doc_indices: np.ndarray):
+        """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A document
+        is a run of rows of its shard: one slice copy per document is 4-5x faster than a fancy
+        index over every row."""
+        doc_indices = np.asarray(doc_indices, dtype=np.int64)
+        starts = self.offsets[doc_indices]
+        ends = self.offsets[doc_indices + 1]
+        shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         arrays: dict[int, tuple] = {}
-        rows = zip(starts.tolist(), lengths.tolist(), shard.tolist(), strict=True)
-        for i, (lo, n, s) in enumerate(rows):
+        for lo, hi, s in zip(starts.tolist(), ends.tolist(), shard.tolist(), strict=True):
             if s not in arrays:
                 arrays[s] = tuple(self._array(kind, s) for kind in kinds)
-            off = lo - int(self._shard_token_starts[s])
-            for out, array in zip((vectors, salience, token_ids), arrays[s], strict=True):
-                out[i, :n] = array[off : off + n]
-        return vectors, mask, salience, token_ids
+            off = int(self._shard_token_starts[s])
+            yield arrays[s], lo - off, hi - off
 
 
 def _npy_bytes(shape: tuple, dtype) -> int:
