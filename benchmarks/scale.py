@@ -476,8 +476,10 @@ def plot(rows: list[dict], path: Path) -> None:
     loads = [r["machine_load"] for r in rows] or [0.0]
     on = f"load avg {min(loads):.1f}–{max(loads):.1f} on 2 cores"
     titles = (f"search p50 (ms), k = 100, {on}", "search p50 (ms), k = 10", "build peak RSS (GiB)")
+    tokens = [r["tokens"] for r in rows] or [1]
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
+        ax.set_xlim(min(tokens) / 1.6, max(tokens) * 1.6)  # one scale alone: still readable ticks
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
         ax.set_title(title, fontsize=10)
@@ -485,8 +487,12 @@ def plot(rows: list[dict], path: Path) -> None:
         plotting.plain_log_axis(ax.xaxis)
     for ax in axes[:2]:  # latencies span decades; the RSS panel keeps matplotlib's labels
         plotting.plain_log_axis(ax.yaxis)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    ncol = 2
+    legend_rows = -(-len(labels) // ncol)
+    fig.set_size_inches(15, 4.2 + 0.22 * legend_rows)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.22 * legend_rows / (4.2 + 0.22 * legend_rows) + 0.01, 1, 1))
     plotting.save(fig, path)
 
 
