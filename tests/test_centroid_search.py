@@ -340,6 +340,24 @@ def test_config_ranges_are_checked():
     )
 
 
+@pytest.mark.parametrize("beta_d", [1.0, 0.5])
+def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_d):
+    """Built shard by shard (the store has 6 shards), the lists equal one stable sort of every
+    kept token's code, with 32-bit rows and documents."""
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=4, beta_d=beta_d))
+    offsets, rows, docs = cs.CentroidSearcher(store, index).token_lists()
+    kept = ci.kept_rows(store, beta_d)
+    codes = np.asarray(index.codes, np.int64)[kept]
+    order = np.argsort(codes, kind="stable")
+    assert rows.dtype == docs.dtype == np.int32
+    assert len(kept) < store.num_tokens or beta_d == 1.0
+    np.testing.assert_array_equal(rows, kept[order])
+    np.testing.assert_array_equal(
+        offsets, np.r_[0, np.cumsum(np.bincount(codes, minlength=index.num_centroids))]
+    )
+    np.testing.assert_array_equal(docs, np.searchsorted(store.offsets, rows, "right") - 1)
+
+
 def _decoded(store, index):
     return index.centroids[np.asarray(index.codes, np.int64)] + index.codec.decode(
         np.asarray(index.residuals)

@@ -156,11 +156,14 @@ class CentroidIndexConfig:
 
 def kept_rows(store: ts.TokenStore, beta_d: float) -> np.ndarray:
     """Global rows kept by β^d pruning, computed shard by shard (O(kept) memory)."""
-    parts = [np.zeros(0, np.int64)]
+    return np.concatenate([np.zeros(0, np.int64), *kept_rows_by_shard(store, beta_d)])
+
+
+def kept_rows_by_shard(store: ts.TokenStore, beta_d: float):
+    """The global rows kept by β^d pruning, one array per shard in store order."""
     for i, (_, token_start, _) in enumerate(store.shard_spans()):
         salience, local = store.shard_arrays(i)[1:]
-        parts.append(pruning.top_fraction_segments(salience, local, beta_d) + token_start)
-    return np.concatenate(parts)
+        yield pruning.top_fraction_segments(salience, local, beta_d) + token_start
 
 
 class Segmented:

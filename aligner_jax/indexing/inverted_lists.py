@@ -56,6 +56,16 @@ def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarra
     return rows, lengths
 
 
+def fill_runs(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+    """Appends ``values`` to the runs of ``out`` of their ``keys`` (a CSR fill: key ``c``'s next
+    free slot is ``cursor[c]``), in their order within each key, and advances ``cursor``."""
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    first = np.searchsorted(keys, keys, side="left")
+    out[cursor[keys] + (np.arange(len(keys)) - first)] = values
+    cursor += np.bincount(keys, minlength=len(cursor))
+
+
 # -- writing -----------------------------------------------------------------------------------------
 def _shard_pairs(store, codes, i: int, span: tuple, beta_d: float, num_centroids: int):
     """Shard ``i``'s (document, centroid) pairs, documents local to the shard: every token's
@@ -142,11 +152,7 @@ def write_group(
                 cents = kept % c
                 inside = (cents >= lo) & (cents < hi)
                 cents, docs = cents[inside] - lo, kept[inside] // c + spans[i][2]
-                order = np.argsort(cents, kind="stable")  # by centroid, documents increasing
-                cents, docs = cents[order], docs[order]
-                first = np.searchsorted(cents, cents, side="left")
-                block[cursor[cents] + (np.arange(len(cents)) - first)] = docs
-                cursor += np.bincount(cents, minlength=hi - lo)
+                fill_runs(block, cursor, cents, docs)  # documents come in increasing order
             ivf.write(block)
             del block
     fileio.atomic_save_npy(out / f"{tables['ivf_offsets']}.npy", ivf_offsets)

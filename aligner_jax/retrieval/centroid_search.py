@@ -82,7 +82,7 @@ import numpy as np
 from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
-from aligner_jax.indexing.inverted_lists import concatenated_ranges
+from aligner_jax.indexing.inverted_lists import concatenated_ranges, fill_runs
 from aligner_jax.retrieval import gather_max, probe_scores
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
@@ -490,16 +490,33 @@ class CentroidSearcher:
 
     def token_lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """CSR centroid → its β^d-kept stored tokens (offsets, rows, documents), built on first
-        use (one sort of the codes) for the XTR scorer."""
+        use for the residual candidates and the XTR scorer.
+
+        Built shard by shard (one pass counts, one fills each centroid's run in store order),
+        so that besides the lists (rows and documents int32 below 2³¹ tokens: 8 bytes per kept
+        token) the build holds one shard's codes at a time."""
         if self._token_lists is None:
             beta_d = self.index.meta["config"]["beta_d"]
-            kept = ci.kept_rows(self.store, beta_d)
-            codes = np.asarray(self.index.codes[kept], np.int64)
-            order = np.argsort(codes, kind="stable")
-            offsets = np.zeros(self.index.num_centroids + 1, np.int64)
-            np.cumsum(np.bincount(codes, minlength=self.index.num_centroids), out=offsets[1:])
-            rows = kept[order]
-            docs = np.searchsorted(self.store.offsets, rows, side="right") - 1
+            c = self.index.num_centroids
+
+            def shards():  # (kept rows, their codes) of each shard
+                for kept in ci.kept_rows_by_shard(self.store, beta_d):
+                    yield kept, np.asarray(self.index.codes[kept], np.int64)
+
+            counts = np.zeros(c, np.int64)
+            for _, codes in shards():
+                counts += np.bincount(codes, minlength=c)
+            offsets = np.zeros(c + 1, np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            kind = np.int32 if self.store.num_tokens < 2**31 else np.int64
+            rows = np.empty(int(offsets[-1]), kind)
+            docs = np.empty(int(offsets[-1]), kind)
+            cursor, again = offsets[:-1].copy(), offsets[:-1].copy()
+            for kept, codes in shards():
+                fill_runs(rows, cursor, codes, kept)
+                fill_runs(
+                    docs, again, codes, np.searchsorted(self.store.offsets, kept, "right") - 1
+                )
             self._token_lists = (offsets, rows, docs)
         return self._token_lists
 
