@@ -335,13 +335,14 @@ class CentroidSearcher:
         union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         packed = np.asarray(self.index.residuals[rows[sel]])
         reached = docs[sel]
-        best, acc, seen = self._buffers()
         if probe_scores.available():
+            _, acc, seen = self._buffers()
             probe_scores.accumulate(
                 self.index.codec, q, where, top_scores, union[:-1], lengths, packed, reached,
                 w, imputed, self._floor(), acc, seen,
             )  # fmt: skip
             return self._reached(w, imputed, alive)
+        best, acc, seen = self._buffers()
         for i in range(len(q)):
             pos, _ = concatenated_ranges(union, where[i])
             values = self.index.codec.residual_scores(q[i : i + 1], packed[pos])[0]
