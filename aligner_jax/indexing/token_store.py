@@ -462,9 +462,9 @@ class TokenStore:
         return out
 
     def _document_runs(self, kinds: tuple[str, ...], doc_indices: np.ndarray):
-        """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A document
-        is a run of rows of its shard: one slice copy per document is 4-5x faster than a fancy
-        index over every row."""
+        """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A
+        document is a run of rows of its shard: one slice copy per document is 4-5x faster than
+        a fancy index over every row."""
         doc_indices = np.asarray(doc_indices, dtype=np.int64)
         starts = self.offsets[doc_indices]
         ends = self.offsets[doc_indices + 1]
