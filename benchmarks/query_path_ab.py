@@ -1,4 +1,4 @@
-r"""Five query-path changes measured against the code they replaced, interleaved per query.
+r"""Seven query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -18,6 +18,14 @@ here, verbatim in behaviour, only to be measured against:
     ``np.maximum.at``), the code before it. Timed: ``CentroidSearcher`` queries with
     ``residual_candidates=True`` and ``--residual_candidates_refine_per_k`` at k = 10 and
     k = 100 (query encoding excluded).
+  * ``cluster_residuals`` (``CentroidSearcher.token_lists``): the probed clusters' packed
+    residuals read where they lie, one run per cluster of a cluster-ordered copy — against a
+    gather of the union of their rows from the index's store order (fancy indexing, as
+    ``Segmented`` read rows before), the code before it. Timed: ``CentroidSearcher`` queries
+    with ``residual_candidates=True``, as ``probe_scores``'.
+  * ``residual_chunk`` (``indexing/codec.py``'s ``CHUNK``): the compressed refinement's
+    residual scores computed 2,048 tokens at a time — against 16,384 at a time. Timed:
+    ``CentroidSearcher`` queries at the defaults, k = 10 and k = 100.
   * ``segment_max`` (``retrieval/centroid_search.py``), timed on that NumPy path (the compiled
     pass replaced it in the default search): per-document maxima of ``[tokens, n]``
     similarities through transposed blocks, and u^d of the selected token (Eq. 2) in the same
@@ -53,8 +61,10 @@ import threadpoolctl  # noqa: E402
 
 from aligner_jax.common import cli, fileio  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.indexing import codec as codec_lib  # noqa: E402
 from aligner_jax.indexing import documents as documents_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
+from aligner_jax.indexing.inverted_lists import concatenated_ranges  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
 from aligner_jax.retrieval import gather_max, probe_scores  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
@@ -73,6 +83,28 @@ def reduceat_segment_max(values, lengths, at_max=None):
     chosen.fill(-np.inf)
     np.copyto(chosen, at_max[:, None], where=equal)
     return best, np.maximum.reduceat(chosen, starts, axis=0)
+
+
+def gathered_score_probed(self, q, w, top, top_scores, imputed, alive) -> tuple:
+    """``CentroidSearcher._score_probed`` before: the union of the probed clusters' rows
+    gathered from the index's store-ordered residuals (fancy indexing), then scored."""
+    lists = self.token_lists()
+    clusters, where = np.unique(top, return_inverse=True)
+    where = where.reshape(top.shape)
+    sel, lengths = concatenated_ranges(lists.offsets, clusters)
+    union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rows = lists.rows[sel]
+    arrays, starts = self.index.residuals.arrays, self.index.residuals.starts
+    segment = np.searchsorted(starts, rows, side="right") - 1
+    packed = np.empty((len(rows), arrays[0].shape[1]), np.uint8)
+    for k in np.unique(segment):
+        packed[segment == k] = arrays[k][rows[segment == k] - starts[k]]
+    _, acc, seen = self._buffers()
+    probe_scores.accumulate(
+        self.index.codec, q, where, top_scores, union[:-1], lengths, packed,
+        lists.docs[sel].astype(np.int64), w, imputed, self._floor(), acc, seen,
+    )  # fmt: skip
+    return self._reached(w, imputed, alive)
 
 
 def fancy_gather_padded(self, doc_indices, length):
@@ -109,10 +141,16 @@ NEW = {
     "probe_numba": probe_scores.numba,
     "gather": ts.TokenStore.gather_padded,
     "fetch_sql": documents_lib.fetch_sql,
+    "score_probed": cs.CentroidSearcher._score_probed,
+    "chunk": codec_lib.CHUNK,
 }
+BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 
-CHANGES = ("gather_max", "probe_scores", "segment_max", "gather_padded", "fetch")
+CHANGES = (
+    "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "gather_padded", "fetch",
+)  # fmt: skip
 
 
 # -- timing ------------------------------------------------------------------------------------------
@@ -164,6 +202,14 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     def probed(which):
         probe_scores.numba = NEW["probe_numba"] if which == "after" else None
 
+    def clustered(which):
+        cs.CentroidSearcher._score_probed = (
+            NEW["score_probed"] if which == "after" else gathered_score_probed
+        )
+
+    def chunk(which):
+        codec_lib.CHUNK = NEW["chunk"] if which == "after" else BEFORE_CHUNK
+
     residual = search_lib.Searcher.load(
         index_dir,
         encoder=searcher.encoder,
@@ -174,6 +220,8 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     changes = (
         ("gather_max", fused, searcher),
         ("probe_scores", probed, residual),
+        ("cluster_residuals", clustered, residual),
+        ("residual_chunk", chunk, searcher),
         ("segment_max", segment_max, searcher),
     )
     for change, use, by in changes:

@@ -421,6 +421,7 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     import query_path_ab as ab
     from index_utils import random_documents, write_store
 
+    from aligner_jax.indexing import centroid_index as ci
     from aligner_jax.indexing import documents as documents_lib
     from aligner_jax.retrieval import centroid_search as cs
 
@@ -456,3 +457,13 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     finally:
         documents_lib.fetch_sql = ab.NEW["fetch_sql"]
     assert new == old and [r["doc_id"] for r in new] == [store.doc_ids[p] for p in positions]
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2, num_centroids=6))
+    searcher = cs.CentroidSearcher(store, index)
+    q = rng.standard_normal((3, 8)).astype(np.float32)
+    top, top_scores, imputed = cs.probed(q @ index.centroids.T, 2)
+    w = np.array([1.0, 0.5, 2.0], np.float32)
+    new = searcher._score_probed(q, w, top, top_scores, imputed, None)
+    old = ab.gathered_score_probed(searcher, q, w, top, top_scores, imputed, None)
+    np.testing.assert_array_equal(new[0], old[0])
+    np.testing.assert_allclose(new[1], old[1], atol=1e-5)
+    assert len(new[0]) > 10

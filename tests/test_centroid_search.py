@@ -343,9 +343,9 @@ def test_config_ranges_are_checked():
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])
 def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_d):
     """Built shard by shard (the store has 6 shards), the lists equal one stable sort of every
-    kept token's code, with 32-bit rows and documents."""
+    kept token's code, with 32-bit rows and documents, and carry those rows' residuals."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=4, beta_d=beta_d))
-    offsets, rows, docs = cs.CentroidSearcher(store, index).token_lists()
+    offsets, rows, docs, residuals = cs.CentroidSearcher(store, index).token_lists()
     kept = ci.kept_rows(store, beta_d)
     codes = np.asarray(index.codes, np.int64)[kept]
     order = np.argsort(codes, kind="stable")
@@ -356,6 +356,7 @@ def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_
         offsets, np.r_[0, np.cumsum(np.bincount(codes, minlength=index.num_centroids))]
     )
     np.testing.assert_array_equal(docs, np.searchsorted(store.offsets, rows, "right") - 1)
+    np.testing.assert_array_equal(residuals, np.asarray(index.residuals)[rows])
 
 
 def _decoded(store, index):

@@ -56,14 +56,23 @@ def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarra
     return rows, lengths
 
 
-def fill_runs(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-    """Appends ``values`` to the runs of ``out`` of their ``keys`` (a CSR fill: key ``c``'s next
-    free slot is ``cursor[c]``), in their order within each key, and advances ``cursor``."""
+def run_slots(cursor: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The slot of each of ``keys`` (in their order) in a CSR fill whose key ``c`` has its next
+    free slot at ``cursor[c]``: entries of one key take consecutive slots in their order.
+    Advances ``cursor``; ``out[slots] = values`` then fills any number of arrays alike."""
     order = np.argsort(keys, kind="stable")
-    keys, values = keys[order], values[order]
-    first = np.searchsorted(keys, keys, side="left")
-    out[cursor[keys] + (np.arange(len(keys)) - first)] = values
+    ordered = keys[order]
+    first = np.searchsorted(ordered, ordered, side="left")
+    slots = np.empty(len(keys), np.int64)
+    slots[order] = cursor[ordered] + (np.arange(len(keys)) - first)
     cursor += np.bincount(keys, minlength=len(cursor))
+    return slots
+
+
+def fill_runs(out: np.ndarray, cursor: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+    """Appends ``values`` to the runs of ``out`` of their ``keys`` (``run_slots``), in their
+    order within each key, and advances ``cursor``."""
+    out[run_slots(cursor, keys)] = values
 
 
 # -- writing -----------------------------------------------------------------------------------------

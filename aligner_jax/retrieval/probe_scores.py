@@ -100,7 +100,8 @@ def accumulate(
 
     ``codec``: the index's ``ResidualCodec``; ``queries`` ``[n, D]`` the probing query tokens;
     ``where`` ``[n, p]`` each token's probed clusters as indices into ``starts``/``lengths``
-    (the clusters' rows of ``packed [R, W]`` and ``docs [R]``); ``top_scores`` ``[n, p]``
+    (the clusters' rows of ``packed [R, W]`` and ``docs [R]``, int32 or int64: the token
+    lists' own arrays, read where they lie); ``top_scores`` ``[n, p]``
     their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so)."""
     planes, constant = codec.query_terms(queries)
     n = len(constant)
@@ -110,7 +111,7 @@ def accumulate(
         np.ascontiguousarray(starts, np.int64),
         np.ascontiguousarray(lengths, np.int64),
         np.ascontiguousarray(packed, np.uint8),
-        np.ascontiguousarray(docs, np.int64),
+        np.ascontiguousarray(docs),  # int32 or int64, as the token lists hold them
         np.ascontiguousarray(np.stack(planes, axis=1) if n else np.zeros((0, 1, 1), np.float32)),
         np.ascontiguousarray(constant, np.float32),
         codec.bits,
@@ -119,7 +120,7 @@ def accumulate(
         floor,
         acc,
         seen,
-        scratch.buffer("probe_scores.touched", (max(len(packed), 1),), np.int64),
+        scratch.buffer("probe_scores.touched", (max(len(floor), 1),), np.int64),
     )
 
 
@@ -131,8 +132,9 @@ def warm_up() -> None:
     codec = ResidualCodec(4, np.zeros(2, np.float32), np.ones(2, np.float32))
     one = np.zeros(1, np.int64)
     floor = np.full(1, -np.inf, np.float32)
-    accumulate(
-        codec, np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64), np.zeros((1, 1)),
-        one, one + 1, np.zeros((1, 1), np.uint8), one, np.ones(1), np.zeros(1), floor,
-        np.zeros(1, np.float32), np.zeros(1, bool),
-    )  # fmt: skip
+    for docs in (one.astype(np.int32), one):  # the token lists' documents: int32 below 2³¹
+        accumulate(
+            codec, np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64), np.zeros((1, 1)),
+            one, one + 1, np.zeros((1, 1), np.uint8), docs, np.ones(1), np.zeros(1), floor,
+            np.zeros(1, np.float32), np.zeros(1, bool),
+        )  # fmt: skip
