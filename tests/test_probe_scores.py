@@ -1,10 +1,16 @@
 """The compiled probe scoring (``retrieval.probe_scores``): compiled once, at load.
 
 Its values are tested through ``residual_candidates`` and ``xtr`` in ``test_centroid_search``
-(compiled and NumPy paths against decoded vectors)."""
+(compiled and NumPy paths against decoded vectors); here, each codec width directly."""
 
 import subprocess
 import sys
+
+import numpy as np
+import pytest
+
+from aligner_jax.indexing.codec import ResidualCodec
+from aligner_jax.retrieval import probe_scores
 
 
 def test_probe_scores_warm_up_compiles_the_pass_that_residual_candidates_run():
@@ -34,3 +40,36 @@ def test_probe_scores_warm_up_compiles_the_pass_that_residual_candidates_run():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
+    """Every codec width: each reached document's accumulated score is Σ_i w_i·(max_j
+    q_i·(c + r̂_j) − imputed_i) over its tokens in the probed clusters, r̂ decoded."""
+    rng = np.random.default_rng(bits)
+    dim, rows = 12, 40
+    codec = ResidualCodec.fit(rng.standard_normal((200, dim)).astype(np.float32), bits)
+    packed = codec.encode(rng.standard_normal((rows, dim)).astype(np.float32))
+    decoded = codec.decode(packed)
+    docs = rng.integers(0, 7, rows).astype(np.int32)
+    starts, lengths = np.arange(0, rows, 10), np.full(4, 10)  # four clusters of 10 rows
+    q = rng.standard_normal((3, dim)).astype(np.float32)
+    where = np.array([[0, 2], [1, 3], [3, 0]])
+    top_scores = rng.standard_normal((3, 2)).astype(np.float32)
+    w, imputed = np.array([1.0, 0.5, 2.0]), np.array([-1.0, -2.0, -0.5])
+    acc, seen = np.zeros(7, np.float32), np.zeros(7, bool)
+    floor = np.full(7, -np.inf, np.float32)
+    probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, packed, docs, w,
+                            imputed, floor, acc, seen)  # fmt: skip
+    expected, reached = np.zeros(7), np.zeros(7, bool)
+    for i in range(3):
+        best = np.full(7, -np.inf)
+        for a, c in enumerate(where[i]):
+            r = np.arange(starts[c], starts[c] + lengths[c])
+            np.maximum.at(best, docs[r], top_scores[i, a] + decoded[r] @ q[i])
+        hit = np.isfinite(best)
+        expected[hit] += w[i] * (best[hit] - imputed[i])
+        reached |= hit
+    np.testing.assert_array_equal(seen, reached)
+    np.testing.assert_allclose(acc, expected, atol=1e-4)
+    assert np.isneginf(floor).all()

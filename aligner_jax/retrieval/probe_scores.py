@@ -33,6 +33,29 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
     numba = None
 
 
+def _row_score(row, w, bits):  # pragma: no cover - compiled
+    """Σ_p Σ_b w[p, b] · level_{p, b} of one packed row (``bits`` 2, 4 or 8: 4, 2 or 1
+    planes), each plane in its own accumulator over one pass of the row's bytes (a loop per
+    plane, re-reading the row, took 1.3× as long at 4 bits)."""
+    s0 = s1 = s2 = s3 = np.float32(0.0)
+    if bits == 4:
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s0 += w[0, b] * np.float32(v & 15)
+            s1 += w[1, b] * np.float32(v >> 4)
+    elif bits == 2:
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s0 += w[0, b] * np.float32(v & 3)
+            s1 += w[1, b] * np.float32((v >> 2) & 3)
+            s2 += w[2, b] * np.float32((v >> 4) & 3)
+            s3 += w[3, b] * np.float32(v >> 6)
+    else:
+        for b in range(len(row)):
+            s0 += w[0, b] * np.float32(row[b])
+    return (s0 + s1) + (s2 + s3)
+
+
 def _accumulate(
     where, top_scores, starts, lengths, packed, docs, planes, constant, bits, weights, imputed,
     floor, acc, seen, touched,
@@ -42,21 +65,14 @@ def _accumulate(
     kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
     imputed[i])`` and ``seen[d] = True`` for each document it reached."""
     n, p = where.shape
-    num_planes, width = planes.shape[1], planes.shape[2]
-    mask = (1 << bits) - 1
     for i in range(n):
         m = 0
+        w = planes[i]
         for a in range(p):
             c = where[i, a]
             base = top_scores[i, a] + constant[i]
             for r in range(starts[c], starts[c] + lengths[c]):
-                s = np.float32(0.0)
-                for plane in range(num_planes):
-                    shift = bits * plane
-                    w = planes[i, plane]
-                    for b in range(width):
-                        s += w[b] * np.float32((packed[r, b] >> shift) & mask)
-                value = base + s
+                value = base + _row_score(packed[r], w, bits)
                 d = docs[r]
                 if floor[d] == -np.inf:
                     touched[m] = d
@@ -72,7 +88,9 @@ def _accumulate(
 
 if numba is not None:
     # no "ninf"/"nnan" fast-math flags: the loop compares with −∞
-    _accumulate = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})(_accumulate)
+    _FLAGS = {"reassoc", "contract"}
+    _row_score = numba.njit(inline="always", nogil=True, fastmath=_FLAGS)(_row_score)
+    _accumulate = numba.njit(cache=True, nogil=True, fastmath=_FLAGS)(_accumulate)
 
 
 def available() -> bool:
