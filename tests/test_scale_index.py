@@ -540,3 +540,17 @@ def test_a_rebuild_keeps_the_recorded_settings_unless_gin_binds_them(tmp_path):
         assert (config.residual_bits, config.num_centroids) == (2, 4)
     finally:
         gin.clear_config()
+
+
+def test_segmented_reads_rows_by_index_slice_or_mask_alike():
+    """``Segmented[rows]`` (a gather with ``np.take``) gives what NumPy's indexing gives for
+    integer rows, lists, slices and boolean masks, within one segment and across several."""
+    rng = np.random.default_rng(0)
+    whole = rng.integers(0, 255, (30, 4)).astype(np.uint8)
+    for parts in ([whole], [whole[:7], whole[7:19], whole[19:]]):
+        seg = ci.Segmented(parts)
+        mask = rng.random(30) < 0.4
+        for rows in (np.array([29, 0, 7, 7, 18]), [3, 1], slice(2, 9), mask):
+            if isinstance(rows, slice) and len(parts) > 1:
+                continue  # several segments: span() reads ranges
+            np.testing.assert_array_equal(seg[rows], whole[rows])

@@ -183,8 +183,10 @@ class Segmented:
 
     def _read(self, k: int, rows) -> np.ndarray:
         array = self.arrays[k]
-        # np.take gathers rows about twice as fast as fancy indexing (SciFact, 29k rows of 192 B)
-        values = array[rows] if isinstance(rows, slice) else np.take(np.asarray(array), rows, 0)
+        if isinstance(rows, slice) or np.asarray(rows).dtype == bool:
+            values = array[rows]
+        else:  # np.take gathers rows about twice as fast as fancy indexing (29k rows of 192 B)
+            values = np.take(np.asarray(array), rows, 0)
         if self.scales is None:
             return values
         scale = self.scales[k]
@@ -193,7 +195,8 @@ class Segmented:
     def __getitem__(self, rows) -> np.ndarray:
         if len(self.arrays) == 1:
             return self._read(0, rows)
-        rows = np.asarray(rows, np.int64)
+        rows = np.asarray(rows)
+        rows = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
         seg = np.searchsorted(self.starts, rows, side="right") - 1
         first = self.arrays[0]
         dtype = first.dtype if self.scales is None else np.float32
