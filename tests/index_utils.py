@@ -46,3 +46,17 @@ def write_store(
     }
     ts.write_manifest(directory, manifest)
     return ts.TokenStore(directory)
+
+
+def mapped_rss_kib(array: np.ndarray) -> int:
+    """Resident KiB of the memory map holding ``array``'s first byte, from ``/proc/self/smaps``
+    (Linux): pages of a mapped file this process touched and still has mapped."""
+    address, inside = array.ctypes.data, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "Rss:":
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds address {address:#x}")

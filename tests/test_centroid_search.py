@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 
 import numpy as np
 import pytest
-from index_utils import random_documents, write_store
+from index_utils import mapped_rss_kib, random_documents, write_store
 
 from aligner_jax.common import errors, scratch
 from aligner_jax.core import scoring
@@ -357,6 +358,19 @@ def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_
     )
     np.testing.assert_array_equal(docs, np.searchsorted(store.offsets, rows, "right") - 1)
     np.testing.assert_array_equal(residuals, np.asarray(index.residuals)[rows])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_token_lists_leave_no_index_pages_resident(tmp_path):
+    """Building the lists reads every kept token's residual through the index's map; those
+    pages are released after (the lists hold their own copy), not left counted in RSS."""
+    store = write_store(tmp_path / "idx", random_documents(400, 64, seed=3, max_len=60), 64)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8))
+    (mapped,) = index.residuals.arrays
+    assert mapped.nbytes > 500_000
+    lists = cs.CentroidSearcher(store, index).token_lists()
+    assert mapped_rss_kib(mapped) < 64  # the old build left every page: ~mapped.nbytes / 1024
+    np.testing.assert_array_equal(lists.residuals, np.asarray(index.residuals)[lists.rows])
 
 
 def _decoded(store, index):

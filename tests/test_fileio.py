@@ -83,3 +83,19 @@ def test_permission_error_names_the_output_not_the_temporary(tmp_path, monkeypat
     assert message.startswith(f"{tmp_path / 'metrics.json'}: Permission denied"), message
     assert ".tmp" not in message
     assert isinstance(info.value, errors.USER_ERRORS)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_release_pages_drops_a_maps_pages_from_rss_and_keeps_its_bytes(tmp_path):
+    import numpy as np
+    from index_utils import mapped_rss_kib
+
+    values = np.arange(1 << 20, dtype=np.int32)  # 4 MiB
+    np.save(tmp_path / "a.npy", values)
+    mapped = fileio.load_npy(tmp_path / "a.npy")
+    assert int(mapped.sum(dtype=np.int64)) == int(values.sum(dtype=np.int64))  # every page read
+    assert mapped_rss_kib(mapped) >= 4000
+    assert fileio.release_pages(mapped)
+    assert mapped_rss_kib(mapped) < 100
+    np.testing.assert_array_equal(mapped, values)  # read back from the page cache
+    assert not fileio.release_pages(values)  # not a map: nothing to release

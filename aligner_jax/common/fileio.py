@@ -13,6 +13,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import signal
@@ -265,6 +266,19 @@ def load_npy(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
     at once (searches open shard files from worker threads)."""
     with _LOAD_LOCK:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def release_pages(array: np.ndarray) -> bool:
+    """Drops the pages of a memory-mapped array (``load_npy``'s) from this process's resident
+    set: ``madvise(MADV_DONTNEED)`` on its read-only shared map, so the pages a pass over the
+    whole file touched stop counting in RSS while the kernel's page cache keeps them (a later
+    read faults them back from memory, the same bytes). False, and nothing done, for an array
+    that is not a map or where the call is not available."""
+    mapped = getattr(array, "_mmap", None)
+    if not isinstance(mapped, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    mapped.madvise(mmap.MADV_DONTNEED)
+    return True
 
 
 def read_json(path: str | os.PathLike, fix: str = "rebuild this index"):
