@@ -63,6 +63,14 @@ def _starting_a_binary() -> bool:
 if _starting_a_binary() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _exit_before_start)
 
+# After each BLAS call NumPy's OpenBLAS keeps its worker threads spinning for 2^28 cycles
+# (~0.1 s): a search then holds a core while XLA encodes the next query on the same cores
+# (SciFact, 2 threads: encoding p50 13.4 ms after a search, 8.9 ms with workers that sleep at
+# once; the search itself no slower; benchmarks/results/README.md, stop 44). OpenBLAS reads it
+# when it loads: the binaries and code that imports this package before NumPy get it; a value
+# already set is kept.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 # ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library
 # functions are exported as ``evaluate_beir`` and ``train_model`` so that no name means two things.
 _PUBLIC = {

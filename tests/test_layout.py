@@ -10,6 +10,7 @@ optional dependency off the import path, with a one-line reason beside it.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,21 @@ def test_public_api_is_lazy_and_complete():
         "aligner_jax.indexing.token_store",
         "aligner_jax.evaluation.beir_eval",
     ]
+
+
+@pytest.mark.parametrize("preset", [None, "28"])
+def test_package_sets_openblas_thread_timeout_before_numpy_loads(preset):
+    """``import aligner_jax`` (what every binary imports first) sets OpenBLAS's worker timeout
+    before NumPy loads (OpenBLAS reads it then), and keeps a value the user set."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    code = (
+        "import os, sys, aligner_jax\n"
+        "assert 'numpy' not in sys.modules\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == (preset or "4")
