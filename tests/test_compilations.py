@@ -307,5 +307,12 @@ def test_e2e_latency_benchmark_runs_the_device_mode_without_compiling_after_load
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["mode"] == "device" and report["devices"] == ["cpu"]
     assert report["measured"]["compilations_after_load"] == 0
-    assert report["measured"]["end_to_end"]["n"] == report["queries"] == len(TOY_QUERIES)
-    assert "mode `device` on cpu" in out.with_suffix(".md").read_text()
+    measured = report["measured"]
+    assert measured["end_to_end"]["n"] == report["queries"] == len(TOY_QUERIES)
+    # search alone (interleaved) and encoding back to back (one pass after the rounds)
+    assert measured["search"]["n"] == measured["encode_back_to_back"]["n"] == len(TOY_QUERIES)
+    assert 0 < measured["search"]["p50_ms"] <= measured["search"]["max_ms"]
+    md = out.with_suffix(".md").read_text()
+    assert "mode `device` on cpu" in md
+    assert "| search alone (the encoded query, k=10) |" in md
+    assert "| query encoding, back to back" in md
