@@ -196,7 +196,8 @@ def markdown(report: dict) -> str:
         f"{', '.join(sorted(set(report.get('devices', ['cpu']))))}, {report['threads']} threads; "
         f"{report['machine']}"
         f"; load average before {report['loadavg_before']}, after {report['loadavg_after']}; "
-        f"nice {report['nice']}.",
+        f"nice {report['nice']}; OPENBLAS_THREAD_TIMEOUT "
+        f"{report.get('openblas_thread_timeout')}.",
         "",
         f"Load {w['load_s']} s, of which warm-up {w['warm_up_s']} s: query buckets "
         f"{w['query_buckets']} and {w['refine_shapes']} refinement shapes "
@@ -271,6 +272,7 @@ def main(argv: Sequence[str]) -> None:
         "warm_up": warm,
         "measured": measured,
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, jax {jax.__version__}",
+        "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),  # see aligner_jax
         "nice": os.nice(0),  # < 0: run ahead of the machine's other jobs (a shared machine)
         "loadavg_before": loadavg_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
