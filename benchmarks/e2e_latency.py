@@ -21,8 +21,9 @@ query path on the GPU; stop 38's run named it ``--mode=mesh``).
 
 These four run one after the other for each query, as a caller would run them; then, after the
 rounds, one more pass encodes every query back to back with nothing in between ("encoding, back
-to back"): the encoder's weights (~42 MB at float32 for MiniLM-L6) then stay in the CPU's
-caches, which a search in between evicts — the gap between the two encoding rows.
+to back"): a gap between the two encoding rows is what a search costs the encoding after it
+(stop 44: OpenBLAS's workers spinning after the search's BLAS calls, ~4.5 ms at p50, until the
+package set ``OPENBLAS_THREAD_TIMEOUT``).
 
 Every XLA compilation during the timed loops is counted with JAX's monitoring hook (the
 ``backend_compile_duration`` event); the goal is 0. Writes
