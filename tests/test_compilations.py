@@ -30,7 +30,7 @@ from jax import monitoring
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
-from aligner_jax.retrieval import refine, sharded_search
+from aligner_jax.retrieval import centroid_search, refine, sharded_search
 from aligner_jax.retrieval import searcher as search_lib
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -152,6 +152,18 @@ def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
         qids = list(candidates)
         out = searcher.rerank(qids, encoded, candidates, show_progress=False)
         assert [len(out.results["top_k:1"][q]) for q in qids[:3]] == [12, 11, 10]
+    assert names == []
+
+
+@pytest.mark.parametrize("knobs", [{"residual_candidates": True}, {}])
+def test_residual_candidates_build_their_token_lists_at_load(index_dir, encoder, knobs):
+    """With residual candidates the centroid → token lists are built by ``Searcher.load``, not
+    by the first query (the default stages never need them)."""
+    config = centroid_search.CentroidSearchConfig(**knobs)
+    searcher = search_lib.Searcher.load(str(index_dir), encoder=encoder, centroid_config=config)
+    assert (searcher.centroid._token_lists is not None) == bool(knobs)
+    with compilations() as names:
+        assert searcher.search(QUERIES[1], k=3)
     assert names == []
 
 

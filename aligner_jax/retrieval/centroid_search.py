@@ -497,10 +497,11 @@ class CentroidSearcher:
 
     def token_lists(self) -> TokenLists:
         """CSR centroid → its β^d-kept stored tokens (offsets; rows, documents and packed
-        residuals in that order), built on first use for the residual candidates and the XTR
-        scorer: each probed cluster's residuals are then one contiguous run, scored where they
-        lie (WARP's layout), where gathering them from store order took more time than scoring
-        them (SciFact zero-shot, 8 probes: 3.7 ms of gather against 2.7 ms of scoring).
+        residuals in that order), built on first use (``Searcher.load`` calls it when it will be
+        needed) for the residual candidates and the XTR scorer: each probed cluster's residuals
+        are then one contiguous run, scored where they lie (WARP's layout), where gathering them
+        from store order took more time than scoring them (SciFact zero-shot, 8 probes: 3.7 ms
+        of gather against 2.7 ms of scoring).
 
         Built shard by shard (one pass counts, one places each centroid's tokens in store
         order), so that besides the lists — rows and documents int32 below 2³¹ tokens, 8 bytes

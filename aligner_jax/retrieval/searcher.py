@@ -381,6 +381,7 @@ class Searcher:
             gather_max.warm_up()
             if searcher.centroid.config.residual_candidates or searcher.config.refine == "xtr":
                 probe_scores.warm_up()
+                searcher.centroid.token_lists()  # built now, not by the first query
         if searcher.sharded is not None:
             longest = searcher.encoder.maxlen(aligner_lib.QUERY)
             searcher.sharded.warm_up(searcher.refiner.config.query_buckets_upto(longest))
