@@ -29,12 +29,11 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("index_dir", None, "The index folder to serve (aligner-index / aligner-eval).")
 flags.DEFINE_string("host", "127.0.0.1", "Interface to bind (127.0.0.1: this machine only).")
 flags.DEFINE_integer("port", 8080, "TCP port.")
-flags.DEFINE_string(
-    "write_token", None, f"Bearer token enabling writes (or ${serve_job.TOKEN_ENV})."
-)
+flags.DEFINE_string("write_token", None, f"Token enabling writes (or ${serve_job.TOKEN_ENV}).")
 flags.DEFINE_enum("mode", "fast", ["fast", "exhaustive", "device"],
                   "Compressed index, every document, or every document on the accelerators.")  # fmt: skip
 flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
+flags.DEFINE_integer("workers", 1, "Server processes on the port (serving/serve_job.py).")
 flags.DEFINE_float("refresh_s", 2.0, "Seconds between looks for other writers' changes (0: off).")
 _LIMITS = index_service.ServeLimits()
 flags.DEFINE_integer("max_k", _LIMITS.max_k, "Largest k of a search.")
@@ -66,6 +65,7 @@ def main(argv: Sequence[str]) -> None:
         threads=FLAGS.threads,
         limits={name: FLAGS[name].value for name in LIMIT_FLAGS},
         refresh_s=FLAGS.refresh_s,
+        workers=FLAGS.workers,
         explainer=http_app.Explainer(live_explanation.explain_hit, live_explanation.CSS),
     )
     print(out)

@@ -70,15 +70,17 @@ class Server:
         threads: int = 2,
         search_threads: int = 1,
         mode: str = "fast",
+        workers: int = 1,
     ):
         self.port = free_port()
+        self.workers = workers
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
         if token:
             env["ALIGNER_SERVE_WRITE_TOKEN"] = token
         cmd = [sys.executable, "-m", "aligner_jax.serve", f"--index_dir={index_dir}"]
         cmd += [f"--port={self.port}", f"--threads={threads}", "--max_write_bytes=67108864"]
-        cmd += [f"--search_threads={search_threads}", f"--mode={mode}"]
+        cmd += [f"--search_threads={search_threads}", f"--mode={mode}", f"--workers={workers}"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
         deadline = time.time() + 900
         while time.time() < deadline:
@@ -86,15 +88,27 @@ class Server:
                 raise SystemExit(f"aligner-serve exited with {self.proc.returncode}")
             try:
                 self.health = httpx.get(f"{self.url}/health", timeout=5).json()
+                pids = {httpx.get(f"{self.url}/stats", timeout=60).json()["pid"]}
+                while len(pids) < workers:  # every worker up (each connection goes to one)
+                    if time.time() > deadline:
+                        raise SystemExit(f"aligner-serve: {len(pids)} of {workers} workers up")
+                    time.sleep(0.2)
+                    pids.add(httpx.get(f"{self.url}/stats", timeout=60).json()["pid"])
                 return
             except httpx.TransportError:
                 time.sleep(1.0)
         raise SystemExit("aligner-serve did not start")
 
-    def batch_counts(self) -> tuple[int, int]:
-        """(batches, queries in them) the server ran so far."""
-        counts = httpx.get(f"{self.url}/stats", timeout=60).json()["counts"]
-        return counts.get("batches", 0), counts.get("batched_queries", 0)
+    def counts(self) -> dict[int, dict]:
+        """Each worker's ``/stats`` counts so far, by pid (a new connection per request reaches
+        any worker: asked until every worker answered)."""
+        found: dict[int, dict] = {}
+        for _ in range(500):
+            stats = httpx.get(f"{self.url}/stats", timeout=60).json()
+            found[stats["pid"]] = stats["counts"]
+            if len(found) == self.workers:
+                return found
+        raise SystemExit(f"/stats reached {len(found)} of {self.workers} workers")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -276,17 +290,19 @@ def write_markdown(result, path: Path) -> None:
         "",
         f"Index `{result['index_dir']}` ({result['num_docs']} documents), k = {result['k']}, "
         f"{result['num_queries']} queries in turn, aligner-serve "
-        f"`--mode={result['server_flags'].get('mode', 'fast')}`, closed-loop clients (httpx asyncio) on the same "
+        f"`--mode={result['server_flags'].get('mode', 'fast')}` "
+        f"`--workers={result['server_flags'].get('workers', 1)}`, closed-loop clients (httpx asyncio) on the same "
         f"machine as the server ({result['machine']}). Latency is the client's (HTTP included).",
         "",
-        "| clients | searches | queries/s | p50 ms | p95 ms | p99 ms | errors | server p50 ms | mean batch | load before → after |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| clients | searches | queries/s | p50 ms | p95 ms | p99 ms | errors | server p50 ms | mean batch | searches by worker | load before → after |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for p in result["phases"]:
         lat, srv = p["latency_ms"], p["server_took_ms"]
         lines.append(
             f"| {p['clients']} | {p['searches']} | {p['queries_per_s']} | {lat['p50']} | "
             f"{lat['p95']} | {lat['p99']} | {p['errors']} | {srv['p50']} | {p.get('mean_batch')} | "
+            f"{' / '.join(map(str, p.get('searches_by_worker', [])))} | "
             f"{_load(p['uptime_before'])} → {_load(p['uptime_after'])} |"
         )
     w = result.get("writer")
@@ -376,6 +392,8 @@ def main() -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--threads", type=int, default=2, help="aligner-serve --threads (BLAS)")
     p.add_argument("--search_threads", type=int, default=1, help="aligner-serve --search_threads")
+    p.add_argument("--workers", type=int, default=1,
+                   help="aligner-serve --workers (the search phases; the writer phase runs one)")  # fmt: skip
     p.add_argument("--mode", default="fast", choices=["fast", "exhaustive", "device"],
                    help="aligner-serve --mode (device: the exact search on the accelerators)")  # fmt: skip
     p.add_argument("--writer_docs", type=int, default=1000)
@@ -399,21 +417,31 @@ def main() -> int:
             "threads": args.threads,
             "search_threads": args.search_threads,
             "mode": args.mode,
+            "workers": args.workers,
         },
         "uptime_start": uptime(),
         "phases": [],
     }
     server = Server(args.index_dir, threads=args.threads, search_threads=args.search_threads,
-                    mode=args.mode)  # fmt: skip
+                    mode=args.mode, workers=args.workers)  # fmt: skip
     result["num_docs"] = server.health["num_docs"]
     try:
         asyncio.run(closed_loop(server.url, queries, max(counts), args.warmup, args.k))
         for c in counts:
-            before, batches = uptime(), server.batch_counts()
+            before, counts_before = uptime(), server.counts()
             phase = asyncio.run(closed_loop(server.url, queries, c, args.duration, args.k))
-            after = server.batch_counts()
+            counts_after = server.counts()
             phase.update(uptime_before=before, uptime_after=uptime())
-            phase["mean_batch"] = round((after[1] - batches[1]) / max(after[0] - batches[0], 1), 2)
+            delta = {
+                name: [counts_after[w].get(name, 0) - counts_before[w].get(name, 0)
+                       for w in sorted(counts_after)]
+                for name in ("batches", "batched_queries", "searches")
+            }  # fmt: skip
+            phase["mean_batch"] = round(
+                sum(delta["batched_queries"]) / max(sum(delta["batches"]), 1), 2
+            )
+            # the clients' connections are spread over the workers when they connect, and stay
+            phase["searches_by_worker"] = sorted(delta["searches"], reverse=True)
             result["phases"].append(phase)
             print(json.dumps(phase), flush=True)
         result["server_stats"] = httpx.get(f"{server.url}/stats", timeout=30).json()

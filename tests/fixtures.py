@@ -275,3 +275,21 @@ def trec_eval_run_file(run_path, qrels_path, k_values=(10, 100)) -> dict[str, fl
         rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top[k])
         out[f"mrr@{k}"] = math.fsum(v["recip_rank"] for v in rr.values()) / len(qrels)
     return out
+
+
+def pid_worker(host: str, port: int, app_args: dict) -> None:
+    """A stand-in for ``serve_job._worker`` (``aligner-serve --workers``): on its own
+    ``SO_REUSEPORT`` socket, answers every request with its pid; ``app_args["fail"]``: exits
+    with code 3 at once."""
+    if app_args.get("fail"):
+        sys.exit(3)
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from aligner_jax.serving import serve_job
+
+    app = Starlette(routes=[Route("/", lambda request: JSONResponse({"pid": os.getpid()}))])
+    sock = serve_job._reuse_port_socket(host, port)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -5,6 +5,7 @@ the search page and its live alignments."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import threading
@@ -526,3 +527,126 @@ def test_a_warmed_service_compiles_nothing_for_any_batch(pristine, query_encoder
     for page, w in zip(pages + deep, want, strict=True):
         assert [h[0] for h in page] == [h[0] for h in w]
         np.testing.assert_allclose([h[1] for h in page], [h[1] for h in w], rtol=1e-5)
+
+
+# -- several worker processes (--workers) ------------------------------------------------------
+
+
+WORKERS_SCRIPT = """
+import sys
+import fixtures
+from aligner_jax.serving import serve_job
+print(serve_job._serve_workers(2, "127.0.0.1", int(sys.argv[1]), {
+    "index_dir": sys.argv[2], "write_token": None, "refresh_s": 2.0, "fail": sys.argv[3] == "1"},
+    target=fixtures.pid_worker))
+"""
+
+
+def _start_workers(port, index_dir, fail=False):
+    from fixtures import REPO, start_python
+
+    return start_python(
+        "-c", WORKERS_SCRIPT, port, index_dir, int(fail), capture=True,
+        PYTHONPATH=str(REPO / "tests"),
+    )  # fmt: skip
+
+
+def test_workers_share_the_port_and_stop_together(pristine):
+    """``--workers=2``'s supervisor (``_serve_workers``; stand-in workers): both processes serve
+    the one port, new connections reach both, SIGTERM stops them all (exit 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _start_workers(port, pristine)
+    try:
+        pids, deadline = set(), time.time() + 60
+        while len(pids) < 2 and time.time() < deadline:
+            try:
+                pids.add(httpx.get(f"http://127.0.0.1:{port}/", timeout=5).json()["pid"])
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1][-2000:]
+                time.sleep(0.2)
+        assert len(pids) == 2 and proc.pid not in pids
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert out.strip().splitlines()[-1] == "aligner-serve: stopped"
+    for pid in pids:  # the workers are gone with it
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_worker_that_exits_stops_the_server_with_its_code(pristine):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _start_workers(port, pristine, fail=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "worker aligner-serve-0 exited with code 3" in err or "exited with code 3" in err
+
+
+def test_workers_refuse_bad_settings_before_starting(tmp_path, pristine, monkeypatch):
+    monkeypatch.setattr(serve_job.multiprocessing, "get_context", lambda *a: pytest.fail("start"))
+    with pytest.raises(errors.ConfigError, match="--workers=0: must be >= 1"):
+        serve_job.serve_job(str(pristine), workers=0)
+    with pytest.raises(errors.ConfigError, match="--workers=2 with writes enabled needs --refresh"):
+        serve_job.serve_job(str(pristine), workers=2, write_token=TOKEN, refresh_s=0)
+    with pytest.raises(errors.IndexIntegrityError, match="nope"):  # once, in the parent
+        serve_job.serve_job(str(tmp_path / "nope"), workers=2)
+    with socket.socket() as taken:  # a port another program listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(errors.ConfigError, match=f"--port={port}: Address already in use"):
+            serve_job.serve_job(str(pristine), port=port, workers=2)
+
+
+@pytest.mark.slow  # two worker processes loading JAX, the model and the warm-ups: ~60 s
+def test_two_workers_answer_alike_and_see_each_others_writes(index_copy):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from fixtures import start_python
+
+    url = f"http://127.0.0.1:{port}"
+    proc = start_python(
+        "-m", "aligner_jax.serve", f"--index_dir={index_copy}", f"--port={port}",
+        "--workers=2", "--threads=1", "--refresh_s=0.3", capture=True,
+        ALIGNER_SERVE_WRITE_TOKEN=TOKEN,
+    )  # fmt: skip
+
+    def by_worker(body, want=lambda r: True, timeout=120.0) -> dict:
+        """Each worker's answer to ``body``: one connection (one worker) per try, until both
+        workers answered ``want``."""
+        seen, deadline = {}, time.time() + timeout
+        while len(seen) < 2:
+            assert time.time() < deadline, f"answered by {sorted(seen)} only"
+            try:
+                with httpx.Client(base_url=url, timeout=60) as c:
+                    pid = c.get("/stats").json()["pid"]
+                    r = c.post("/search", json=body).json()
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1][-2000:]
+                time.sleep(0.5)
+                continue
+            if want(r):
+                seen[pid] = [h["doc_id"] for h in r["hits"]]
+        return seen
+
+    try:
+        query = "slow rivers of ice carving valleys"
+        before = by_worker({"query": query, "k": 3})
+        (ranking,) = {tuple(v) for v in before.values()}  # both workers: the same ranking
+        assert "d9" not in ranking
+        r = httpx.post(
+            f"{url}/documents", json={"documents": [{"id": "d9", **TOY_DOCS["d9"]}]},
+            headers=AUTH, timeout=120,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        after = by_worker({"query": query, "k": 3}, want=lambda r: r["hits"][0]["doc_id"] == "d9")
+        assert set(after) == set(before)  # the same two processes: the other one refreshed
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

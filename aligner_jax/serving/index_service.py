@@ -20,6 +20,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import json
+import os
 import queue
 import threading
 import time
@@ -401,6 +402,7 @@ class IndexService:
             "backend": "exhaustive" if snap.searcher.config.exhaustive else "centroid",
             "alignment": str(snap.searcher.alignment),
             "uptime_s": round(time.time() - self._started, 3),
+            "pid": os.getpid(),  # which process answered (aligner-serve --workers)
             "counts": dict(self._counts),
             "search_latency_ms": pct,
             "limits": dataclasses.asdict(self.limits),
