@@ -12,6 +12,7 @@
 #   3. benchmarks/serve_load.py: aligner-serve (encoding on the GPU, search on the host's
 #      cores: --threads BLAS threads × --search_threads batching threads) under 1, 4 and 16
 #      closed-loop HTTP clients (issue 25's p95 at 16 clients; the writer phase is skipped);
+#      serve_workers: fast mode with --workers=6 (one process did not use the 16 cores: stop 45);
 #      serve_device: the same with aligner-serve --mode=device (encoding and exact search on the GPU);
 #   4. benchmarks/search_latency.py: two of our settings, exact MaxSim and FastPlaid
 #      (--peer_device=cuda, 4 settings around its tuned point of stop 28) with the operating points
@@ -20,9 +21,10 @@
 #      settings at k = 100 did not finish in 190 s on an H200 host; these settings took 174 s.)
 # Environment (for a smoke run elsewhere): BEIR_TGZ (.dev/scifact.tgz), PEER_PYTHON (python3),
 # PEER_DEVICE (cuda), SWEEP_EXTRA and SERVE_EXTRA (extra search_latency.py / serve_load.py flags),
-# STAGES (which stages run, in order; default "index e2e e2e_mesh serve serve_device sweep").
+# STAGES (which stages run, in the order below whatever the order named; default "index e2e e2e_mesh serve serve_workers serve_device
+# sweep").
 # Everything comes back as one $OUT/results.tgz (the tool returns at most 8 files), rewritten after
-# every stage. The six stages' limits add up to 1090 s, over one call's 600 s: name those that fit
+# every stage. The seven stages' limits add up to 1290 s, over one call's 600 s: name those that fit
 # in STAGES (index first: the others search its index). Stop 38 (H100): index 130.6 s and past
 # 160 s (host load 7), fast-mode e2e past 100 s: hence 220 and 160 s. Stop 40 (H200): index
 # 147.9 s; the fast-mode serve stage ran past its then 120 s limit and its aligner-serve, left
@@ -62,7 +64,7 @@ print(row)
 PY
   tar czf "$OUT/results.tgz" -C $R .
 }
-STAGES=" ${STAGES:-index e2e e2e_mesh serve serve_device sweep} "
+STAGES=" ${STAGES:-index e2e e2e_mesh serve serve_workers serve_device sweep} "
 stage() {  # runs _stage when NAME is in STAGES
   case "$STAGES" in *" $1 "*) _stage "$@" ;; *) echo "stage $1: skipped" ;; esac
 }
@@ -74,6 +76,9 @@ stage e2e_mesh 120 python3 benchmarks/e2e_latency.py --index_dir=$IDX --dataset_
 stage serve 200 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
   --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 \
   --search_threads=6 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu" ${SERVE_EXTRA:-}
+stage serve_workers 200 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
+  --corpus=$D/corpus.jsonl --clients=1,16 --warmup=10 --duration=15 --threads=2 --workers=6 \
+  --search_threads=1 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu_workers"
 stage serve_device 200 python3 benchmarks/serve_load.py --index_dir=$IDX --queries=$D/queries.jsonl \
   --corpus=$D/corpus.jsonl --clients=1,4,16 --warmup=5 --duration=15 --threads=2 --mode=device \
   --search_threads=2 --no_writer --work_dir=/tmp/serve_work --output="$R/serve_load_gpu_device"
