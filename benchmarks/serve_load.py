@@ -333,6 +333,11 @@ def write_markdown(result, path: Path) -> None:
     fileio.atomic_write_text(path, "\n".join(lines))
 
 
+def _flags(result) -> str:
+    """The server's flags as a command line (``--mode=fast --workers=2 --threads=1 ...``)."""
+    return " ".join(f"--{k}={v}" for k, v in result["server_flags"].items())
+
+
 def _load(uptime_line: str) -> str:
     return uptime_line.split("load average:")[-1].strip() if uptime_line else ""
 
@@ -374,7 +379,8 @@ def plot(result, path: Path) -> None:
     bx.set_xlabel("concurrent clients")
     bx.set_ylabel("queries / s")
     fig.suptitle(
-        f"aligner-serve, {result['num_docs']} documents, k={result['k']} ({result['machine']})",
+        f"aligner-serve {_flags(result)}, {result['num_docs']} documents, k={result['k']} "
+        f"({result['machine']})",
         fontsize=10,
     )
     fig.tight_layout()
