@@ -88,27 +88,27 @@ class Server:
                 raise SystemExit(f"aligner-serve exited with {self.proc.returncode}")
             try:
                 self.health = httpx.get(f"{self.url}/health", timeout=5).json()
-                pids = {httpx.get(f"{self.url}/stats", timeout=60).json()["pid"]}
-                while len(pids) < workers:  # every worker up (each connection goes to one)
-                    if time.time() > deadline:
-                        raise SystemExit(f"aligner-serve: {len(pids)} of {workers} workers up")
-                    time.sleep(0.2)
-                    pids.add(httpx.get(f"{self.url}/stats", timeout=60).json()["pid"])
+                self.counts(deadline)  # every worker up
                 return
             except httpx.TransportError:
                 time.sleep(1.0)
         raise SystemExit("aligner-serve did not start")
 
-    def counts(self) -> dict[int, dict]:
+    def counts(self, deadline: float | None = None) -> dict[int, dict]:
         """Each worker's ``/stats`` counts so far, by pid (a new connection per request reaches
-        any worker: asked until every worker answered)."""
+        any worker: asked until every worker answered, or ``deadline``, default 60 s)."""
+        deadline = deadline or time.time() + 60
         found: dict[int, dict] = {}
-        for _ in range(500):
+        while True:
             stats = httpx.get(f"{self.url}/stats", timeout=60).json()
             found[stats["pid"]] = stats["counts"]
             if len(found) == self.workers:
                 return found
-        raise SystemExit(f"/stats reached {len(found)} of {self.workers} workers")
+            if time.time() > deadline:
+                raise SystemExit(
+                    f"aligner-serve: /stats reached {len(found)} of {self.workers} workers"
+                )
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()

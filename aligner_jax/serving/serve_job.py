@@ -8,11 +8,11 @@ variable ``ALIGNER_SERVE_WRITE_TOKEN``) as ``Authorization: Bearer TOKEN``.
 ``SO_REUSEPORT`` socket (the kernel spreads the connections over them). Each loads the index
 itself — its files are memory-mapped, so the processes share their pages — and has its own
 snapshots, batching threads and Python interpreter: the searches of one process share one GIL,
-which caps what one process gets from many cores. A write is
-applied by the worker that received it (the index directory's writer lock serialises writers
-across processes: a write while another is applied is refused with 409) and reaches the other
-workers when they next look for changes (``--refresh_s``); ``generation`` in the answers counts
-each worker's own snapshots.
+which caps what one process gets from many cores. A write is applied by the worker that
+received it (the index directory's writer lock serialises writers across processes: a write
+while another is applied is refused with 409) and reaches the other workers when they next
+look for changes (``--refresh_s``); ``generation`` in the answers counts each worker's own
+snapshots.
 """
 
 from __future__ import annotations
@@ -120,15 +120,7 @@ def serve_job(
                  limits=limits_obj, explainer=explainer, refresh_s=refresh_s),
         )  # fmt: skip
     app = build_app(index_dir, mode, token, threads, limits_obj, explainer, refresh_s)
-    snap = app.state.service.snapshot
-    logging.info(
-        "aligner-serve: %s (%d documents), writes %s; http://%s:%d/ (API docs at /docs)",
-        index_dir,
-        snap.num_docs,
-        "enabled (bearer token)" if token else "disabled (no --write_token)",
-        host,
-        port,
-    )
+    _log_start(index_dir, f"{app.state.service.snapshot.num_docs} documents", token, host, port)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     app.state.service.close()
     return "aligner-serve: stopped"
@@ -163,16 +155,8 @@ def _serve_workers(
         )
         for i in range(workers)
     ]
-    logging.info(
-        "aligner-serve: %s (%d documents stored), %d workers, writes %s; http://%s:%d/ (API "
-        "docs at /docs)",
-        app_args["index_dir"],
-        manifest["counts"]["num_docs"],
-        workers,
-        "enabled (bearer token)" if app_args["write_token"] else "disabled (no --write_token)",
-        host,
-        port,
-    )
+    stored = f"{manifest['counts']['num_docs']} documents stored, {workers} workers"
+    _log_start(app_args["index_dir"], stored, app_args["write_token"], host, port)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -200,6 +184,17 @@ def _serve_workers(
             "above); the other workers were stopped"
         )
     return "aligner-serve: stopped"
+
+
+def _log_start(index_dir: str, what: str, token: str | None, host: str, port: int) -> None:
+    logging.info(
+        "aligner-serve: %s (%s), writes %s; http://%s:%d/ (API docs at /docs)",
+        index_dir,
+        what,
+        "enabled (bearer token)" if token else "disabled (no --write_token)",
+        host,
+        port,
+    )
 
 
 def _reuse_port_socket(host: str, port: int) -> socket.socket:
