@@ -1,7 +1,8 @@
 """No XLA compilation after ``Searcher.load`` (issue 27 item 4).
 
-Compilations are counted with JAX's own monitoring hook (the ``backend_compile_duration`` event
-every XLA compilation records). ``Searcher.load`` compiles, once, every shape a single query takes
+Compilations are counted with JAX's own monitoring hook (``aligner_jax.common.compilations``:
+the ``backend_compile_duration`` event every compilation records, a persistent-cache hit
+included). ``Searcher.load`` compiles, once, every shape a single query takes
 (``refine.warm_up``: the query encoder's length buckets, the fixed-shape refinement of each query
 bucket); afterwards queries of any length, a rerank and other alignment strategies compile
 nothing. The fixed-shape refinement scores exactly as the per-length-bucket path.
@@ -25,37 +26,52 @@ from fixtures import (
     write_beir_fixture,
 )
 from index_utils import random_documents, write_store
-from jax import monitoring
 
+from aligner_jax.common import compilations as compile_counter
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.retrieval import centroid_search, refine, sharded_search
 from aligner_jax.retrieval import searcher as search_lib
 
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
 
 @contextlib.contextmanager
 def compilations():
-    """Collects the name of every function XLA compiles inside the block."""
-    names: list[str] = []
-
-    def listener(event: str, duration: float, **kwargs) -> None:
-        if event == COMPILE_EVENT:
-            names.append(str(kwargs.get("fun_name", "?")))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield names
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
+    """Collects the name of every function compiled (or loaded from the persistent compilation
+    cache the suite configures) inside the block."""
+    with compile_counter.counting() as counter:
+        yield counter.names
 
 
 def test_the_counter_sees_a_compilation():
     with compilations() as names:
         jax.jit(lambda x: x * 3.0 + 1.0)(np.ones(7, np.float32)).block_until_ready()
     assert names == ["jit(<lambda>)"]
+
+
+CACHE_SCRIPT = r"""
+import jax, numpy as np
+from aligner_jax.common import compilations
+with compilations.counting() as counter:
+    jax.jit(lambda x: x * 5.0 - 2.0)(np.ones(9, np.float32)).block_until_ready()
+print(counter.names, counter.cache_hits)
+"""
+
+
+def test_a_persistent_cache_hit_counts_as_a_compilation(tmp_path):
+    """With ``JAX_COMPILATION_CACHE_DIR`` set (as the suite sets it), a second process loads
+    the first one's executable instead of compiling it: still counted as a compilation."""
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    seen = []
+    for _ in range(2):
+        out = run_python("-c", CACHE_SCRIPT, **env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.append(out.stdout.strip().splitlines()[-1])
+    assert seen == ["['jit(<lambda>)'] 0", "['jit(<lambda>)'] 1"]
 
 
 def test_query_and_refinement_buckets():
@@ -215,6 +231,7 @@ import jax
 import numpy as np
 sys.path.insert(0, sys.argv[2])
 from index_utils import random_documents, write_store
+from aligner_jax.common import compilations as compile_counter
 from aligner_jax.core import scoring
 from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.retrieval import refine

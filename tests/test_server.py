@@ -488,7 +488,7 @@ def test_a_warmed_service_compiles_nothing_for_any_batch(pristine, query_encoder
     ``k + offset`` beyond the warmed k (device mode) — and the snapshot published after a write
     is warmed before it answers; the answers are the exhaustive search's (device) / the same
     as one query at a time (fast)."""
-    from jax import monitoring
+    from aligner_jax.common import compilations
 
     def loader(directory, encoder):
         return search_lib.Searcher.load(directory, mode=mode, encoder=encoder or query_encoder)
@@ -496,24 +496,18 @@ def test_a_warmed_service_compiles_nothing_for_any_batch(pristine, query_encoder
     service = index_service.IndexService(
         index_copy, loader=loader, limits=index_service.ServeLimits(max_batch=4), warm_batches=True
     )
-    compiled = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(kwargs.get("fun_name"))
-
     texts = list(TOY_QUERIES.values())[:2] + [LONG, LONG + " again"]
-    monitoring.register_event_duration_secs_listener(listener)
     try:
-        pages = service.snapshot.searcher.search_batch(texts, k=3)
-        deep = service.snapshot.searcher.search_batch(texts[:2], k=40, offset=10)
-        after_start = list(compiled)
-        service.add([{"id": "new1", "text": LONG}])  # compiles the new snapshot's shapes
-        published = len(compiled)
-        late = service.snapshot.searcher.search_batch(texts, k=3)
+        with compilations.counting() as counter:
+            pages = service.snapshot.searcher.search_batch(texts, k=3)
+            deep = service.snapshot.searcher.search_batch(texts[:2], k=40, offset=10)
+            after_start = list(counter.names)
+            service.add([{"id": "new1", "text": LONG}])  # compiles the new snapshot's shapes
+            published = counter.count
+            late = service.snapshot.searcher.search_batch(texts, k=3)
     finally:
-        monitoring.unregister_event_duration_listener(listener)
         service.close()
+    compiled = counter.names
     assert after_start == []
     assert compiled[published:] == []
     assert [p.query_tokens > 32 for p in pages] == [False, False, True, True]
