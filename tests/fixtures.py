@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -233,9 +232,7 @@ def run_module(module: str, *args: str, **kw) -> subprocess.CompletedProcess:
 
 def start_python(*args: str, cwd=REPO, capture: bool = False, **env: str) -> subprocess.Popen:
     """``python ARGS`` started in the background like `run_python`, for tests that signal or
-    kill a job part-way; its output is discarded, or with ``capture`` piped as text. The child
-    takes SIGINT as from a terminal even when the tests run as a background job of a shell
-    (which starts them with SIGINT ignored, and Python then never raises KeyboardInterrupt)."""
+    kill a job part-way; its output is discarded, or with ``capture`` piped as text."""
     output = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, *map(str, args)],
@@ -244,12 +241,7 @@ def start_python(*args: str, cwd=REPO, capture: bool = False, **env: str) -> sub
         stdout=output,
         stderr=output,
         text=capture,
-        preexec_fn=_default_sigint,
     )
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def trec_eval_run_file(run_path, qrels_path, k_values=(10, 100)) -> dict[str, float]:

@@ -37,8 +37,8 @@ from aligner_jax.retrieval import searcher as search_lib
 
 @contextlib.contextmanager
 def compilations():
-    """Collects the name of every function compiled (or loaded from the persistent compilation
-    cache the suite configures) inside the block."""
+    """Collects the name of every function compiled (or loaded from a persistent compilation
+    cache) inside the block."""
     with compile_counter.counting() as counter:
         yield counter.names
 
@@ -59,7 +59,7 @@ print(counter.names, counter.cache_hits)
 
 
 def test_a_persistent_cache_hit_counts_as_a_compilation(tmp_path):
-    """With ``JAX_COMPILATION_CACHE_DIR`` set (as the suite sets it), a second process loads
+    """With ``JAX_COMPILATION_CACHE_DIR`` set, a second process loads
     the first one's executable instead of compiling it: still counted as a compilation."""
     env = {
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),

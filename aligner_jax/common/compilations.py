@@ -3,7 +3,7 @@ load). One rule for the tests and ``benchmarks/e2e_latency.py``.
 
 Every compilation request records the ``backend_compile_duration`` event, which JAX times around
 the persistent compilation cache's lookup as well as XLA: with a cache configured
-(``JAX_COMPILATION_CACHE_DIR``; the test suite uses one) an executable loaded from it is still
+(``JAX_COMPILATION_CACHE_DIR``) an executable loaded from it is still
 counted, so a cache cannot hide a compilation after load. The hits are also counted apart.
 """
 
