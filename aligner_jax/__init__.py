@@ -68,7 +68,7 @@ if _starting_a_binary() and signal.getsignal(signal.SIGINT) is signal.default_in
 # (SciFact, 2 threads: encoding p50 13.4 ms after a search, 8.9 ms with workers that sleep at
 # once; the search itself no slower; benchmarks/results/README.md, stop 44). OpenBLAS reads it
 # when it loads: the binaries and code that imports this package before NumPy get it; a value
-# already set is kept.
+# already set is kept; ``Searcher.load`` warns when NumPy came first (``common/blas.py``).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library

@@ -290,3 +290,38 @@ def test_package_sets_openblas_thread_timeout_before_numpy_loads(preset):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == (preset or "4")
+
+
+BLAS_SCRIPT = """
+import sys
+first = sys.argv[1]
+if first == "numpy":
+    import numpy as np
+import aligner_jax
+import numpy as np
+from aligner_jax.common import blas
+np.ones((64, 64)) @ np.ones((64, 64))  # OpenBLAS loaded and used
+print(len(blas.spinning_openblas()))
+blas.warn_if_spinning()
+blas.warn_if_spinning()
+"""
+
+
+@pytest.mark.parametrize("first", ["aligner_jax", "numpy"])
+def test_openblas_loaded_before_the_package_is_found_and_named_once(first):
+    """NumPy imported before ``aligner_jax`` loads OpenBLAS with workers that spin after each
+    search (the package's timeout comes too late): ``blas.spinning_openblas`` finds it by asking
+    the library itself, and ``warn_if_spinning`` (``Searcher.load``'s) says so once, with the
+    fix. Imported after, nothing to say."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    out = subprocess.run(
+        [sys.executable, "-c", BLAS_SCRIPT, first], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    spinning = first == "numpy"
+    assert out.stdout.split() == ["1" if spinning else "0"]
+    warnings = [line for line in out.stderr.splitlines() if "OPENBLAS_THREAD_TIMEOUT=4" in line]
+    assert len(warnings) == (1 if spinning else 0), out.stderr[-2000:]
+    if spinning:
+        assert "Import aligner_jax before numpy" in warnings[0]

@@ -33,7 +33,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from aligner_jax.common import checks, errors, progress
+from aligner_jax.common import blas, checks, errors, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding import loading
@@ -375,6 +375,7 @@ class Searcher:
                 encoder=encoder,
                 alignment=alignment,
             )
+        blas.warn_if_spinning()
         # Every shape a single query's search or rerank takes compiles now, none after load.
         refine_lib.warm_up(searcher.encoder, searcher.refiner, searcher.alignment)
         if searcher.centroid is not None:
