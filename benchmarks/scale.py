@@ -34,6 +34,7 @@ each scale is measured (``--keep_stores`` keeps them).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -42,8 +43,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from absl import app, flags
+# first: the package sets OpenBLAS's environment, which counts only before NumPy loads
+importlib.import_module("aligner_jax")
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

@@ -80,6 +80,7 @@ system through its Pareto-optimal settings, every setting's point labelled, defa
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import json
 import math
@@ -92,21 +93,24 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
-import threadpoolctl
-from absl import app, flags, logging
+# first: the package sets OpenBLAS's environment, which counts only before NumPy loads
+importlib.import_module("aligner_jax")
 
-from aligner_jax.common import cli, fileio
-from aligner_jax.data import beir
-from aligner_jax.encoding import loading
-from aligner_jax.encoding.encoder import Encoder, EncodingConfig
-from aligner_jax.evaluation import metrics, plotting
-from aligner_jax.indexing import centroid_index as ci
-from aligner_jax.indexing import indexer
-from aligner_jax.indexing import token_store as ts
-from aligner_jax.retrieval import centroid_search as cs
-from aligner_jax.retrieval import searcher as search_lib
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import threadpoolctl  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from aligner_jax.common import cli, fileio  # noqa: E402
+from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.encoding import loading  # noqa: E402
+from aligner_jax.encoding.encoder import Encoder, EncodingConfig  # noqa: E402
+from aligner_jax.evaluation import metrics, plotting  # noqa: E402
+from aligner_jax.indexing import centroid_index as ci  # noqa: E402
+from aligner_jax.indexing import indexer  # noqa: E402
+from aligner_jax.indexing import token_store as ts  # noqa: E402
+from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
+from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks" / "peers"))

@@ -25,6 +25,7 @@ chosen point) and a Markdown table beside it.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -32,8 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from absl import app, flags
+# first: the package sets OpenBLAS's environment, which counts only before NumPy loads
+importlib.import_module("aligner_jax")
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
