@@ -16,7 +16,7 @@ import ctypes
 import threadpoolctl
 from absl import logging
 
-_warned = False
+_checked = False
 
 
 def spinning_openblas() -> list[str]:
@@ -36,13 +36,14 @@ def spinning_openblas() -> list[str]:
 
 
 def warn_if_spinning() -> None:
-    """Logs one warning per process when :func:`spinning_openblas` finds a library."""
-    global _warned
-    if _warned:
+    """Logs one warning per process when :func:`spinning_openblas` finds a library. Looks once:
+    the timeout is fixed when OpenBLAS loads (a server's every snapshot load would ask again)."""
+    global _checked
+    if _checked:
         return
+    _checked = True
     paths = spinning_openblas()
     if paths:
-        _warned = True
         logging.warning(
             "NumPy's OpenBLAS (%s) was loaded before aligner_jax without OPENBLAS_THREAD_TIMEOUT: "
             "its idle workers spin ~0.1 s after each search and slow the next query's encoding "
