@@ -246,6 +246,8 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
     store = ts.TokenStore(index_dir)
     index = ci.CentroidIndex.load(store)
     searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**overrides()))
+    if searcher.config.residual_candidates:
+        searcher.token_lists()  # mapped, or built in memory, at load (as ``Searcher.load``)
     load_s = time.perf_counter() - start
     rss_after_load = _rss_gib()
     times, times_10, rankings = [], [], {}
@@ -500,27 +502,50 @@ def plot(rows: list[dict], path: Path) -> None:
     plotting.save(fig, path)
 
 
-def overrides() -> dict:
-    """``--search_config``: the ``CentroidSearchConfig`` fields the search child overrides."""
-    from aligner_jax.retrieval import centroid_search as cs
-
+def _config_flag(flag: str, config_class) -> dict:
+    """The JSON object of ``config_class`` fields that flag ``--<flag>`` holds."""
+    text = getattr(FLAGS, flag)
     try:
-        given = json.loads(FLAGS.search_config)
+        given = json.loads(text)
     except json.JSONDecodeError as e:
-        raise app.UsageError(f"--search_config={FLAGS.search_config!r}: not JSON ({e})") from None
-    fields = {f.name for f in dataclasses.fields(cs.CentroidSearchConfig)}
+        raise app.UsageError(f"--{flag}={text!r}: not JSON ({e})") from None
+    fields = {f.name for f in dataclasses.fields(config_class)}
     if not isinstance(given, dict) or set(given) - fields:
         raise app.UsageError(
-            f"--search_config={FLAGS.search_config!r}: expected an object of "
-            f"CentroidSearchConfig fields ({', '.join(sorted(fields))})"
+            f"--{flag}={text!r}: expected an object of {config_class.__name__} fields "
+            f"({', '.join(sorted(fields))})"
         )
     return given
 
 
+def overrides() -> dict:
+    """``--search_config``: the ``CentroidSearchConfig`` fields the search child overrides."""
+    from aligner_jax.retrieval import centroid_search as cs
+
+    return _config_flag("search_config", cs.CentroidSearchConfig)
+
+
+def index_overrides() -> dict:
+    """``--index_config``: the ``CentroidIndexConfig`` fields the build overrides."""
+    from aligner_jax.indexing import centroid_index as ci
+
+    return _config_flag("index_config", ci.CentroidIndexConfig)
+
+
+def index_bindings(given: dict) -> list[str]:
+    """``aligner-index`` gin flags setting ``given`` CentroidIndexConfig fields."""
+    return [f"--gin.CentroidIndexConfig.{k}={v!r}" for k, v in sorted(given.items())]
+
+
 def rules(r: dict) -> str:
-    """A row's search rules: "default" or its overrides, e.g. ``residual_candidates=True``."""
-    given = r.get("search_overrides") or {}
-    return ", ".join(f"{k}={v}" for k, v in sorted(given.items())) or "default"
+    """A row's build and search rules: "default" or their overrides, e.g.
+    ``token_lists=True, residual_candidates=True`` (build's first)."""
+    parts = [
+        f"{k}={v}"
+        for given in (r.get("index_overrides") or {}, r.get("search_overrides") or {})
+        for k, v in sorted(given.items())
+    ]
+    return ", ".join(parts) or "default"
 
 
 def row_key(r: dict) -> tuple:
@@ -550,13 +575,17 @@ def _kept_build(out_dir: Path, store_dir: Path, scale: float, bits: int) -> dict
     store = ts.TokenStore(store_dir)
     if not ci.CentroidIndex.exists(store_dir):
         return None
-    if ci.CentroidIndex.load(store).meta["config"]["residual_bits"] != bits:
+    config = ci.CentroidIndex.load(store).meta["config"]
+    wanted = {"residual_bits": bits, "token_lists": False} | index_overrides()
+    if any(config.get(k, False) != v for k, v in wanted.items()):
         return None
     path = out_dir / "scale.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     for r in rows:
         if (r["model"], r["bits"], r["scale"]) == (FLAGS.model, bits, scale):
-            if r["tokens"] == store.num_tokens:
+            if r["tokens"] == store.num_tokens and (r.get("index_overrides") or {}) == (
+                index_overrides()
+            ):
                 print(f"{store_dir}: {bits}-bit index reused, build figures of scale.json kept")
                 return {"wall_s": r["build_s"], "peak_rss_gib": r["build_peak_rss_gib"]}
     return None
@@ -590,6 +619,12 @@ def define_flags() -> None:
         "CentroidSearchConfig fields the search overrides, as JSON (rows are kept per rules), "
         'e.g. \'{"residual_candidates": true, "probe_docs": 2560}\'.',
     )
+    flags.DEFINE_string(
+        "index_config",
+        "{}",
+        "CentroidIndexConfig fields the build overrides, as JSON (rows are kept per rules), "
+        "e.g. '{\"token_lists\": true}'.",
+    )
     flags.DEFINE_bool("replot", False, "Redraw scale.md / scale.png from scale.json only.")
     flags.DEFINE_enum("child", None, ["encode", "search", "exhaustive"], "(internal)")
     flags.DEFINE_string("index_dir", None, "(internal) the store of a child.")
@@ -618,7 +653,7 @@ def main(argv) -> None:
     if FLAGS.replot:
         write_results(out_dir, [])
         return
-    overrides()  # a bad --search_config stops here, before any store is grown
+    overrides(), index_overrides()  # a bad --search_config / --index_config stops here
     from aligner_jax.data import beir
 
     source = (REPO / (FLAGS.source_index or SOURCES[FLAGS.model])).resolve()
@@ -657,7 +692,7 @@ def main(argv) -> None:
         for bits in FLAGS.bits:  # builds and searches first: the exhaustive reference is slowest
             build = _kept_build(out_dir, store_dir, scale, int(bits)) if FLAGS.reuse_index else None
             build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
-                               f"--gin.CentroidIndexConfig.residual_bits={int(bits)}"], 2, log)  # fmt: skip
+                               f"--gin.CentroidIndexConfig.residual_bits={int(bits)}", *index_bindings(index_overrides())], 2, log)  # fmt: skip
             found_path = store_dir / f"search_{bits}.json"
             search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}", f"--search_config={FLAGS.search_config}"], FLAGS.threads, log)  # fmt: skip
             found[bits] = json.loads(found_path.read_text())
@@ -688,6 +723,7 @@ def main(argv) -> None:
                 "jitter_sigma": sigma,
                 "search_config": search.get("search_config"),
                 "search_overrides": overrides(),
+                "index_overrides": index_overrides(),
                 "queries": len(found[bits]),
             }
             rows.append(row)

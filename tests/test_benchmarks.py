@@ -319,6 +319,14 @@ def test_scale_rows_with_other_search_rules_sit_beside_the_default_rows(tmp_path
     assert scale.write_results(tmp_path, [again]) == [default, again]
     table = (tmp_path / "scale.md").read_text()
     assert "| residual_candidates=True |" in table and "| default |" in table
+    # build overrides (--index_config) make rows of their own too, named before the search's
+    mapped = {**other, "index_overrides": {"token_lists": True}}
+    assert scale.write_results(tmp_path, [mapped]) == [default, again, mapped]
+    assert "| token_lists=True, residual_candidates=True |" in (tmp_path / "scale.md").read_text()
+    assert scale.index_bindings({"token_lists": True, "residual_bits": 2}) == [
+        "--gin.CentroidIndexConfig.residual_bits=2",
+        "--gin.CentroidIndexConfig.token_lists=True",
+    ]
 
 
 def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_path):

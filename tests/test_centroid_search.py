@@ -16,6 +16,7 @@ from aligner_jax.core import scoring
 from aligner_jax.encoding.encoder import EncodedText
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import codec as codec_lib
+from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
@@ -344,20 +345,47 @@ def test_config_ranges_are_checked():
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])
 def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_d):
     """Built shard by shard (the store has 6 shards), the lists equal one stable sort of every
-    kept token's code, with 32-bit rows and documents, and carry those rows' residuals."""
+    kept token's code, with 32-bit documents, and carry those tokens' residuals."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=4, beta_d=beta_d))
-    offsets, rows, docs, residuals = cs.CentroidSearcher(store, index).token_lists()
+    (lists,) = cs.CentroidSearcher(store, index).token_lists()
     kept = ci.kept_rows(store, beta_d)
     codes = np.asarray(index.codes, np.int64)[kept]
-    order = np.argsort(codes, kind="stable")
-    assert rows.dtype == docs.dtype == np.int32
+    rows = kept[np.argsort(codes, kind="stable")]
+    assert lists.docs.dtype == np.int32
     assert len(kept) < store.num_tokens or beta_d == 1.0
-    np.testing.assert_array_equal(rows, kept[order])
     np.testing.assert_array_equal(
-        offsets, np.r_[0, np.cumsum(np.bincount(codes, minlength=index.num_centroids))]
+        lists.offsets, np.r_[0, np.cumsum(np.bincount(codes, minlength=index.num_centroids))]
     )
-    np.testing.assert_array_equal(docs, np.searchsorted(store.offsets, rows, "right") - 1)
-    np.testing.assert_array_equal(residuals, np.asarray(index.residuals)[rows])
+    np.testing.assert_array_equal(lists.docs, np.searchsorted(store.offsets, rows, "right") - 1)
+    np.testing.assert_array_equal(lists.residuals, np.asarray(index.residuals)[rows])
+
+
+@pytest.mark.parametrize("beta_d", [1.0, 0.5])
+def test_persisted_token_lists_equal_those_built_at_load_and_are_mapped(
+    tmp_path, monkeypatch, beta_d
+):
+    """``CentroidIndexConfig.token_lists``: the build writes the lists a searcher would build
+    in memory, the same bytes whatever the block size it fills them by (20 entries per block
+    here: many passes), and a searcher maps them instead of building them."""
+    store = write_store(tmp_path / "idx", random_documents(90, 16, seed=5, max_len=30), 16, 9)
+    config = ci.CentroidIndexConfig(num_centroids=16, cells=4, beta_d=beta_d, token_lists=True)
+    whole = ci.CentroidIndex.build(store, config)
+    monkeypatch.setattr(lists_lib, "TOKEN_BLOCK_BYTES", 20 * (whole.codec.bytes_per_token + 4))
+    built = ci.CentroidIndex.build(store, config)
+    assert whole.meta["num_centroids"] == 16 and built.meta["generation"] == 2
+    searcher = cs.CentroidSearcher(store, ci.CentroidIndex.load(ts.TokenStore(store.directory)))
+    (mapped,) = searcher.token_lists()
+    reference = searcher._build_token_lists()
+    for got, want in zip(mapped, reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+    for array in (mapped.docs, mapped.residuals):
+        assert isinstance(array.base, np.memmap)  # a view of the file's map, not a copy
+    kinds = {k for g in built.meta["lists"] for k in g["tables"]}
+    assert set(lists_lib.TOKEN_LISTS) <= kinds
+    assert not ci.CentroidIndex.build(
+        store, ci.CentroidIndexConfig(num_centroids=16)
+    ).lists.has_token_lists
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
@@ -368,9 +396,11 @@ def test_token_lists_leave_no_index_pages_resident(tmp_path):
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8))
     (mapped,) = index.residuals.arrays
     assert mapped.nbytes > 500_000
-    lists = cs.CentroidSearcher(store, index).token_lists()
+    (lists,) = cs.CentroidSearcher(store, index).token_lists()
     assert mapped_rss_kib(mapped) < 64  # the old build left every page: ~mapped.nbytes / 1024
-    np.testing.assert_array_equal(lists.residuals, np.asarray(index.residuals)[lists.rows])
+    codes = np.asarray(index.codes, np.int64)
+    rows = np.argsort(codes, kind="stable")
+    np.testing.assert_array_equal(lists.residuals, np.asarray(index.residuals)[rows])
 
 
 def _decoded(store, index):

@@ -270,20 +270,24 @@ def test_an_added_segment_is_searched_like_a_rebuild_of_the_same_centroids(tmp_p
     np.testing.assert_allclose(np.asarray(reloaded.salience), truth, atol=max(steps) / 2 + 1e-7)
 
 
-def test_an_add_writes_the_lists_of_the_added_documents_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("token_lists", [False, True])
+def test_an_add_writes_the_lists_of_the_added_documents_only(tmp_path, monkeypatch, token_lists):
     """An ``--add`` reads only the shards added since the last full list write (the update used
     to read every shard and write every list again): their lists form a delta group, written
     again by the next add; once the delta would hold more than ``DELTA_FRACTION`` of the tokens,
     every list is written as one group. After each add: the lists equal those computed from
     every token's code, only the generation's files remain, and searches equal those of the
-    same index whose lists were written as one group at every add."""
+    same index whose lists were written as one group at every add. With ``token_lists`` each
+    group holds its token lists too, which read together equal the lists built in memory from
+    every token, and searches with residual candidates over them equal those over the lists
+    built in memory."""
     from aligner_jax.indexing import updates
     from aligner_jax.retrieval import centroid_search as cs
 
     docs = index_utils.random_documents(130, 16, seed=7)
     store = index_utils.write_store(tmp_path / "idx", docs[:100], 16, shard_size=7)
     config = ci.CentroidIndexConfig(
-        num_centroids=16, cells=4, beta_d=0.5, doc_lists_max_fraction=1.0
+        num_centroids=16, cells=4, beta_d=0.5, doc_lists_max_fraction=1.0, token_lists=token_lists
     )
     ci.CentroidIndex.build(store, config)
     one_group = tmp_path / "one_group"  # the same index, its lists always written whole
@@ -330,6 +334,38 @@ def test_an_add_writes_the_lists_of_the_added_documents_only(tmp_path, monkeypat
             np.testing.assert_array_equal(docs_a, docs_b)
             np.testing.assert_array_equal(scores_a, scores_b)
             assert (docs_a >= 100).any()  # the added documents are found
+        assert index.lists.has_token_lists == other_index.lists.has_token_lists == token_lists
+        if token_lists:
+            _assert_token_lists_equal(index, grown)
+            rc = cs.CentroidSearchConfig(residual_candidates=True, probes=3)
+            mapped, in_memory = (
+                cs.CentroidSearcher(grown, index, rc),
+                cs.CentroidSearcher(grown, index, rc),
+            )
+            in_memory._token_lists = [in_memory._build_token_lists()]
+            for q in queries:
+                w = np.ones(5, np.float32)
+                ((docs_a, scores_a),), _ = mapped.search(q, w, np.arange(5), 30)
+                ((docs_b, scores_b),), _ = in_memory.search(q, w, np.arange(5), 30)
+                np.testing.assert_array_equal(docs_a, docs_b)
+                np.testing.assert_allclose(scores_a, scores_b, rtol=1e-6)
+
+
+def _assert_token_lists_equal(index, store):
+    """The token lists of every list group, read as one (each centroid's run of each group in
+    turn: groups hold increasing documents), equal those built in memory over every token."""
+    from aligner_jax.retrieval import centroid_search as cs
+
+    want = cs.CentroidSearcher(store, index)._build_token_lists()
+    groups = index.lists.token_lists()
+    c = index.num_centroids
+    keys = np.concatenate([np.repeat(np.arange(c), np.diff(g.offsets)) for g in groups])
+    order = np.argsort(keys, kind="stable")  # by centroid, then group, then store order
+    np.testing.assert_array_equal(sum(g.offsets for g in groups), want.offsets)
+    np.testing.assert_array_equal(np.concatenate([g.docs for g in groups])[order], want.docs)
+    np.testing.assert_array_equal(
+        np.concatenate([g.residuals for g in groups])[order], want.residuals
+    )
 
 
 def test_an_index_of_format_5_loads_and_takes_an_add(tmp_path):

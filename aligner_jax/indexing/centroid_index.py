@@ -19,7 +19,8 @@ rebuilding anything:
                                               one of its tokens kept by β^d pruning) and the
                                               document → distinct centroid lists of store
                                               shards S.. (``inverted_lists``: a build writes
-                                              one group, an ``--add`` a delta group)
+                                              one group, an ``--add`` a delta group) and, with
+                                              ``token_lists``, its centroid → token lists
 
 **One commit point.** Files are never rewritten: each build or update writes the files of a new
 generation beside the current one, then publishes it by one atomic rename of the store's
@@ -125,6 +126,12 @@ class CentroidIndexConfig:
         centroids) where almost every token is its own (document, centroid) pair: SciFact's
         1.24M trained tokens at 16,384 centroids make 0.44 pairs per token (lists kept, they
         halve the interaction's reads); its 100× scale store at 65,536 makes 0.99 (dropped).
+      token_lists: also write each list group's centroid → token lists (its β^d-kept tokens'
+        documents and packed residuals in centroid order, WARP's layout; ``inverted_lists``),
+        which ``CentroidSearchConfig.residual_candidates`` and ``SearchConfig.refine='xtr'``
+        then map instead of building them in memory at load (a copy of every kept token's
+        residual and document: W + 4 bytes per kept token in memory, and a sort of every code,
+        at each load). Costs those bytes again on disk.
       seed: k-means initialisation and sampling.
     """
 
@@ -138,6 +145,7 @@ class CentroidIndexConfig:
     residual_bits: int = 4
     beta_d: float = 1.0
     doc_lists_max_fraction: float = 0.75
+    token_lists: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -362,8 +370,9 @@ class CentroidIndex:
         }
         meta["lists"] = [
             lists_lib.write_group(
-                store, _segment_codes(out, meta), 0, f"lists-{gen:05d}-00000", out, len(centroids),
+                store, _segment_rows(out, meta), 0, f"lists-{gen:05d}-00000", out, len(centroids),
                 config.beta_d, config.doc_lists_max_fraction,
+                residuals=_segment_rows(out, meta, "residuals") if config.token_lists else None,
             )
         ]  # fmt: skip
         index = cls._finish(out, meta)
@@ -462,10 +471,10 @@ class CentroidIndex:
                 mean_centroid_score=score.mean,
                 drift=meta["mean_centroid_score"] - score.mean,
             )
-            codes = _segment_codes(self.directory, meta)
             meta["lists"] = lists_lib.next_groups(
-                store, codes, meta, f"lists-{gen:05d}", self.directory, new
-            )
+                store, _segment_rows(self.directory, meta), meta, f"lists-{gen:05d}",
+                self.directory, new, _segment_rows(self.directory, meta, "residuals"),
+            )  # fmt: skip
             record["list_groups"] = len(meta["lists"])
         record.update(op=op, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
         meta["updates"].append(record)
@@ -628,11 +637,11 @@ def _fit_codec(sample, centroids, cells, bits: int, rng) -> codec_lib.ResidualCo
     return codec_lib.ResidualCodec.fit(residuals, bits)
 
 
-def _segment_codes(out: Path, meta: dict) -> Segmented:
-    """Every token's centroid id, the segments' codes files read as one, for the list writer's
-    passes over the shards: read shard by shard, never mapped (a mapping's touched pages would
-    stay resident: 248 MB at 124M tokens)."""
-    return Segmented([fileio.NpyRows(out / f"{g['name']}.codes.npy") for g in meta["segments"]])
+def _segment_rows(out: Path, meta: dict, kind: str = "codes") -> Segmented:
+    """Every token's centroid id (or packed residual: ``kind``), the segments' files read as
+    one, for the list writer's passes over the shards: read shard by shard, never mapped (a
+    mapping's touched pages would stay resident: 248 MB of codes at 124M tokens)."""
+    return Segmented([fileio.NpyRows(out / f"{g['name']}.{kind}.npy") for g in meta["segments"]])
 
 
 def _segment_kinds(meta: dict) -> tuple[str, ...]:

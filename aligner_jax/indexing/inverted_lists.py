@@ -17,12 +17,19 @@ A group's files (stems in its metadata entry ``{"first_shard", "first_doc", "tab
   ``doc_code_offsets`` int64 ``[group docs + 1]``, ``doc_codes`` uint16/int32  document →
       distinct centroid ids, only where they are shorter than the tokens' codes
       (``CentroidIndexConfig.doc_lists_max_fraction``; a delta group follows the full group)
+  ``tok_offsets`` int64 ``[C + 1]``, ``tok_docs`` int32, ``tok_residuals`` uint8 ``[n, W]``
+      centroid → its β^d-kept tokens, each token's document and packed residual, tokens of one
+      centroid in store order (WARP's cluster-ordered residuals: what ``residual_candidates``
+      and the XTR scorer read, one contiguous run per probed centroid), only with
+      ``CentroidIndexConfig.token_lists`` (a delta group follows the full group)
 
 Index formats up to 5 name one group's files in ``meta["tables"]`` (read as the group at 0).
 
 **Bounded memory.** A group is written in two passes over its shards' codes, one shard at a
 time: one counts, then the inverted file is filled one block of consecutive centroids at a time
-(``IVF_BLOCK_PAIRS`` entries) and written in file order.
+(``IVF_BLOCK_PAIRS`` entries) and written in file order. The token lists likewise, in blocks of
+at most ``TOKEN_BLOCK_BYTES`` (each block one more pass over the shards' codes and residuals,
+read with plain reads, never mapped).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,10 +47,22 @@ from aligner_jax.indexing import kmeans
 
 IVF_LISTS = ("ivf_offsets", "ivf_docs")
 DOC_LISTS = ("doc_code_offsets", "doc_codes")
+TOKEN_LISTS = ("tok_offsets", "tok_docs", "tok_residuals")
 IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
+TOKEN_BLOCK_BYTES = 1 << 28  # token-list entries (document + residual) filled at once: 256 MiB
 # an --add writes the delta group while it holds at most this fraction of the tokens: its cost
 # is then at most this fraction of a full list write (which is ~1/8 of a build at 124M tokens)
 DELTA_FRACTION = 0.1
+
+
+class TokenLists(NamedTuple):
+    """Centroid ``c``'s β^d-kept stored tokens are entries ``offsets[c]:offsets[c + 1]`` of
+    ``docs`` (their documents, store positions) and ``residuals`` (their packed residuals), in
+    store order within a centroid."""
+
+    offsets: np.ndarray
+    docs: np.ndarray
+    residuals: np.ndarray
 
 
 def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,9 +123,13 @@ def write_group(
     beta_d: float,
     doc_lists: bool | float,
     block_pairs: int | None = None,
+    residuals=None,
+    token_block_bytes: int | None = None,
 ) -> dict:
     """Writes the lists of store shards ``first_shard:`` (their tokens' centroid ids in
     ``codes``, indexed by store row) as the group ``name`` in ``out``; returns its entry.
+    With ``residuals`` (the tokens' packed residuals, indexed alike) the group's token lists
+    are written too (``write_token_lists``, blocks of ``token_block_bytes``).
 
     ``doc_lists``: whether to write the document → centroid lists, or a fraction: write them
     when they hold at most that fraction of the group's tokens. One pass over the shards
@@ -167,7 +191,85 @@ def write_group(
     fileio.atomic_save_npy(out / f"{tables['ivf_offsets']}.npy", ivf_offsets)
     if doc_lists:
         fileio.atomic_save_npy(out / f"{tables['doc_code_offsets']}.npy", doc_offsets)
+    if residuals is not None:
+        tables |= write_token_lists(
+            store, codes, residuals, first_shard, name, out, c, beta_d, token_block_bytes
+        )
     return {"first_shard": first_shard, "first_doc": int(first_doc), "tables": tables}
+
+
+def _shard_tokens(store, codes, span: tuple, i: int, beta_d: float):
+    """Shard ``i``'s β^d-kept tokens: (rows local to the shard, their centroid ids, their
+    documents as store positions), rows in store order."""
+    shard, token_start, doc_start = span
+    salience, local = store.shard_arrays(i)[1:]
+    rows = pruning.top_fraction_segments(salience, local, beta_d)
+    cents = np.asarray(codes.span(token_start, token_start + shard["num_tokens"]), np.int64)
+    docs = np.searchsorted(local, rows, side="right") - 1 + doc_start
+    return rows, cents[rows], docs
+
+
+def write_token_lists(
+    store,
+    codes,
+    residuals,
+    first_shard: int,
+    name: str,
+    out: Path,
+    num_centroids: int,
+    beta_d: float,
+    block_bytes: int | None = None,
+) -> dict:
+    """Writes the token lists of store shards ``first_shard:`` (see the module docstring) as
+    ``out/<name>.tok_*.npy``; returns their tables. One pass over the shards' codes counts each
+    centroid's kept tokens; then each block of consecutive centroids whose entries hold at most
+    ``block_bytes`` (default ``TOKEN_BLOCK_BYTES``; one centroid at least) is filled by one
+    more pass — each shard's codes and residuals read, its tokens of the block placed in store
+    order — and appended in file order, so that memory holds one block and one shard."""
+    c = num_centroids
+    spans = store.shard_spans()
+    shards = range(first_shard, len(spans))
+    width = residuals.arrays[0].shape[1]
+    doc_dtype = np.int32 if store.num_docs < 2**31 else np.int64
+    counts = np.zeros(c, np.int64)
+    for i in shards:
+        counts += np.bincount(_shard_tokens(store, codes, spans[i], i, beta_d)[1], minlength=c)
+    offsets = np.zeros(c + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    per_block = max(1, (block_bytes or TOKEN_BLOCK_BYTES) // (width + doc_dtype().itemsize))
+    bounds = [0]
+    while bounds[-1] < c:
+        lo = bounds[-1]
+        hi = int(np.searchsorted(offsets, offsets[lo] + per_block, side="right")) - 1
+        bounds.append(min(max(hi, lo + 1), c))
+    tables = {kind: f"{name}.{kind}" for kind in TOKEN_LISTS}
+    total = int(offsets[-1])
+    with (
+        fileio.NpyStream(out / f"{tables['tok_docs']}.npy", (total,), doc_dtype) as doc_file,
+        fileio.NpyStream(
+            out / f"{tables['tok_residuals']}.npy", (total, width), np.uint8
+        ) as residual_file,
+    ):
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            size = int(offsets[hi] - offsets[lo])
+            docs_block = np.empty(size, doc_dtype)
+            residual_block = np.empty((size, width), np.uint8)
+            cursor = offsets[lo:hi] - offsets[lo]
+            for i in shards:
+                rows, cents, docs = _shard_tokens(store, codes, spans[i], i, beta_d)
+                inside = (cents >= lo) & (cents < hi)
+                if not inside.any():
+                    continue
+                start = spans[i][1]
+                shard_residuals = residuals.span(start, start + spans[i][0]["num_tokens"])
+                slots = run_slots(cursor, cents[inside] - lo)
+                docs_block[slots] = docs[inside]
+                residual_block[slots] = shard_residuals[rows[inside]]
+                del shard_residuals
+            doc_file.write(docs_block)
+            residual_file.write(residual_block)
+    fileio.atomic_save_npy(out / f"{tables['tok_offsets']}.npy", offsets)
+    return tables
 
 
 def groups_of(meta: dict) -> list[dict]:
@@ -180,18 +282,20 @@ def groups_of(meta: dict) -> list[dict]:
 
 
 def next_groups(
-    store, codes, meta: dict, name: str, out: Path, new_shards: list[int]
+    store, codes, meta: dict, name: str, out: Path, new_shards: list[int], residuals=None
 ) -> list[dict]:
     """The list groups of an update that adds ``new_shards`` (store shard indices, the last
     ones): the full group kept and a delta group written over every shard added since the full
     group, or, when that delta would hold more than ``DELTA_FRACTION`` of the tokens, one full
-    group written again (see the module docstring)."""
+    group written again (see the module docstring). Token lists are written where the index's
+    settings ask for them (``token_lists``; ``residuals`` then indexes every token's)."""
     groups = groups_of(meta)
     spans = store.shard_spans()
     first = groups[1]["first_shard"] if len(groups) > 1 else new_shards[0]
+    token_residuals = residuals if meta["config"].get("token_lists") else None
     write = lambda shard, doc_lists: write_group(  # noqa: E731
         store, codes, shard, f"{name}-{shard:05d}", out, meta["num_centroids"],
-        meta["config"]["beta_d"], doc_lists,
+        meta["config"]["beta_d"], doc_lists, residuals=token_residuals,
     )  # fmt: skip
     if store.num_tokens - spans[first][1] > DELTA_FRACTION * store.num_tokens:
         return [write(0, meta["config"]["doc_lists_max_fraction"])]
@@ -211,6 +315,7 @@ class _Group:
     ivf_docs: np.ndarray  # mapped
     doc_offsets: np.ndarray | None  # mapped, [group docs + 1]
     doc_codes: np.ndarray | None  # mapped
+    tokens: TokenLists | None  # offsets read, documents and residuals mapped
 
 
 class Lists:
@@ -221,6 +326,7 @@ class Lists:
         self.first_docs = np.array([g.first_doc for g in groups], np.int64)
         # without lists in every group, centroid interaction reads the tokens' codes instead
         self.has_doc_lists = all(g.doc_codes is not None for g in groups)
+        self.has_token_lists = all(g.tokens is not None for g in groups)
 
     @classmethod
     def open(cls, out: Path, meta: dict) -> Lists:
@@ -230,6 +336,13 @@ class Lists:
         for g in groups_of(meta):
             files = {kind: out / f"{stem}.npy" for kind, stem in g["tables"].items()}
             lists = "doc_codes" in files
+            tokens = None
+            if "tok_offsets" in files:  # plain arrays over the maps (numba takes no memmap)
+                tokens = TokenLists(
+                    fileio.load_npy(files["tok_offsets"], mmap=False),
+                    np.asarray(fileio.load_npy(files["tok_docs"])),
+                    np.asarray(fileio.load_npy(files["tok_residuals"])),
+                )
             groups.append(
                 _Group(
                     int(g["first_doc"]),
@@ -237,9 +350,15 @@ class Lists:
                     fileio.load_npy(files["ivf_docs"]),
                     fileio.load_npy(files["doc_code_offsets"]) if lists else None,
                     fileio.load_npy(files["doc_codes"]) if lists else None,
+                    tokens,
                 )
             )
         return cls(groups)
+
+    def token_lists(self) -> list[TokenLists] | None:
+        """Every group's token lists (a document's tokens are all in the one group that holds
+        it), or None when some group has none (an index built without ``token_lists``)."""
+        return [g.tokens for g in self.groups] if self.has_token_lists else None
 
     @property
     def num_entries(self) -> int:

@@ -43,7 +43,9 @@ by ``benchmarks/tune_search.py``) top-10 overlap with exhaustive 0.838 → 0.892
 itself the quality is the same and k = 10 is 3.6× slower (those times are of its NumPy loop).
 Every probed token is read and scored (~128k per query at 10×), in one compiled pass
 (``probe_scores``; the ``xtr`` scorer below shares it): 1.4–2.2× faster than the NumPy loop,
-same rankings (``benchmarks/results/query_path_ab_probe_scores.md``).
+same rankings (``benchmarks/results/query_path_ab_probe_scores.md``). It reads the probed
+clusters' tokens from centroid → token lists (WARP's cluster-ordered residuals), mapped from an
+index built with ``CentroidIndexConfig.token_lists``, else built in memory at load.
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
@@ -75,15 +77,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import NamedTuple
+import time
 
 import gin
 import numpy as np
+from absl import logging
 
 from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import token_store as ts
-from aligner_jax.indexing.inverted_lists import concatenated_ranges, run_slots
+from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges, run_slots
 from aligner_jax.retrieval import gather_max, probe_scores
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
@@ -252,17 +255,6 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
     return part[np.argsort(-scores[part], kind="stable")]
 
 
-class TokenLists(NamedTuple):
-    """Centroid ``c``'s β^d-kept stored tokens are entries ``offsets[c]:offsets[c + 1]`` of
-    ``rows`` (store rows, in store order), ``docs`` (their documents) and ``residuals`` (their
-    packed residuals)."""
-
-    offsets: np.ndarray
-    rows: np.ndarray
-    docs: np.ndarray
-    residuals: np.ndarray
-
-
 @dataclasses.dataclass
 class StageCounts:
     candidates: int
@@ -338,26 +330,26 @@ class CentroidSearcher:
         documents and their scores (``_reached``). Each probed cluster's packed residuals are
         one run of the token lists (``token_lists``), read where they lie; all query tokens in
         one compiled pass (``probe_scores``) or, without numba, one product ``[rows, W] @
-        [W, 1]`` per plane and query token."""
-        lists = self.token_lists()
-        lengths = np.diff(lists.offsets)
-        if probe_scores.available():
-            _, acc, seen = self._buffers()
-            probe_scores.accumulate(
-                self.index.codec, q, top, top_scores, lists.offsets[:-1], lengths,
-                lists.residuals, lists.docs, w, imputed, self._floor(), acc, seen,
-            )  # fmt: skip
-            return self._reached(w, imputed, alive)
+        [W, 1]`` per plane and query token. With several list groups (an index after
+        ``--add``), each is read in turn: a document's tokens are all in one group."""
         best, acc, seen = self._buffers()
-        for i in range(len(q)):
-            pos, _ = concatenated_ranges(lists.offsets, top[i])
-            values = self.index.codec.residual_scores(q[i : i + 1], lists.residuals[pos])[0]
-            values += np.repeat(top_scores[i], lengths[top[i]])
-            d = lists.docs[pos]
-            best[d] = -np.inf
-            np.maximum.at(best, d, values)  # each document's best token for query token i
-            acc[d] += w[i] * (best[d] - imputed[i])
-            seen[d] = True
+        for lists in self.token_lists():
+            lengths = np.diff(lists.offsets)
+            if probe_scores.available():
+                probe_scores.accumulate(
+                    self.index.codec, q, top, top_scores, lists.offsets[:-1], lengths,
+                    lists.residuals, lists.docs, w, imputed, self._floor(), acc, seen,
+                )  # fmt: skip
+                continue
+            for i in range(len(q)):
+                pos, _ = concatenated_ranges(lists.offsets, top[i])
+                values = self.index.codec.residual_scores(q[i : i + 1], lists.residuals[pos])[0]
+                values += np.repeat(top_scores[i], lengths[top[i]])
+                d = lists.docs[pos]
+                best[d] = -np.inf
+                np.maximum.at(best, d, values)  # each document's best token for query token i
+                acc[d] += w[i] * (best[d] - imputed[i])
+                seen[d] = True
         return self._reached(w, imputed, alive)
 
     def _reached(self, w: np.ndarray, imputed: np.ndarray, alive) -> tuple:
@@ -495,46 +487,58 @@ class CentroidSearcher:
         u_d = self.store.concatenated("salience", docs, np.empty(t, np.float32))
         return _top1_scores(segment_max(sims, lengths, at_max=u_d), u_q)
 
-    def token_lists(self) -> TokenLists:
-        """CSR centroid → its β^d-kept stored tokens (offsets; rows, documents and packed
-        residuals in that order), built on first use (``Searcher.load`` calls it when it will be
-        needed) for the residual candidates and the XTR scorer: each probed cluster's residuals
-        are then one contiguous run, scored where they lie (WARP's layout), where gathering them
-        from store order took more time than scoring them (SciFact zero-shot, 8 probes: 3.7 ms
-        of gather against 2.7 ms of scoring).
+    def token_lists(self) -> list[TokenLists]:
+        """The centroid → β^d-kept token lists (``inverted_lists.TokenLists``: offsets; each
+        token's document and packed residual, in that order) of the residual candidates and the
+        XTR scorer: each probed cluster's residuals are then one contiguous run, scored where
+        they lie (WARP's layout), where gathering them from store order took more time than
+        scoring them (SciFact zero-shot, 8 probes: 3.7 ms of gather against 2.7 ms of scoring).
 
-        Built shard by shard (one pass counts, one places each centroid's tokens in store
-        order), so that besides the lists — rows and documents int32 below 2³¹ tokens, 8 bytes
-        per kept token, and the residuals' bytes per token again (a copy of the index's
-        residuals: 192 bytes at 384-d and 4 bits, 32 at 128-d and 2 bits) — the build holds
-        one shard's codes and residuals at a time: the pages of the index's maps that a shard's
-        pass read are released after it (``Segmented.release``), so that they do not stay
-        counted in the process's RSS beside the copy (at 384-d and 4 bits, 192 bytes per kept
-        token more)."""
+        An index built with ``CentroidIndexConfig.token_lists`` holds them, one set per list
+        group, mapped at load. Otherwise they are built here on first use (``Searcher.load``
+        calls it when it will be needed), as one set: shard by shard (one pass counts, one
+        places each centroid's tokens in store order), so that besides the lists — documents
+        int32 below 2³¹, 4 bytes per kept token, and the residuals' bytes per token again (a
+        copy of the index's residuals: 192 bytes at 384-d and 4 bits, 32 at 128-d and 2 bits) —
+        the build holds one shard's codes and residuals at a time: the pages of the index's
+        maps that a shard's pass read are released after it (``Segmented.release``), so that
+        they do not stay counted in the process's RSS beside the copy."""
         if self._token_lists is None:
-            beta_d = self.index.meta["config"]["beta_d"]
-            c = self.index.num_centroids
-            shards = list(ci.kept_rows_by_shard(self.store, beta_d))
-            counts = np.zeros(c, np.int64)
-            for kept in shards:
-                counts += np.bincount(np.asarray(self.index.codes[kept], np.int64), minlength=c)
-                self.index.codes.release()
-            offsets = np.zeros(c + 1, np.int64)
-            np.cumsum(counts, out=offsets[1:])
-            kind = np.int32 if self.store.num_tokens < 2**31 else np.int64
-            total = int(offsets[-1])
-            rows, docs = np.empty(total, kind), np.empty(total, kind)
-            residuals = np.empty((total, self.index.codec.bytes_per_token), np.uint8)
-            cursor = offsets[:-1].copy()
-            for kept in shards:
-                slots = run_slots(cursor, np.asarray(self.index.codes[kept], np.int64))
-                rows[slots] = kept
-                docs[slots] = np.searchsorted(self.store.offsets, kept, "right") - 1
-                residuals[slots] = self.index.residuals[kept]
-                self.index.residuals.release()  # this shard's pages (see the docstring)
-                self.index.codes.release()
-            self._token_lists = TokenLists(offsets, rows, docs, residuals)
+            self._token_lists = self.index.lists.token_lists()
+        if self._token_lists is None:
+            start = time.perf_counter()
+            built = self._build_token_lists()
+            logging.info(
+                "%s: token lists built in memory (%.0f MB, %.1f s); an index built with "
+                "--gin.CentroidIndexConfig.token_lists=True holds them, mapped at load",
+                self.index.directory,
+                (built.docs.nbytes + built.residuals.nbytes) / 1e6,
+                time.perf_counter() - start,
+            )
+            self._token_lists = [built]
         return self._token_lists
+
+    def _build_token_lists(self) -> TokenLists:
+        beta_d = self.index.meta["config"]["beta_d"]
+        c = self.index.num_centroids
+        shards = list(ci.kept_rows_by_shard(self.store, beta_d))
+        counts = np.zeros(c, np.int64)
+        for kept in shards:
+            counts += np.bincount(np.asarray(self.index.codes[kept], np.int64), minlength=c)
+            self.index.codes.release()
+        offsets = np.zeros(c + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        total = int(offsets[-1])
+        docs = np.empty(total, np.int32 if self.store.num_docs < 2**31 else np.int64)
+        residuals = np.empty((total, self.index.codec.bytes_per_token), np.uint8)
+        cursor = offsets[:-1].copy()
+        for kept in shards:
+            slots = run_slots(cursor, np.asarray(self.index.codes[kept], np.int64))
+            docs[slots] = np.searchsorted(self.store.offsets, kept, "right") - 1
+            residuals[slots] = self.index.residuals[kept]
+            self.index.residuals.release()  # this shard's pages (see the docstring)
+            self.index.codes.release()
+        return TokenLists(offsets, docs, residuals)
 
     def xtr(
         self, q: np.ndarray, probe_rows: np.ndarray, k: int
