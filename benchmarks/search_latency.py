@@ -65,7 +65,11 @@ files — divided by the indexed tokens; ``bytes_per_token_disk`` = those plus t
 updates, rebuilds or exhaustive search (float vectors, per-chunk copies), divided by the same.
 Document ids, document text, token ids, locks and checksum records are counted for no system.
 Ours: the published search index's files and the store's offsets and manifests are opened; its
-float vectors and stored saliences are kept for the rest. Peers: the files in their index
+float vectors and stored saliences are kept for the rest. A setting that reads the centroid →
+token lists (residual candidates, the XTR scorer) opens the index's token-list files
+(``--ours_token_lists``; on disk only for the other settings), or, on an index without them,
+builds them in memory at load: a document id and a packed residual per kept token, counted
+resident as exact search's matrix is. Peers: the files in their index
 folder, those ``run_peer.py``'s ``mutation_only`` names (copies for later updates, never
 opened: deleting them left results unchanged) on disk only. Exact: the float32 matrix it holds
 (4·D bytes a token, an array in memory) plus the offsets resident; the store's float16 vectors
@@ -108,6 +112,7 @@ from aligner_jax.encoding.encoder import Encoder, EncodingConfig  # noqa: E402
 from aligner_jax.evaluation import metrics, plotting  # noqa: E402
 from aligner_jax.indexing import centroid_index as ci  # noqa: E402
 from aligner_jax.indexing import indexer  # noqa: E402
+from aligner_jax.indexing import inverted_lists as lists_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
@@ -135,7 +140,9 @@ BYTES_RULE = (
     "divided by the indexed tokens; bytes_per_token_disk: those plus the files kept for "
     "updates, rebuilds or exhaustive search; document ids, text, token ids, locks and "
     "checksum records counted for no system; exact: its float32 matrix in memory (4·D per "
-    "token) + offsets resident, the store's float16 vectors + offsets on disk"
+    "token) + offsets resident, the store's float16 vectors + offsets on disk; ours, settings "
+    "that read centroid → token lists: the index's token-list files, or the copy built in "
+    "memory at load (4 + W bytes per kept token), resident"
 )
 P50_INTERVAL = "range (min, max) of the per-round p50; null below 3 rounds"
 QUANTILE_LIMIT = 1 << 24  # torch.quantile's largest input (elements)
@@ -177,6 +184,12 @@ _OURS_GRID = flags.DEFINE_string(
 )
 _OURS_BITS = flags.DEFINE_list(
     "ours_bits", ["4", "2"], "Residual bits of our index (one build each)."
+)
+_OURS_TOKEN_LISTS = flags.DEFINE_bool(
+    "ours_token_lists",
+    False,
+    "Build our index with CentroidIndexConfig.token_lists (residual candidates and the XTR "
+    "scorer map them; without, they build them in memory at load, counted as resident).",
 )
 _FAST_PLAID_GRID = flags.DEFINE_string(
     "fast_plaid_grid",
@@ -374,8 +387,30 @@ def ours_kind(store_dir: Path):
     return kind
 
 
-def ours_bytes(store_dir: Path, num_tokens: int) -> dict:
-    return bytes_rule(store_files(store_dir), ours_kind(store_dir), num_tokens)
+def ours_bytes(store: ts.TokenStore, index: ci.CentroidIndex, token_lists: bool) -> dict:
+    """``BYTES_RULE`` for our store and its published index, for a setting that reads the
+    centroid → token lists (``token_lists``: residual candidates, the XTR scorer) or not: the
+    index's token-list files are opened by the first only (on disk for both); an index without
+    them has the first build them in memory at load (a document id and a packed residual per
+    kept token, and the offsets), counted resident like exact search's matrix."""
+    kind = ours_kind(store.directory)
+    tok = {
+        f"{ci.SUBDIR}/{stem}.npy"
+        for group in lists_lib.groups_of(index.meta)
+        for table, stem in group["tables"].items()
+        if table in lists_lib.TOKEN_LISTS
+    }
+
+    def setting_kind(name: str):
+        return "update" if name in tok and not token_lists else kind(name)
+
+    size = bytes_rule(store_files(store.directory), setting_kind, store.num_tokens)
+    if token_lists and not index.lists.has_token_lists:
+        kept = len(ci.kept_rows(store, index.meta["config"]["beta_d"]))
+        copy = kept * (4 + index.codec.bytes_per_token) + 8 * (index.num_centroids + 1)
+        size["index_bytes_resident"] += copy
+        size["bytes_per_token_resident"] = size["index_bytes_resident"] / store.num_tokens
+    return size
 
 
 def exact_bytes(store_dir: Path, num_tokens: int, dim: int) -> dict:
@@ -524,17 +559,18 @@ def _our_index(index_dir: Path, bits: int, work: Path) -> tuple[ts.TokenStore, c
     """Our index with ``bits``-bit residuals and otherwise default settings: with
     ``--reuse_index``, the store's own (if its settings are these) or --work_dir's earlier
     build; else built in a ``store_view`` under --work_dir."""
-    config = dataclasses.asdict(ci.CentroidIndexConfig(residual_bits=bits))
-    view = work / f"ours-b{bits}"
+    wanted = ci.CentroidIndexConfig(residual_bits=bits, token_lists=_OURS_TOKEN_LISTS.value)
+    config = dataclasses.asdict(wanted)
+    view = work / (f"ours-b{bits}" + ("-tl" if wanted.token_lists else ""))
     if _REUSE_INDEX.value:
         for directory in (index_dir, view):
             if ci.CentroidIndex.exists(directory):
                 store = ts.TokenStore(directory)
                 index = ci.CentroidIndex.load(store)
-                if index.meta["config"] == config:
+                if {"token_lists": False} | index.meta["config"] == config:
                     return store, index
     store = ts.TokenStore(store_view(index_dir, view))
-    return store, ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=bits))
+    return store, ci.CentroidIndex.build(store, wanted)
 
 
 def _peer(system, vectors, work, threads, sweep, reuse, retry) -> tuple[dict, float]:
@@ -616,10 +652,11 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
         grid = parse_grid(_OURS_GRID.value, "ours_grid") if "aligner_jax" in systems else []
         for bits in [int(b) for b in _OURS_BITS.value]:
             our_store, index = _our_index(index_dir, bits, work)
-            built[f"b{bits}"] = {
-                "build_s": index.meta["updates"][0]["seconds"],
-                **ours_bytes(our_store.directory, our_store.num_tokens),
-            }
+            for lists in (False, True):  # settings that read token lists count them resident
+                built[f"b{bits}" + ("-lists" if lists else "")] = {
+                    "build_s": index.meta["updates"][0]["seconds"],
+                    **ours_bytes(our_store, index, lists),
+                }
             variants = [(n, v) for n, v in VARIANTS.items() if n in systems and bits == 4]
             for setting in grid + [dict(v[1], variant=v[0]) for _, v in variants]:
                 setting = {"bits": bits, **setting}
@@ -646,7 +683,9 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
 
                 label = setting.get("variant") or " ".join(f"{k}={v}" for k, v in setting.items())
                 stages = {"probes": probes, "interaction_docs": interaction, "refine_docs": refine}
-                ours.append((label, setting, fn, {"built": f"b{bits}", "stages": stages}))
+                lists = centroid_cfg.residual_candidates or search_cfg.refine == "xtr"
+                size = f"b{bits}" + ("-lists" if lists else "")
+                ours.append((label, setting, fn, {"built": size, "stages": stages}))
         plan["aligner_jax"] = ours
     if "exact" in systems:
         plan["exact"] = [("exhaustive", {}, ExactMaxSim(store, _K.value), {})]

@@ -155,7 +155,7 @@ def test_bytes_rule_counts_every_system_the_same_way(tmp_path):
     resident = sum(published.values()) + files[meta_json] + files["manifest.json"]
     resident += sum(files[n] for n in small)
     kept = sum(s for n, s in files.items() if n.endswith((".vectors.npy", ".salience.npy")) and n.startswith("shard-"))  # fmt: skip
-    got = sl.ours_bytes(tmp_path / "s", t)
+    got = sl.ours_bytes(store, index, False)
     assert got["index_bytes_resident"] == resident
     assert got["index_bytes"] == resident + kept
     assert got["bytes_per_token_resident"] == pytest.approx(resident / t)
@@ -164,6 +164,26 @@ def test_bytes_rule_counts_every_system_the_same_way(tmp_path):
         == got["bytes_per_token"]
         == pytest.approx((resident + kept) / t)
     )
+    # a setting that reads token lists: built in memory at load (an index without them), a
+    # document id and a packed residual per kept token and the offsets, resident
+    lists = sl.ours_bytes(store, index, True)
+    copy = t * (4 + dim * 4 // 8) + 8 * (index.num_centroids + 1)
+    assert (
+        lists["index_bytes_resident"] == resident + copy
+        and lists["index_bytes"] == got["index_bytes"]
+    )
+    # ... or the index's own files: opened by such settings, on disk only for the others
+    with_lists = ci.CentroidIndex.build(
+        store, ci.CentroidIndexConfig(residual_bits=4, token_lists=True)
+    )
+    files = sl.store_files(tmp_path / "s")
+    tok = sum(e["bytes"] for n, e in with_lists.meta["files"].items() if ".tok_" in n)
+    assert tok > copy - 8 * (index.num_centroids + 1)
+    plain, reads = sl.ours_bytes(store, with_lists, False), sl.ours_bytes(store, with_lists, True)
+    assert reads["index_bytes_resident"] == plain["index_bytes_resident"] + tok
+    assert reads["index_bytes"] == plain["index_bytes"]
+    on_disk_only = plain["index_bytes"] - plain["index_bytes_resident"]
+    assert on_disk_only == got["index_bytes"] - got["index_bytes_resident"] + tok
     # ids, token ids and text are nobody's index bytes
     kind = sl.ours_kind(tmp_path / "s")
     assert {kind(n) for n in files if "doc_ids" in n or "token_ids" in n} == {None}
