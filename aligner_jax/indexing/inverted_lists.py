@@ -157,12 +157,7 @@ def write_group(
     if not isinstance(doc_lists, bool):
         doc_lists = bool(doc_offsets[-1] <= doc_lists * num_tokens)
     tables = {kind: f"{name}.{kind}" for kind in IVF_LISTS + (DOC_LISTS if doc_lists else ())}
-    # blocks of consecutive centroids holding at most block_pairs entries (one centroid at least)
-    bounds = [0]
-    while bounds[-1] < c:
-        lo = bounds[-1]
-        hi = int(np.searchsorted(ivf_offsets, ivf_offsets[lo] + block_pairs, side="right")) - 1
-        bounds.append(min(max(hi, lo + 1), c))
+    bounds = _blocks(ivf_offsets, block_pairs)
     with contextlib.ExitStack() as stack:
         ivf = stack.enter_context(
             fileio.NpyStream(out / f"{tables['ivf_docs']}.npy", (int(ivf_offsets[-1]),), np.int32)
@@ -196,6 +191,17 @@ def write_group(
             store, codes, residuals, first_shard, name, out, c, beta_d, token_block_bytes
         )
     return {"first_shard": first_shard, "first_doc": int(first_doc), "tables": tables}
+
+
+def _blocks(offsets: np.ndarray, entries: int) -> list[int]:
+    """Bounds of the blocks of consecutive centroids (CSR ``offsets [C + 1]``) that hold at most
+    ``entries`` entries each (one centroid at least)."""
+    c, bounds = len(offsets) - 1, [0]
+    while bounds[-1] < c:
+        lo = bounds[-1]
+        hi = int(np.searchsorted(offsets, offsets[lo] + entries, side="right")) - 1
+        bounds.append(min(max(hi, lo + 1), c))
+    return bounds
 
 
 def _shard_tokens(store, codes, span: tuple, i: int, beta_d: float):
@@ -237,11 +243,7 @@ def write_token_lists(
     offsets = np.zeros(c + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
     per_block = max(1, (block_bytes or TOKEN_BLOCK_BYTES) // (width + doc_dtype().itemsize))
-    bounds = [0]
-    while bounds[-1] < c:
-        lo = bounds[-1]
-        hi = int(np.searchsorted(offsets, offsets[lo] + per_block, side="right")) - 1
-        bounds.append(min(max(hi, lo + 1), c))
+    bounds = _blocks(offsets, per_block)
     tables = {kind: f"{name}.{kind}" for kind in TOKEN_LISTS}
     total = int(offsets[-1])
     with (
