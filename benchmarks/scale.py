@@ -533,8 +533,13 @@ def index_overrides() -> dict:
 
 
 def index_bindings(given: dict) -> list[str]:
-    """``aligner-index`` gin flags setting ``given`` CentroidIndexConfig fields."""
-    return [f"--gin.CentroidIndexConfig.{k}={v!r}" for k, v in sorted(given.items())]
+    """``aligner-index`` gin flags setting every CentroidIndexConfig field: ``given``'s, the
+    others to their defaults (a rebuild keeps an index's recorded settings unless told:
+    ``centroid_index.recorded_config``)."""
+    from aligner_jax.indexing import centroid_index as ci
+
+    values = dataclasses.asdict(ci.CentroidIndexConfig()) | given
+    return [f"--gin.CentroidIndexConfig.{k}={v!r}" for k, v in sorted(values.items())]
 
 
 def rules(r: dict) -> str:
@@ -692,7 +697,7 @@ def main(argv) -> None:
         for bits in FLAGS.bits:  # builds and searches first: the exhaustive reference is slowest
             build = _kept_build(out_dir, store_dir, scale, int(bits)) if FLAGS.reuse_index else None
             build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
-                               f"--gin.CentroidIndexConfig.residual_bits={int(bits)}", *index_bindings(index_overrides())], 2, log)  # fmt: skip
+                               *index_bindings(index_overrides() | {"residual_bits": int(bits)})], 2, log)  # fmt: skip
             found_path = store_dir / f"search_{bits}.json"
             search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}", f"--search_config={FLAGS.search_config}"], FLAGS.threads, log)  # fmt: skip
             found[bits] = json.loads(found_path.read_text())

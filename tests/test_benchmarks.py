@@ -323,10 +323,17 @@ def test_scale_rows_with_other_search_rules_sit_beside_the_default_rows(tmp_path
     mapped = {**other, "index_overrides": {"token_lists": True}}
     assert scale.write_results(tmp_path, [mapped]) == [default, again, mapped]
     assert "| token_lists=True, residual_candidates=True |" in (tmp_path / "scale.md").read_text()
-    assert scale.index_bindings({"token_lists": True, "residual_bits": 2}) == [
-        "--gin.CentroidIndexConfig.residual_bits=2",
-        "--gin.CentroidIndexConfig.token_lists=True",
-    ]
+    # every field bound (a rebuild would keep the index's recorded settings): given or default
+    import dataclasses
+
+    from aligner_jax.indexing import centroid_index as ci
+
+    bindings = scale.index_bindings({"token_lists": True, "residual_bits": 2})
+    assert "--gin.CentroidIndexConfig.residual_bits=2" in bindings
+    assert "--gin.CentroidIndexConfig.token_lists=True" in bindings
+    assert "--gin.CentroidIndexConfig.num_centroids=None" in bindings
+    assert "--gin.CentroidIndexConfig.token_lists=False" in scale.index_bindings({})
+    assert len(bindings) == len(dataclasses.fields(ci.CentroidIndexConfig))
 
 
 def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_path):
