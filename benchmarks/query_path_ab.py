@@ -61,6 +61,7 @@ import threadpoolctl  # noqa: E402
 
 from aligner_jax.common import cli, fileio  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
+from aligner_jax.indexing import centroid_index as ci  # noqa: E402
 from aligner_jax.indexing import codec as codec_lib  # noqa: E402
 from aligner_jax.indexing import documents as documents_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
@@ -85,15 +86,26 @@ def reduceat_segment_max(values, lengths, at_max=None):
     return best, np.maximum.reduceat(chosen, starts, axis=0)
 
 
+def _list_rows(self) -> np.ndarray:
+    """The store rows of the token lists' entries (the lists no longer keep them): the kept
+    rows in the stable order of their codes, computed once per searcher."""
+    rows = getattr(self, "_ab_list_rows", None)
+    if rows is None:
+        kept = ci.kept_rows(self.store, self.index.meta["config"]["beta_d"])
+        codes = np.asarray(self.index.codes[kept], np.int64)
+        rows = self._ab_list_rows = kept[np.argsort(codes, kind="stable")]
+    return rows
+
+
 def gathered_score_probed(self, q, w, top, top_scores, imputed, alive) -> tuple:
     """``CentroidSearcher._score_probed`` before: the union of the probed clusters' rows
     gathered from the index's store-ordered residuals (fancy indexing), then scored."""
-    lists = self.token_lists()
+    (lists,) = self.token_lists()  # one set: an index without --add, lists built in memory
     clusters, where = np.unique(top, return_inverse=True)
     where = where.reshape(top.shape)
     sel, lengths = concatenated_ranges(lists.offsets, clusters)
     union = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    rows = lists.rows[sel]
+    rows = _list_rows(self)[sel]
     arrays, starts = self.index.residuals.arrays, self.index.residuals.starts
     segment = np.searchsorted(starts, rows, side="right") - 1
     packed = np.empty((len(rows), arrays[0].shape[1]), np.uint8)
