@@ -215,6 +215,55 @@ def _shard_tokens(store, codes, span: tuple, i: int, beta_d: float):
     return rows, cents[rows], docs
 
 
+def _token_offsets(store, codes, shards: range, beta_d: float, num_centroids: int) -> np.ndarray:
+    """The token lists' CSR offsets ``[C + 1]`` over store shards ``shards``: one pass over
+    their codes that counts each centroid's kept tokens."""
+    spans = store.shard_spans()
+    counts = np.zeros(num_centroids, np.int64)
+    for i in shards:
+        cents = _shard_tokens(store, codes, spans[i], i, beta_d)[1]
+        counts += np.bincount(cents, minlength=num_centroids)
+        codes.release()
+    offsets = np.zeros(num_centroids + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def _token_block(store, codes, residuals, shards: range, beta_d: float, offsets, lo: int, hi: int):
+    """The entries of centroids ``[lo, hi)`` of the token lists (``offsets``): (documents,
+    packed residuals), each centroid's tokens in store order. One pass over the shards: each
+    shard's codes and residuals are read, its tokens of the block placed, and the pages of
+    mapped inputs released (``Segmented.release``), so that memory holds the block and one
+    shard."""
+    spans = store.shard_spans()
+    size = int(offsets[hi] - offsets[lo])
+    docs_block = np.empty(size, np.int32 if store.num_docs < 2**31 else np.int64)
+    residual_block = np.empty((size, residuals.arrays[0].shape[1]), np.uint8)
+    cursor = offsets[lo:hi] - offsets[lo]
+    for i in shards:
+        rows, cents, docs = _shard_tokens(store, codes, spans[i], i, beta_d)
+        inside = (cents >= lo) & (cents < hi)
+        if inside.any():
+            start = spans[i][1]
+            shard_residuals = residuals.span(start, start + spans[i][0]["num_tokens"])
+            slots = run_slots(cursor, cents[inside] - lo)
+            docs_block[slots] = docs[inside]
+            residual_block[slots] = shard_residuals[rows[inside]]
+            del shard_residuals
+        codes.release()
+        residuals.release()
+    return docs_block, residual_block
+
+
+def token_lists_in_memory(store, codes, residuals, num_centroids: int, beta_d: float) -> TokenLists:
+    """The token lists of every store shard built in memory (an index written without them):
+    the offsets, then every centroid as one block (``_token_block``)."""
+    shards = range(len(store.shard_spans()))
+    offsets = _token_offsets(store, codes, shards, beta_d, num_centroids)
+    docs, packed = _token_block(store, codes, residuals, shards, beta_d, offsets, 0, num_centroids)
+    return TokenLists(offsets, docs, packed)
+
+
 def write_token_lists(
     store,
     codes,
@@ -228,22 +277,15 @@ def write_token_lists(
 ) -> dict:
     """Writes the token lists of store shards ``first_shard:`` (see the module docstring) as
     ``out/<name>.tok_*.npy``; returns their tables. One pass over the shards' codes counts each
-    centroid's kept tokens; then each block of consecutive centroids whose entries hold at most
-    ``block_bytes`` (default ``TOKEN_BLOCK_BYTES``; one centroid at least) is filled by one
-    more pass — each shard's codes and residuals read, its tokens of the block placed in store
-    order — and appended in file order, so that memory holds one block and one shard."""
-    c = num_centroids
-    spans = store.shard_spans()
-    shards = range(first_shard, len(spans))
+    centroid's kept tokens (``_token_offsets``); then each block of consecutive centroids whose
+    entries hold at most ``block_bytes`` (default ``TOKEN_BLOCK_BYTES``; one centroid at least)
+    is filled by one more pass (``_token_block``) and appended in file order, so that memory
+    holds one block and one shard."""
+    shards = range(first_shard, len(store.shard_spans()))
     width = residuals.arrays[0].shape[1]
     doc_dtype = np.int32 if store.num_docs < 2**31 else np.int64
-    counts = np.zeros(c, np.int64)
-    for i in shards:
-        counts += np.bincount(_shard_tokens(store, codes, spans[i], i, beta_d)[1], minlength=c)
-    offsets = np.zeros(c + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = _token_offsets(store, codes, shards, beta_d, num_centroids)
     per_block = max(1, (block_bytes or TOKEN_BLOCK_BYTES) // (width + doc_dtype().itemsize))
-    bounds = _blocks(offsets, per_block)
     tables = {kind: f"{name}.{kind}" for kind in TOKEN_LISTS}
     total = int(offsets[-1])
     with (
@@ -252,24 +294,11 @@ def write_token_lists(
             out / f"{tables['tok_residuals']}.npy", (total, width), np.uint8
         ) as residual_file,
     ):
+        bounds = _blocks(offsets, per_block)
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            size = int(offsets[hi] - offsets[lo])
-            docs_block = np.empty(size, doc_dtype)
-            residual_block = np.empty((size, width), np.uint8)
-            cursor = offsets[lo:hi] - offsets[lo]
-            for i in shards:
-                rows, cents, docs = _shard_tokens(store, codes, spans[i], i, beta_d)
-                inside = (cents >= lo) & (cents < hi)
-                if not inside.any():
-                    continue
-                start = spans[i][1]
-                shard_residuals = residuals.span(start, start + spans[i][0]["num_tokens"])
-                slots = run_slots(cursor, cents[inside] - lo)
-                docs_block[slots] = docs[inside]
-                residual_block[slots] = shard_residuals[rows[inside]]
-                del shard_residuals
-            doc_file.write(docs_block)
-            residual_file.write(residual_block)
+            docs, packed = _token_block(store, codes, residuals, shards, beta_d, offsets, lo, hi)
+            doc_file.write(docs)
+            residual_file.write(packed)
     fileio.atomic_save_npy(out / f"{tables['tok_offsets']}.npy", offsets)
     return tables
 

@@ -85,8 +85,9 @@ from absl import logging
 
 from aligner_jax.common import checks, scratch
 from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import token_store as ts
-from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges, run_slots
+from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges
 from aligner_jax.retrieval import gather_max, probe_scores
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
@@ -519,26 +520,10 @@ class CentroidSearcher:
         return self._token_lists
 
     def _build_token_lists(self) -> TokenLists:
-        beta_d = self.index.meta["config"]["beta_d"]
-        c = self.index.num_centroids
-        shards = list(ci.kept_rows_by_shard(self.store, beta_d))
-        counts = np.zeros(c, np.int64)
-        for kept in shards:
-            counts += np.bincount(np.asarray(self.index.codes[kept], np.int64), minlength=c)
-            self.index.codes.release()
-        offsets = np.zeros(c + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        total = int(offsets[-1])
-        docs = np.empty(total, np.int32 if self.store.num_docs < 2**31 else np.int64)
-        residuals = np.empty((total, self.index.codec.bytes_per_token), np.uint8)
-        cursor = offsets[:-1].copy()
-        for kept in shards:
-            slots = run_slots(cursor, np.asarray(self.index.codes[kept], np.int64))
-            docs[slots] = np.searchsorted(self.store.offsets, kept, "right") - 1
-            residuals[slots] = self.index.residuals[kept]
-            self.index.residuals.release()  # this shard's pages (see the docstring)
-            self.index.codes.release()
-        return TokenLists(offsets, docs, residuals)
+        return lists_lib.token_lists_in_memory(
+            self.store, self.index.codes, self.index.residuals, self.index.num_centroids,
+            self.index.meta["config"]["beta_d"],
+        )  # fmt: skip
 
     def xtr(
         self, q: np.ndarray, probe_rows: np.ndarray, k: int
