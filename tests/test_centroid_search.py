@@ -745,3 +745,30 @@ def test_residual_candidates_search_refines_the_best_and_ranks_like_wide_open_re
     few = dataclasses.replace(cfg, refine_docs=3)
     (part,), counts = cs.CentroidSearcher(store, index, few).search(q.vectors, q.salience, rows, 10)
     assert counts.refined == 3 and len(part[0]) == 10 and np.all(np.diff(part[1]) <= 0)
+
+
+def test_residual_candidates_score_on_as_many_threads_as_blas_may_use(store, index, monkeypatch):
+    """The compiled stage 2 takes its thread count from the BLAS limit of the moment
+    (``--threads``, ``threadpool_limits``), and 2 threads reach the same documents with the same
+    scores (up to float rounding) as 1."""
+    import threadpoolctl
+
+    calls = []
+    accumulate = probe_scores.accumulate
+
+    def recording(*args, threads=1):
+        calls.append(threads)
+        return accumulate(*args, threads=threads)
+
+    monkeypatch.setattr(probe_scores, "accumulate", recording)
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(residual_candidates=True))
+    q = _query(5, n=6)
+    found = {}
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+            found[threads] = _residual_candidates(searcher, q, np.arange(6))
+    assert calls == [1, 2]
+    assert found[1].keys() == found[2].keys() and len(found[1]) > 1
+    np.testing.assert_allclose(
+        [found[2][d] for d in found[1]], list(found[1].values()), rtol=1e-6, atol=1e-6
+    )

@@ -73,3 +73,40 @@ def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
     np.testing.assert_array_equal(seen, reached)
     np.testing.assert_allclose(acc, expected, atol=1e-4)
     assert np.isneginf(floor).all()
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(threads):
+    """``threads`` > 1 scores contiguous groups of query tokens on worker threads, each into its
+    own per-document arrays added in afterwards: the same documents reached and the same sums
+    (up to float rounding) as one pass, the caller's floor left at −∞, and the workers' arrays
+    left clean for the next call (a second call gives the same again). More threads than query
+    tokens: one group per token."""
+    rng = np.random.default_rng(threads)
+    dim, rows, num_docs = 16, 300, 400
+    codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), 4)
+    packed = codec.encode(rng.standard_normal((rows, dim)).astype(np.float32))
+    docs = rng.integers(0, num_docs, rows).astype(np.int32)
+    starts, lengths = np.arange(0, rows, 30), np.full(10, 30)
+    n = 5
+    q = rng.standard_normal((n, dim)).astype(np.float32)
+    where = rng.integers(0, 10, (n, 2))
+    top_scores = rng.standard_normal((n, 2)).astype(np.float32)
+    w, imputed = rng.uniform(0.5, 2.0, n), rng.uniform(-2.0, -1.0, n)
+
+    def run(t):
+        acc, seen = np.zeros(num_docs, np.float32), np.zeros(num_docs, bool)
+        floor = np.full(num_docs, -np.inf, np.float32)
+        probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, packed, docs, w,
+                                imputed, floor, acc, seen, threads=t)  # fmt: skip
+        assert np.isneginf(floor).all()
+        return acc, seen
+
+    acc_1, seen_1 = run(1)
+    assert 0 < seen_1.sum() < num_docs  # some documents reached, not all
+    for _ in range(2):
+        acc_t, seen_t = run(threads)
+        np.testing.assert_array_equal(seen_t, seen_1)
+        np.testing.assert_allclose(acc_t, acc_1, rtol=1e-6, atol=1e-6)
+    for _, part, reached in probe_scores._group_arrays(num_docs, min(threads, n) - 1):
+        assert not part.any() and not reached.any()

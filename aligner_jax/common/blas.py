@@ -7,6 +7,10 @@ search against 8.9 ms with workers that sleep; ``benchmarks/results/README.md``,
 ``import aligner_jax`` sets the variable, but a program that imported NumPy first has already
 loaded OpenBLAS with the default, and no call changes it afterwards: :func:`warn_if_spinning`
 says so once, with the fix, when a searcher loads.
+
+:func:`threads` reads how many threads the BLAS may use now: the query path's own parallel pass
+(``retrieval.probe_scores``) follows it, so that ``--threads`` (``threadpool_limits``) bounds
+both.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threadpoolctl
 from absl import logging
 
 _checked = False
+_controller: list = []
 
 
 def spinning_openblas() -> list[str]:
@@ -51,3 +56,13 @@ def warn_if_spinning() -> None:
             "OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
             paths[0],
         )
+
+
+def threads() -> int:
+    """The threads NumPy's BLAS may use now (its limit under ``threadpoolctl.threadpool_limits``,
+    which the binaries' ``--threads`` set); 1 where no BLAS library reports one. The libraries
+    are found once per process; reading their limit costs ~1 µs."""
+    if not _controller:
+        _controller.append(threadpoolctl.ThreadpoolController().select(user_api="blas"))
+    counts = [lib.num_threads for lib in _controller[0].lib_controllers]
+    return max(counts, default=1)

@@ -83,7 +83,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import checks, scratch
+from aligner_jax.common import blas, checks, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import token_store as ts
@@ -340,6 +340,7 @@ class CentroidSearcher:
                 probe_scores.accumulate(
                     self.index.codec, q, top, top_scores, lists.offsets[:-1], lengths,
                     lists.residuals, lists.docs, w, imputed, self._floor(), acc, seen,
+                    threads=blas.threads(),
                 )  # fmt: skip
                 continue
             for i in range(len(q)):

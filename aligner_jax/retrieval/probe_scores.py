@@ -15,12 +15,24 @@ NumPy does this one query token at a time (a ``[rows, W] @ [W, 1]`` product per 
 ``np.maximum.at``), and those passes, not the arithmetic, were most of the search: the compiled
 loop reads each probed token's packed row once and keeps nothing per token (``residual_candidates``
 with ``refine_per_k=1``, k = 100, 2 threads: SciFact zero-shot 34.2 → 25.0 ms p50, CISI
-zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). It runs on the
-calling thread. Without numba, ``centroid_search`` keeps its NumPy loop (same values up to float
-rounding: the compiled sum reassociates).
+zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). Without numba,
+``centroid_search`` keeps its NumPy loop (same values up to float rounding: the compiled sum
+reassociates).
+
+**Threads.** The query tokens are independent until their sums meet in ``acc``: with ``threads``
+> 1 they are cut into that many contiguous groups, the first scored on the calling thread into
+the caller's arrays, each other on a worker thread (the compiled pass releases the GIL) into
+that thread's own per-document arrays, which are then added in, group by group, at the
+documents they reached. A document's sum then adds the groups' partial sums, so the scores
+of 1 and of 2 threads can differ in the last bits (SciFact and CISI zero-shot, every test query:
+the same top 100 in the same order, scores at most 1.2e-7 apart; stage 2 at 2 threads took 4.7–5.0
+against 8.2–8.4 ms per SciFact query: ``benchmarks/results/README.md``, stop 48).
 """
 
 from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -112,6 +124,7 @@ def accumulate(
     floor: np.ndarray,
     acc: np.ndarray,
     seen: np.ndarray,
+    threads: int = 1,
 ) -> None:
     """Adds each query token's best probed score per document (minus its imputed score, times
     its weight) into ``acc`` and marks ``seen``, in place (see the module docstring).
@@ -120,26 +133,87 @@ def accumulate(
     ``where`` ``[n, p]`` each token's probed clusters as indices into ``starts``/``lengths``
     (the clusters' rows of ``packed [R, W]`` and ``docs [R]``, int32 or int64: the token
     lists' own arrays, read where they lie); ``top_scores`` ``[n, p]``
-    their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so)."""
+    their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so).
+    ``threads``: query-token groups scored at once (see the module docstring)."""
     planes, constant = codec.query_terms(queries)
     n = len(constant)
-    _accumulate(
-        np.ascontiguousarray(where, np.int64),
-        np.ascontiguousarray(top_scores, np.float32),
+    shared = (
         np.ascontiguousarray(starts, np.int64),
         np.ascontiguousarray(lengths, np.int64),
         np.ascontiguousarray(packed, np.uint8),
         np.ascontiguousarray(docs),  # int32 or int64, as the token lists hold them
+    )
+    per_token = (
+        np.ascontiguousarray(where, np.int64),
+        np.ascontiguousarray(top_scores, np.float32),
         np.ascontiguousarray(np.stack(planes, axis=1) if n else np.zeros((0, 1, 1), np.float32)),
         np.ascontiguousarray(constant, np.float32),
-        codec.bits,
         np.ascontiguousarray(weights, np.float32),
         np.ascontiguousarray(imputed, np.float32),
-        floor,
-        acc,
-        seen,
-        scratch.buffer("probe_scores.touched", (max(len(floor), 1),), np.int64),
     )
+
+    def run(lo: int, hi: int, out: tuple) -> None:
+        where_, scores_, planes_, constant_, weights_, imputed_ = (a[lo:hi] for a in per_token)
+        touched = scratch.buffer("probe_scores.touched", (max(len(out[0]), 1),), np.int64)
+        _accumulate(
+            where_, scores_, *shared, planes_, constant_, codec.bits, weights_, imputed_, *out,
+            touched,
+        )  # fmt: skip
+
+    bounds = np.linspace(0, n, min(max(threads, 1), max(n, 1)) + 1).astype(int)
+    if len(bounds) <= 2:
+        run(0, n, (floor, acc, seen))
+        return
+    extra = _group_arrays(len(floor), len(bounds) - 2)
+    pool = _pool(len(extra))
+    futures = [
+        pool.submit(run, lo, hi, out)
+        for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
+    ]
+    run(0, bounds[1], (floor, acc, seen))
+    for future, (_, part, reached) in zip(futures, extra, strict=True):
+        future.result()  # in group order: the same sums whatever finishes first
+        hit = np.flatnonzero(reached)
+        acc[hit] += part[hit]
+        seen[hit] = True
+        part[hit] = 0.0  # left as _group_arrays hands them out
+        reached[hit] = False
+
+
+_POOL: dict = {"executor": None, "workers": 0}
+_POOL_LOCK = threading.Lock()
+_CALLER = threading.local()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process's worker threads of ``accumulate``, at least ``workers`` of them."""
+    with _POOL_LOCK:
+        if _POOL["workers"] < workers:
+            old = _POOL["executor"]
+            _POOL["executor"] = ThreadPoolExecutor(workers, thread_name_prefix="probe_scores")
+            _POOL["workers"] = workers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL["executor"]
+
+
+def _group_arrays(num_docs: int, groups: int) -> list[tuple]:
+    """The calling thread's (floor −∞, acc 0, seen False) per document for each of ``groups``
+    query-token groups scored on workers, kept so between calls (``accumulate`` waits for its
+    workers and resets what they touched, so no other call shares them)."""
+    arrays = getattr(_CALLER, "arrays", [])
+    if arrays and len(arrays[0][0]) != num_docs:
+        arrays = []
+    while len(arrays) < groups:
+        arrays.append(
+            (
+                np.full(num_docs, -np.inf, np.float32),
+                np.zeros(num_docs, np.float32),
+                np.zeros(num_docs, bool),
+            )
+        )
+    _CALLER.arrays = arrays
+    return arrays[:groups]
 
 
 def warm_up() -> None:
