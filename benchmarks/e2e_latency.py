@@ -1,7 +1,8 @@
 r"""End-to-end query latency after ``Searcher.load``, with no compilation (issue 27 item 4).
 
   .venv/bin/python benchmarks/e2e_latency.py \
-      [--index_dir=outputs/zero_shot_scifact/index] [--dataset_dir=../shared/data/beir/scifact]
+      [--index_dir=outputs/zero_shot_scifact/index] [--dataset_dir=../shared/data/beir/scifact] \
+      [--gin.CentroidSearchConfig.residual_candidates=True ...]
 
 Opens the index with ``Searcher.load`` (which compiles every shape a single query takes:
 ``retrieval.refine.warm_up``; its cost is measured) and then, one query at a time, over the
@@ -14,6 +15,8 @@ XLA):
   * rerank: ``searcher.rerank`` of ``--rerank_candidates`` documents per query (the query's own
     top documents, found before timing), the query encoded before timing.
 
+``--gin.CentroidSearchConfig.*`` bindings (or ``--gin_file``) set the fast mode's search rules (an
+operating point ``search_latency.py`` chose, say); the report records the rules used.
 ``--mode``: ``fast`` (the compressed centroid index, on the host CPU), ``exhaustive`` (every
 document refined, one device) or ``device`` (``Searcher.load(..., mode="device")``: the exact
 search with the documents resident on the accelerators of a mesh — on a GPU host, the whole
@@ -33,6 +36,7 @@ the machine's load average before and after.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pathlib
@@ -231,7 +235,9 @@ def plot(samples: dict, path: pathlib.Path) -> None:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.quiet_logs()
+    cli.call_or_exit(
+        "e2e_latency.py", cli.parse_gin_flags
+    )  # a bad binding: one error, no traceback
     loadavg_before = [round(x, 2) for x in os.getloadavg()]
     dataset = beir.load_beir(_DATASET_DIR.value, split=_SPLIT.value)
     with threadpoolctl.threadpool_limits(_THREADS.value):
@@ -249,6 +255,9 @@ def main(argv: Sequence[str]) -> None:
         "mode": _MODE.value,
         "devices": [str(d.device_kind) for d in jax.devices()],
         "k": _K.value,
+        "search_config": (
+            dataclasses.asdict(searcher.centroid.config) if searcher.centroid is not None else None
+        ),
         "warm_up": warm,
         "measured": measured,
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, jax {jax.__version__}",
@@ -266,4 +275,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -345,3 +345,34 @@ def test_e2e_latency_benchmark_runs_the_device_mode_without_compiling_after_load
     assert "mode `device` on cpu" in md
     assert "| search alone (the encoded query, k=10) |" in md
     assert "| query encoding, back to back" in md
+
+
+def test_e2e_latency_benchmark_takes_search_rules_from_gin_and_records_them(index_dir, tmp_path):
+    """``benchmarks/e2e_latency.py --gin.CentroidSearchConfig.*``: the fast mode searches with
+    those rules (an operating point chosen elsewhere), records them, compiles nothing after
+    load; a misspelt field is one line naming it."""
+    out = tmp_path / "e2e"
+    common = [
+        REPO / "benchmarks" / "e2e_latency.py",
+        f"--index_dir={index_dir}",
+        f"--dataset_dir={index_dir.parent / 'toy'}",
+        "--rounds=1",
+        "--rerank_candidates=5",
+        f"--output_name={out}",
+    ]
+    r = run_python(
+        *common,
+        "--gin.CentroidSearchConfig.residual_candidates=True",
+        "--gin.CentroidSearchConfig.probe_docs=7",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["mode"] == "fast"
+    assert report["search_config"]["residual_candidates"] is True
+    assert report["search_config"]["probe_docs"] == 7
+    assert report["measured"]["compilations_after_load"] == 0
+    assert report["measured"]["end_to_end"]["n"] == len(TOY_QUERIES)
+    r = run_python(*common, "--gin.CentroidSearchConfig.probe_dcs=7")
+    assert r.returncode != 0 and "probe_dcs" in r.stderr
+    assert "e2e_latency.py: error: gin configuration error" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
