@@ -3,6 +3,7 @@
 Its values are tested through ``residual_candidates`` and ``xtr`` in ``test_centroid_search``
 (compiled and NumPy paths against decoded vectors); here, each codec width directly."""
 
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,34 @@ def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(thre
         np.testing.assert_allclose(acc_t, acc_1, rtol=1e-6, atol=1e-6)
     for _, part, reached in probe_scores._group_arrays(num_docs, min(threads, n) - 1):
         assert not part.any() and not reached.any()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_scores_on_threads_of_its_own():
+    """A process forked after a threaded pass (its workers exist only in the parent) still
+    scores with threads: the child starts its own workers instead of waiting forever on the
+    parent's."""
+    code = (
+        "import os, sys\n"
+        "import numpy as np\n"
+        "from aligner_jax.indexing.codec import ResidualCodec\n"
+        "from aligner_jax.retrieval import probe_scores as p\n"
+        "rng = np.random.default_rng(0)\n"
+        "codec = ResidualCodec.fit(rng.standard_normal((50, 6)).astype(np.float32), 4)\n"
+        "packed = codec.encode(rng.standard_normal((4, 6)).astype(np.float32))\n"
+        "def run():\n"
+        "    acc, seen = np.zeros(3, np.float32), np.zeros(3, bool)\n"
+        "    p.accumulate(codec, np.ones((2, 6), np.float32), np.array([[0], [1]]),\n"
+        "                 np.zeros((2, 1), np.float32), np.array([0, 2]), np.array([2, 2]),\n"
+        "                 packed, np.array([0, 1, 1, 2], np.int32), np.ones(2), np.full(2, -9.0),\n"
+        "                 np.full(3, -np.inf, np.float32), acc, seen, threads=2)\n"
+        "    return seen.all()\n"
+        "assert run()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0 if run() else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child', os.waitstatus_to_exitcode(status))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "child 0", out.stderr[-2000:]

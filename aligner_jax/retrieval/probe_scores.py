@@ -31,6 +31,7 @@ against 8.2–8.4 ms per SciFact query: ``benchmarks/results/README.md``, stop 4
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -183,6 +184,17 @@ def accumulate(
 _POOL: dict = {"executor": None, "workers": 0}
 _POOL_LOCK = threading.Lock()
 _CALLER = threading.local()
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist there, and an executor that
+    believes it has them would never run what it is given; the child starts its own."""
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+    _POOL.update(executor=None, workers=0)
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
