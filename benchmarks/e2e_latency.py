@@ -235,9 +235,8 @@ def plot(samples: dict, path: pathlib.Path) -> None:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cli.call_or_exit(
-        "e2e_latency.py", cli.parse_gin_flags
-    )  # a bad binding: one error, no traceback
+    # the search rules' gin bindings; a bad one is one error line, no traceback
+    cli.call_or_exit("e2e_latency.py", cli.parse_gin_flags)
     loadavg_before = [round(x, 2) for x in os.getloadavg()]
     dataset = beir.load_beir(_DATASET_DIR.value, split=_SPLIT.value)
     with threadpoolctl.threadpool_limits(_THREADS.value):

@@ -334,13 +334,14 @@ class CentroidSearcher:
         [W, 1]`` per plane and query token. With several list groups (an index after
         ``--add``), each is read in turn: a document's tokens are all in one group."""
         best, acc, seen = self._buffers()
+        threads = blas.threads()
         for lists in self.token_lists():
             lengths = np.diff(lists.offsets)
             if probe_scores.available():
                 probe_scores.accumulate(
                     self.index.codec, q, top, top_scores, lists.offsets[:-1], lengths,
                     lists.residuals, lists.docs, w, imputed, self._floor(), acc, seen,
-                    threads=blas.threads(),
+                    threads=threads,
                 )  # fmt: skip
                 continue
             for i in range(len(q)):

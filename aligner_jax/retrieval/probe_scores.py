@@ -22,8 +22,8 @@ reassociates).
 **Threads.** The query tokens are independent until their sums meet in ``acc``: with ``threads``
 > 1 they are cut into that many contiguous groups, the first scored on the calling thread into
 the caller's arrays, each other on a worker thread (the compiled pass releases the GIL) into
-that thread's own per-document arrays, which are then added in, group by group, at the
-documents they reached. A document's sum then adds the groups' partial sums, so the scores
+per-document arrays the calling thread keeps for that group (``_group_arrays``), which are then
+added in, group by group, at the documents they reached. A document's sum then adds the groups' partial sums, so the scores
 of 1 and of 2 threads can differ in the last bits (SciFact and CISI zero-shot, every test query:
 the same top 100 in the same order, scores at most 1.2e-7 apart; stage 2 at 2 threads took 4.7–5.0
 against 8.2–8.4 ms per SciFact query: ``benchmarks/results/README.md``, stop 48).
