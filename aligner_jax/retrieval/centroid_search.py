@@ -21,8 +21,8 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      refined documents, centroid scores chose for refinement 90 % of the relevant documents of
      the exhaustive top 100, the residual interaction 97 %, all that stage 2 had passed on).
   4. **Compressed refinement**: the best ``refine_docs`` are scored with q·(c + r̂) using the packed
-     residuals without decoding them (``ResidualCodec.residual_scores``), with top-1 alignment
-     and saliences, Eq. 1–2. With ``refine_margin`` (default None: every token), only tokens
+     residuals without decoding them, with top-1 alignment and saliences, Eq. 1–2, in one
+     compiled pass on as many threads as BLAS may use (``residual_max``). With ``refine_margin`` (default None: every token), only tokens
      whose centroid score is within the margin of their document's best for some query token
      are scored (the best one always is, so every query token aligns): faster, approximate —
      the residual term can move a token by more than the margin (SciFact zero-shot, margin
@@ -88,7 +88,7 @@ from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges
-from aligner_jax.retrieval import gather_max, probe_scores
+from aligner_jax.retrieval import gather_max, probe_scores, residual_max
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 MAX_PROBES = 32  # probes per query token, at most
@@ -456,17 +456,13 @@ class CentroidSearcher:
                 keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
                 lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
                 rows = rows[keep]
-        residual = scratch.buffer("refine.residual", (len(rows), s_t.shape[1]), np.float32)
-        residual.fill(0.0)
-        self.index.codec.residual_scores(
-            q, self.index.residuals[rows], token_major=True, add_to=residual
-        )
-        # q·c + q·r̂ and each document's maxima in one pass (no [T, n] gather), with the u^d of
+        # q·c + q·r̂ and each document's maxima in one pass (no [T, n] matrix), with the u^d of
         # each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = None if self.salience is None else np.asarray(self.salience[rows], np.float32)
-        found = gather_max.gather_segment_max(
-            s_t, self.index.codes[rows], lengths, add=residual, at_max=u_d, reference=segment_max
-        )
+        found = residual_max.residual_segment_max(
+            self.index.codec, q, s_t, self.index.codes[rows], self.index.residuals[rows],
+            lengths, at_max=u_d, threads=blas.threads(), reference=segment_max,
+        )  # fmt: skip
         return _top1_scores(found, u_q)
 
     def refine_stored(self, q: np.ndarray, docs: np.ndarray, u_q: np.ndarray) -> np.ndarray:

@@ -31,13 +31,11 @@ against 8.2–8.4 ms per SciFact query: ``benchmarks/results/README.md``, stop 4
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from aligner_jax.common import scratch
+from aligner_jax.common import scratch, workers
 from aligner_jax.indexing.codec import ResidualCodec
 
 try:
@@ -166,7 +164,7 @@ def accumulate(
         run(0, n, (floor, acc, seen))
         return
     extra = _group_arrays(len(floor), len(bounds) - 2)
-    pool = _pool(len(extra))
+    pool = workers.pool(len(extra))
     futures = [
         pool.submit(run, lo, hi, out)
         for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
@@ -181,32 +179,7 @@ def accumulate(
         reached[hit] = False
 
 
-_POOL: dict = {"executor": None, "workers": 0}
-_POOL_LOCK = threading.Lock()
 _CALLER = threading.local()
-
-
-def _forget_pool() -> None:
-    """In a forked child: the parent's worker threads do not exist there, and an executor that
-    believes it has them would never run what it is given; the child starts its own."""
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-    _POOL.update(executor=None, workers=0)
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The process's worker threads of ``accumulate``, at least ``workers`` of them."""
-    with _POOL_LOCK:
-        if _POOL["workers"] < workers:
-            old = _POOL["executor"]
-            _POOL["executor"] = ThreadPoolExecutor(workers, thread_name_prefix="probe_scores")
-            _POOL["workers"] = workers
-            if old is not None:
-                old.shutdown(wait=False)
-        return _POOL["executor"]
 
 
 def _group_arrays(num_docs: int, groups: int) -> list[tuple]:
