@@ -158,6 +158,11 @@ def measure(searcher, queries: dict[str, str], k: int, rerank_n: int, rounds: in
         "rerank": {**percentiles(rerank), "candidates": rerank_n},
         "compilations_after_load": counter.count,
         "query_tokens": percentiles([len(e.token_ids) for e in encoded]),
+        "by_query_tokens": by_query_tokens(
+            [len(e.token_ids) for e in encoded] * rounds,
+            {"end_to_end": e2e, "encode": encode, "search": search},
+            searcher.encoder.config.bucket_lengths(searcher.encoder.maxlen("query"), "query"),
+        ),
         "_samples": {
             "end_to_end": e2e,
             "encode": encode,
@@ -166,6 +171,22 @@ def measure(searcher, queries: dict[str, str], k: int, rerank_n: int, rounds: in
             "rerank": rerank,
         },
     }
+
+
+def by_query_tokens(lengths: Sequence[int], samples: dict, buckets: Sequence[int]) -> dict:
+    """Percentiles of each of ``samples`` (name → ms, one per query and round, in the order of
+    ``lengths``) per query length bucket of the encoder (where the tail comes from)."""
+    lengths = np.asarray(lengths)
+    out, low = {}, 1
+    for high in buckets:
+        chosen = np.flatnonzero((lengths >= low) & (lengths <= high))
+        if len(chosen):
+            out[f"{low}-{high}"] = {
+                "samples": len(chosen),
+                **{name: percentiles(np.asarray(ms)[chosen]) for name, ms in samples.items()},
+            }
+        low = high + 1
+    return out
 
 
 def markdown(report: dict) -> str:
@@ -207,6 +228,21 @@ def markdown(report: dict) -> str:
             f"| {name} | {r['n']} | {r['p50_ms']} | {r['p90_ms']} | {r['p99_ms']} | "
             f"{r['max_ms']} | {goals.get(key, '')} |"
         )
+    by_length = m.get("by_query_tokens")
+    if by_length:
+        lines += [
+            "",
+            "By query length (the encoder's buckets), p50 / p99 ms:",
+            "",
+            "| query tokens | samples | end to end | encoding | search alone |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for bucket, r in by_length.items():
+            cells = " | ".join(
+                f"{r[name]['p50_ms']} / {r[name]['p99_ms']}"
+                for name in ("end_to_end", "encode", "search")
+            )
+            lines.append(f"| {bucket} | {r['samples']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

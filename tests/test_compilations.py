@@ -372,6 +372,14 @@ def test_e2e_latency_benchmark_takes_search_rules_from_gin_and_records_them(inde
     assert report["search_config"]["probe_docs"] == 7
     assert report["measured"]["compilations_after_load"] == 0
     assert report["measured"]["end_to_end"]["n"] == len(TOY_QUERIES)
+    # every timed query falls in one length bucket, whose bounds hold its length
+    by_length = report["measured"]["by_query_tokens"]
+    assert sum(b["samples"] for b in by_length.values()) == len(TOY_QUERIES)
+    assert all(b["search"]["n"] == b["samples"] for b in by_length.values())
+    tokens = report["measured"]["query_tokens"]
+    spans = [tuple(map(int, key.split("-"))) for key in by_length]
+    assert min(lo for lo, _ in spans) <= tokens["p50_ms"] <= max(hi for _, hi in spans)
+    assert "By query length" in out.with_suffix(".md").read_text()
     r = run_python(*common, "--gin.CentroidSearchConfig.probe_dcs=7")
     assert r.returncode != 0 and "probe_dcs" in r.stderr
     assert "e2e_latency.py: error: gin configuration error" in r.stderr
