@@ -180,7 +180,8 @@ _BOOTSTRAP_SEED = flags.DEFINE_integer("bootstrap_seed", 0, "Seed of the bootstr
 _OURS_GRID = flags.DEFINE_string(
     "ours_grid",
     "probe_docs=320,640,1280,2560;refine_per_k=1,2,3,4",
-    "CentroidSearchConfig fields: NAME=V1,V2;NAME=... (every combination).",
+    "CentroidSearchConfig fields and salience (SearchConfig's: false scores without the "
+    "stored saliences): NAME=V1,V2;NAME=... (every combination).",
 )
 _OURS_BITS = flags.DEFINE_list(
     "ours_bits", ["4", "2"], "Residual bits of our index (one build each)."
@@ -1202,7 +1203,8 @@ def write_outputs(payload: dict, out: Path) -> list[Path]:
 
 def check_flags() -> None:
     """Every grid's names are its system's knobs, every bit count one our codec has."""
-    ours = sorted(f.name for f in dataclasses.fields(cs.CentroidSearchConfig))
+    # SearchConfig.salience too: a trained model's u^d off, against exact MaxSim (no u^d)
+    ours = sorted([f.name for f in dataclasses.fields(cs.CentroidSearchConfig)] + ["salience"])
     grids = (
         ("ours_grid", _OURS_GRID.value, ours),
         (

@@ -128,6 +128,22 @@ def test_grids_and_labels():
     assert sl.short_label({}) == "default"
 
 
+def test_ours_grid_takes_the_salience_switch_and_names_a_wrong_knob():
+    """``salience=false`` (a trained model's u^d off, as exact MaxSim scores) is a knob of our
+    grid beside ``CentroidSearchConfig``'s; a misspelt one is named."""
+    from absl import flags
+    from absl.testing import flagsaver
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(ours_grid="salience=false,true;probe_docs=640"):
+        sl.check_flags()
+        assert sl.parse_grid(sl._OURS_GRID.value, "ours_grid")[0]["salience"] is False
+    with flagsaver.flagsaver(ours_grid="salence=false"):
+        with pytest.raises(sl.app.UsageError, match="--ours_grid: 'salence' is not one of"):
+            sl.check_flags()
+
+
 def test_warp_retry_keeps_the_codec_sample_within_torch_quantile():
     for dim in (128, 384, 768):
         settings = dict(s.split("=") for s in sl.warp_large_input(dim))
