@@ -21,17 +21,6 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
     numba = None
 
 
-def fold_max(best, chosen, i, v, u, with_sel):  # pragma: no cover - compiled
-    """Folds one row's value ``v`` for query token ``i`` into its document's maximum
-    ``best[i]``; ``chosen[i]``: the largest ``u`` among the rows attaining it."""
-    if v > best[i]:
-        best[i] = v
-        if with_sel:
-            chosen[i] = u
-    elif with_sel and v == best[i] and u > chosen[i]:
-        chosen[i] = u
-
-
 def _gather_max(s_t, codes, lengths, add, at_max, out, sel):  # pragma: no cover - compiled
     """out[d, i] = max over document d's rows j of s_t[codes[j], i] (+ add[j, i]); sel[d, i] =
     the largest at_max[j] among the rows attaining it. Both −∞ for a document without rows."""
@@ -49,12 +38,17 @@ def _gather_max(s_t, codes, lengths, add, at_max, out, sel):  # pragma: no cover
             row = s_t[codes[j]]
             u = at_max[j] if with_sel else 0.0
             for i in range(n):
-                fold_max(best, chosen, i, row[i] + add[j, i] if with_add else row[i], u, with_sel)
+                v = row[i] + add[j, i] if with_add else row[i]
+                if v > best[i]:
+                    best[i] = v
+                    if with_sel:
+                        chosen[i] = u
+                elif with_sel and v == best[i] and u > chosen[i]:
+                    chosen[i] = u
             j += 1
 
 
 if numba is not None:
-    fold_max = numba.njit(inline="always", nogil=True)(fold_max)
     _gather_max = numba.njit(cache=True, nogil=True)(_gather_max)
 
 

@@ -25,12 +25,23 @@ import numpy as np
 
 from aligner_jax.common import workers
 from aligner_jax.indexing.codec import ResidualCodec
-from aligner_jax.retrieval import gather_max
 
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts without it
     numba = None
+
+
+def _store(best, chosen, values, s_t_row, constant, u, with_sel):  # pragma: no cover
+    """Folds one token's scores q_i·c + constant_i + values_i into its document's maxima."""
+    for i in range(len(best)):
+        v = s_t_row[i] + constant[i] + values[i]
+        if v > best[i]:
+            best[i] = v
+            if with_sel:
+                chosen[i] = u
+        elif with_sel and v == best[i] and u > chosen[i]:
+            chosen[i] = u
 
 
 def _unpack(row, bits, out):  # pragma: no cover - compiled
@@ -98,17 +109,14 @@ def _residual_max(
                 i += 1
             for r in range(pair):
                 u = at_max[j + r] if with_sel else np.float32(0.0)
-                row = s_t[codes[j + r]]
-                for i in range(n):
-                    gather_max.fold_max(
-                        best, chosen, i, row[i] + constant[i] + values[r, i], u, with_sel
-                    )
+                _store(best, chosen, values[r], s_t[codes[j + r]], constant, u, with_sel)
             j += pair
 
 
 if numba is not None:
     # no "ninf"/"nnan" fast-math flags: the pass compares with −∞
     _FLAGS = {"reassoc", "contract"}
+    _store = numba.njit(inline="always", nogil=True, fastmath=_FLAGS)(_store)
     _unpack = numba.njit(inline="always", nogil=True, fastmath=_FLAGS)(_unpack)
     _residual_max = numba.njit(cache=True, nogil=True, fastmath=_FLAGS)(_residual_max)
 
@@ -136,6 +144,8 @@ def residual_segment_max(
     numba. ``threads``: document groups scored at once (module docstring)."""
     lengths = np.asarray(lengths, np.int64)
     if numba is None:
+        from aligner_jax.retrieval import gather_max
+
         add = codec.residual_scores(queries, packed, token_major=True)
         return gather_max.gather_segment_max(s_t, codes, lengths, add, at_max, reference)
     planes, constant = codec.query_terms(queries)
