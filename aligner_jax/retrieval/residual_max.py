@@ -25,6 +25,7 @@ import numpy as np
 
 from aligner_jax.common import workers
 from aligner_jax.indexing.codec import ResidualCodec
+from aligner_jax.retrieval import gather_max
 
 try:
     import numba
@@ -144,8 +145,6 @@ def residual_segment_max(
     numba. ``threads``: document groups scored at once (module docstring)."""
     lengths = np.asarray(lengths, np.int64)
     if numba is None:
-        from aligner_jax.retrieval import gather_max
-
         add = codec.residual_scores(queries, packed, token_major=True)
         return gather_max.gather_segment_max(s_t, codes, lengths, add, at_max, reference)
     planes, constant = codec.query_terms(queries)
