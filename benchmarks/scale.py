@@ -52,6 +52,7 @@ from absl import app, flags  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+DISTRACTOR = "distractor"  # the ids of distractor documents: DISTRACTOR-i
 SOURCES = {
     "zero_shot": "outputs/zero_shot_scifact/index",
     "trained": "outputs/trained_scifact/index",
@@ -91,7 +92,7 @@ def make_store(source_dir: Path, out: Path, scale: float, sigma: float, seed: in
         for i in range(source.num_docs):
             lo, hi = source.offsets[i], source.offsets[i + 1]
             writer.add(source.doc_ids[i], vectors[lo:hi], salience[lo:hi], token_ids[lo:hi])
-        for doc in distractors(source, real, extra, sigma, seed, "distractor", shard_size):
+        for doc in distractors(source, real, extra, sigma, seed, DISTRACTOR, shard_size):
             writer.add(doc.doc_id, doc.vectors, doc.salience, doc.token_ids)
     shutil.copy(source_dir / "encoder.json", out / "encoder.json")
     store = writer.store
@@ -233,9 +234,15 @@ def _rss_gib() -> float:
     return float("nan")
 
 
+def k10_path(rankings: Path) -> Path:
+    """Where a search child writes the rankings of its k = 10 round."""
+    return rankings.with_name(rankings.stem + "_k10.json")
+
+
 def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
     """(child) Loads the index, searches every query twice at ``k`` (the second round timed,
-    its rankings saved), then once more at k = 10 (timed: the latency of a top-10 search)."""
+    its rankings saved), then once more at k = 10 (timed: the latency of a top-10 search;
+    its rankings saved beside, ``k10_path``)."""
     from aligner_jax.indexing import centroid_index as ci
     from aligner_jax.indexing import token_store as ts
     from aligner_jax.retrieval import centroid_search as cs
@@ -250,16 +257,18 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
         searcher.token_lists()  # mapped, or built in memory, at load (as ``Searcher.load``)
     load_s = time.perf_counter() - start
     rss_after_load = _rss_gib()
-    times, times_10, rankings = [], [], {}
+    times, times_10, rankings, rankings_10 = [], [], {}, {}
     for timed, k_round in ((None, k), (times, k), (times_10, 10)):  # a warm-up round first
         for qid, q, u in queries:
             t0 = time.perf_counter()
             (ranking,), _ = searcher.search(q, u, np.arange(len(q)), k_round)
             if timed is not None:
                 timed.append(1000 * (time.perf_counter() - t0))
-            if k_round == k:
-                rankings[qid] = [store.doc_ids[int(d)] for d in ranking[0]]
+            (rankings if k_round == k else rankings_10)[qid] = [
+                store.doc_ids[int(d)] for d in ranking[0]
+            ]
     fileio_json(out, rankings)
+    fileio_json(k10_path(out), rankings_10)
     print(
         json.dumps(
             {
@@ -395,8 +404,31 @@ def fileio_json(path: Path, obj) -> None:
 
 
 # -- quality ----------------------------------------------------------------------------------------
-def quality(found: dict, exact: dict, qrels: dict) -> dict:
-    """Top-10 overlap with exhaustive search, nDCG@10 and Recall@100 of both (in [0, 1])."""
+def top10_overlap(found: dict, exact: dict, keep=None) -> float:
+    """Mean share of exhaustive search's first 10 documents that ``found`` ranks in its first
+    10, over the queries of ``found``; with ``keep`` (a predicate on doc ids) both lists are
+    first restricted to the documents it keeps."""
+    shares = []
+    for q, docs in found.items():
+        ours = [d for d in docs if keep is None or keep(d)][:10]
+        ceiling = [d for d in exact[q] if keep is None or keep(d)][:10]
+        if ceiling:
+            shares.append(len(set(ours) & set(ceiling)) / len(ceiling))
+    return float(np.mean(shares)) if shares else float("nan")
+
+
+def is_real(doc_id: str) -> bool:
+    """Whether a grown store's document is one of the collection's own (not a distractor)."""
+    return not doc_id.startswith(DISTRACTOR + "-")
+
+
+def quality(found: dict, exact: dict, qrels: dict, found_k10: dict | None = None) -> dict:
+    """Top-10 overlap with exhaustive search, nDCG@10 and Recall@100 of both (in [0, 1]).
+
+    Also how much of the gap the distractors make: the share of exhaustive search's top 10
+    that are distractors, and the top-10 overlap over the collection's own documents only
+    (each list without its distractors); with ``found_k10`` (the rankings of a k = 10 search),
+    that search's top-10 overlap."""
     from aligner_jax.evaluation import metrics
 
     def run(rankings):
@@ -407,9 +439,13 @@ def quality(found: dict, exact: dict, qrels: dict) -> dict:
     judged = {q: qrels[q] for q in found}
     ours = metrics.evaluate_run(judged, run(found)).aggregate
     ceiling = metrics.evaluate_run(judged, run(exact)).aggregate
-    overlap = [len(set(found[q][:10]) & set(exact[q][:10])) / 10 for q in found]
+    share = [np.mean([not is_real(d) for d in exact[q][:10]]) for q in found]
+    extra = {} if found_k10 is None else {"top10_overlap_k10": top10_overlap(found_k10, exact)}
     return {
-        "top10_overlap": float(np.mean(overlap)),
+        "top10_overlap": top10_overlap(found, exact),
+        "top10_overlap_real": top10_overlap(found, exact, keep=is_real),
+        "exhaustive_top10_distractors": float(np.mean(share)),
+        **extra,
         "ndcg@10": ours["ndcg@10"],
         "ndcg@10_exhaustive": ceiling["ndcg@10"],
         "recall@100": ours["recall@100"],
@@ -419,12 +455,22 @@ def quality(found: dict, exact: dict, qrels: dict) -> dict:
 
 # -- results ----------------------------------------------------------------------------------------
 def quality_cells(r: dict) -> str:
-    """A row's top-10 overlap | nDCG@10 (exhaustive) | R@100 (exhaustive) table cells (points),
-    or "not measured" where the exhaustive reference was not computed."""
+    """A row's quality table cells: top-10 overlap (of the k = 100 search, then of the k = 10
+    search), the distractors' share of the exhaustive top 10, the overlap over the collection's
+    own documents, nDCG@10 (exhaustive) and R@100 (exhaustive) in points; "not measured" where
+    the exhaustive reference (or, in older rows, the column) was not computed."""
     if r.get("top10_overlap") is None:
-        return "not measured | not measured | not measured"
+        return " | ".join(["not measured"] * 6)
+    split = [
+        "not measured" if r.get(key) is None else f"{r[key]:.{digits}f}"
+        for key, digits in (
+            ("top10_overlap_k10", 3),
+            ("exhaustive_top10_distractors", 2),
+            ("top10_overlap_real", 3),
+        )
+    ]
     return (
-        f"{r['top10_overlap']:.3f} | {100 * r['ndcg@10']:.1f} "
+        f"{r['top10_overlap']:.3f} | {' | '.join(split)} | {100 * r['ndcg@10']:.1f} "
         f"({100 * r['ndcg@10_exhaustive']:.1f}) | {100 * r['recall@100']:.1f} "
         f"({100 * r['recall@100_exhaustive']:.1f})"
     )
@@ -439,13 +485,17 @@ def markdown(rows: list[dict]) -> str:
         "Search: 2 BLAS threads, batch 1, k = 100 (and k = 10 where shown), query encoding "
         "excluded, the project's "
         "default search settings. Quality against exhaustive MaxSim over the same float "
-        "vectors, same 100 test queries. `load avg`: the 1-minute load average when the search "
-        "started (the machine has 2 cores: above 2, latencies are inflated by other jobs).",
+        "vectors, same 100 test queries: top-10 overlap of the k = 100 search's first 10 and of "
+        "the k = 10 search; the share of distractors in the exhaustive top 10; the overlap over "
+        "the collection's own documents (both lists without distractors). `load avg`: the "
+        "1-minute load average when the search started (the machine has 2 cores: above 2, "
+        "latencies are inflated by other jobs).",
         "",
         "| model | dim | bits | scale | search rules | tokens | build s | build peak RSS GiB | "
         "index B/token | load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | "
-        "p50 / p99 ms, k = 10 | top-10 overlap | nDCG@10 (exh.) | R@100 (exh.) | load avg |",
-        "|" + "---|" * 18,
+        "p50 / p99 ms, k = 10 | top-10 overlap | top-10 overlap, k = 10 | distractors in exh. "
+        "top 10 | top-10 overlap, own docs | nDCG@10 (exh.) | R@100 (exh.) | load avg |",
+        "|" + "---|" * 21,
     ]
     for r in sorted(rows, key=row_key):
         k10 = "not measured"
@@ -693,7 +743,7 @@ def main(argv) -> None:
             st = ts.TokenStore(store_dir)
             made = {"tokens": st.num_tokens, "docs": st.num_docs}
         print(f"x{scale:g}: {made}", flush=True)
-        rows, found = [], {}
+        rows, found, found_10 = [], {}, {}
         for bits in FLAGS.bits:  # builds and searches first: the exhaustive reference is slowest
             build = _kept_build(out_dir, store_dir, scale, int(bits)) if FLAGS.reuse_index else None
             build = build or run_child([sys.executable, "-m", "aligner_jax.index", f"--index_dir={store_dir}", "--search_index",
@@ -701,6 +751,7 @@ def main(argv) -> None:
             found_path = store_dir / f"search_{bits}.json"
             search = run_child(me + ["--child=search", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={found_path}", f"--search_config={FLAGS.search_config}"], FLAGS.threads, log)  # fmt: skip
             found[bits] = json.loads(found_path.read_text())
+            found_10[bits] = json.loads(k10_path(found_path).read_text())
             row = {
                 "model": FLAGS.model,
                 "dim": int(json.loads((store_dir / "manifest.json").read_text())["model"]["dim"]),
@@ -738,7 +789,7 @@ def main(argv) -> None:
             run_child(me + ["--child=exhaustive", f"--index_dir={store_dir}", f"--queries_npz={queries_npz}", f"--out={exact_path}"], 2, log)  # fmt: skip
         exact = json.loads(exact_path.read_text())
         for row, bits in zip(rows, FLAGS.bits, strict=True):
-            row.update(quality(found[bits], exact, qrels))
+            row.update(quality(found[bits], exact, qrels, found_10[bits]))
         write_results(out_dir, rows)
         if not FLAGS.keep_stores and scale != 1.0:
             shutil.rmtree(store_dir)

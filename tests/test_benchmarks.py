@@ -482,3 +482,32 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     np.testing.assert_array_equal(new[0], old[0])
     np.testing.assert_allclose(new[1], old[1], atol=1e-5)
     assert len(new[0]) > 10
+
+
+def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):
+    """``scale.quality`` says how much of the gap to exhaustive search the distractors make:
+    their share of the exhaustive top 10, and the top-10 overlap over the collection's own
+    documents only; with a k = 10 search's rankings, that search's top-10 overlap."""
+    from benchmarks import scale
+
+    real = [f"d{i}" for i in range(20)]
+    noise = [f"{scale.DISTRACTOR}-{i}" for i in range(20)]
+    # exhaustive: 4 distractors among the first 10; ours finds none of them, and ranks the
+    # collection's own documents in exhaustive search's order
+    exact = {"q1": noise[:4] + real[:6] + real[6:20] + noise[4:]}
+    found = {"q1": real[:20]}
+    found_k10 = {"q1": real[:8] + noise[:2]}
+    qrels = {"q1": {"d0": 1}}
+    result = scale.quality(found, exact, qrels, found_k10)
+    assert result["top10_overlap"] == pytest.approx(0.6)  # d0..d5 of the 10
+    assert result["exhaustive_top10_distractors"] == pytest.approx(0.4)
+    assert result["top10_overlap_real"] == pytest.approx(1.0)  # d0..d9 in both
+    assert result["top10_overlap_k10"] == pytest.approx(0.8)  # d0..d5 and two distractors
+    assert scale.is_real("d3") and not scale.is_real(noise[0])
+    # a row measured before these columns existed still renders
+    row = json.loads((REPO / "benchmarks/results/scale.json").read_text())["rows"][0]
+    new = ("top10_overlap_k10", "exhaustive_top10_distractors", "top10_overlap_real")
+    old = {k: v for k, v in row.items() if k not in new}
+    line = [x for x in scale.markdown([old]).splitlines() if x.startswith(f"| {row['model']}")]
+    assert line and line[0].count("not measured") == 3
+    assert line[0].count("|") == scale.markdown([old]).splitlines()[6].count("|")
