@@ -675,7 +675,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
                     our_store, search_cfg, centroid_index=index, centroid_config=centroid_cfg
                 )
                 key = "xtr" if search_cfg.refine == "xtr" else "top_k:1"
-                probes, interaction, refine = centroid_cfg.resolved(
+                probes, interaction, refine = searcher.centroid.config.resolved(
                     our_store.num_docs, index.num_centroids, searcher.centroid.list_docs, _K.value
                 )
 
@@ -684,7 +684,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
 
                 label = setting.get("variant") or " ".join(f"{k}={v}" for k, v in setting.items())
                 stages = {"probes": probes, "interaction_docs": interaction, "refine_docs": refine}
-                lists = centroid_cfg.residual_candidates or search_cfg.refine == "xtr"
+                lists = searcher.centroid.config.residual_candidates or search_cfg.refine == "xtr"
                 size = f"b{bits}" + ("-lists" if lists else "")
                 ours.append((label, setting, fn, {"built": size, "stages": stages}))
         plan["aligner_jax"] = ours

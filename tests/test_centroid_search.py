@@ -342,6 +342,42 @@ def test_config_ranges_are_checked():
     )
 
 
+def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
+    store, index, tmp_path, monkeypatch
+):
+    """``residual_candidates=None`` (the default) turns them on when the index maps token
+    lists or their copy in memory takes at most ``LISTS_IN_MEMORY_MAX`` bytes, and the
+    automatic ``probe_docs`` follows (2,560 with them, 640 without); given values stay."""
+    default = cs.CentroidSearchConfig()
+    assert default.residual_candidates is None and default.probe_docs is None
+    need = cs.lists_in_memory_bytes(index, store.num_tokens)
+    assert need == store.num_tokens * (4 + index.codec.bytes_per_token)  # β^d = 1
+    on = cs.CentroidSearcher(store, index)
+    assert on.config.residual_candidates is True and on.config.probe_docs == 2560
+    q = _query(3)
+    _, counts = on.search(q.vectors, q.salience, np.arange(5), k=10)
+    assert counts.interaction == counts.refined  # stage 3 skipped: the residual path ran
+    monkeypatch.setattr(cs, "LISTS_IN_MEMORY_MAX", need - 1)
+    off = cs.CentroidSearcher(store, index)
+    assert off.config.residual_candidates is False and off.config.probe_docs == 640
+    _, counts = off.search(q.vectors, q.salience, np.arange(5), k=10)
+    assert counts.interaction > counts.refined  # the centroid interaction ran
+    given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=100)
+    assert cs.CentroidSearcher(store, index, given).config == given
+    assert not cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(residual_candidates=False)
+    ).config.residual_candidates
+    # an index that holds its token lists maps them, whatever their size
+    small = write_store(tmp_path / "idx", random_documents(40, 16, seed=2, max_len=20), 16, 9)
+    mapped = ci.CentroidIndex.build(
+        small, ci.CentroidIndexConfig(num_centroids=8, token_lists=True)
+    )
+    assert cs.CentroidSearcher(small, mapped).config.residual_candidates is True
+    # resolved() on a config not yet decided reads an automatic probe_docs as 640
+    assert default.resolved(5183, 16384, 80.0) == (8, 216, 54)
+    assert cs.CentroidSearchConfig(residual_candidates=True).resolved(5183, 16384, 80.0)[0] == 32
+
+
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])
 def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_d):
     """Built shard by shard (the store has 6 shards), the lists equal one stable sort of every

@@ -171,13 +171,18 @@ def test_no_compilation_after_load(index_dir, encoder, mode, alignment):
     assert names == []
 
 
-@pytest.mark.parametrize("knobs", [{"residual_candidates": True}, {}])
+@pytest.mark.parametrize(
+    "knobs", [{"residual_candidates": True}, {}, {"residual_candidates": False}]
+)
 def test_residual_candidates_build_their_token_lists_at_load(index_dir, encoder, knobs):
-    """With residual candidates the centroid → token lists are built by ``Searcher.load``, not
-    by the first query (the default stages never need them)."""
+    """With residual candidates (on by default where their lists fit) the centroid → token
+    lists are built by ``Searcher.load``, not by the first query (the centroid interaction
+    path never needs them)."""
     config = centroid_search.CentroidSearchConfig(**knobs)
     searcher = search_lib.Searcher.load(str(index_dir), encoder=encoder, centroid_config=config)
-    assert (searcher.centroid._token_lists is not None) == bool(knobs)
+    on = knobs.get("residual_candidates", True)
+    assert searcher.centroid.config.residual_candidates is on
+    assert (searcher.centroid._token_lists is not None) == on
     with compilations() as names:
         assert searcher.search(QUERIES[1], k=3)
     assert names == []

@@ -32,20 +32,23 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      Eq. 1–2 exactly (``refine_stored``): on a model with saliences a residual's error can
      change which token a query token selects, and with it the u^d that weights it.
 
-With ``CentroidSearchConfig.residual_candidates`` (off by default) stage 2 scores every token of
-the probed clusters with its residual, q·(c + r̂), WARP's candidate scoring applied to Eq. 1–2
-(``residual_candidates``), and stage 3 is skipped: the best ``refine_docs`` by that score are
-refined. It keeps more recall where centroid scores cannot separate documents, at a cost:
-on SciFact grown 10× with distractors (zero-shot, 4 bits; ``benchmarks/results/
-scale_residual_candidates.md``, 100 test queries, ``probe_docs=2560`` chosen on train queries
-by ``benchmarks/tune_search.py``) top-10 overlap with exhaustive 0.838 → 0.892 and R@100 85.5
-→ 89.0 (exhaustive 94.0), p50 at k = 10 56 → 103 ms (k = 100: 129 → 137 ms); on SciFact
-itself the quality is the same and k = 10 is 3.6× slower (those times are of its NumPy loop).
-Every probed token is read and scored (~128k per query at 10×), in one compiled pass
-(``probe_scores``; the ``xtr`` scorer below shares it): 1.4–2.2× faster than the NumPy loop,
-same rankings (``benchmarks/results/query_path_ab_probe_scores.md``). It reads the probed
+With ``CentroidSearchConfig.residual_candidates`` (on by default where the token lists fit,
+below) stage 2 scores every token of the probed clusters with its residual, q·(c + r̂), WARP's
+candidate scoring applied to Eq. 1–2 (``residual_candidates``), and stage 3 is skipped: the
+best ``refine_docs`` by that score are refined. Every probed token is read and scored, in one
+compiled pass (``probe_scores``; the ``xtr`` scorer below shares it). It reads the probed
 clusters' tokens from centroid → token lists (WARP's cluster-ordered residuals), mapped from an
-index built with ``CentroidIndexConfig.token_lists``, else built in memory at load.
+index built with ``CentroidIndexConfig.token_lists``, else built in memory at load. Since both
+passes are compiled it is the faster path at the same quality, and keeps more recall where
+centroid scores cannot separate documents (k = 100, 2 threads, ``refine_per_k = 3``, against
+``probe_docs = 640`` without it; ``benchmarks/results/search_latency_*_stop49.json``, quality on
+the queries not used for tuning): CISI zero-shot p50 40.4 → 26.9 ms, CISI trained 29.5 → 12.1,
+SciFact trained 21.4 → 11.1, nDCG@10 unchanged, R@100 within 1 point of exhaustive search;
+SciFact trained grown 10× with distractors (``tune_search_trained_x10_stop50.md``, train
+queries) R@100 87.0 → 94.0 (exhaustive 95.0), p50 28.5 → 16.0 ms. Its default (None) is on
+unless the index holds no token lists and their copy in memory would exceed
+``LISTS_IN_MEMORY_MAX`` (512 MiB: 14M tokens at 128-d and 2 bits, 2.7M at 384-d and 4 bits),
+where the centroid interaction path runs instead (and a log line says why).
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
@@ -61,9 +64,10 @@ then the other candidates, each block by its own estimate, shifted below the blo
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults follow the index actually built, so that the work per query stays nearly flat as the
-corpus grows: ``probes = clip(round(640 / L), 2, 32)`` for L the mean number of documents in an
-inverted list (a query token reaches about 640 documents: 8 probes on SciFact zero-shot, whose
-lists hold about 80; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs =
+corpus grows: ``probes = clip(round(P / L), 2, 32)`` for L the mean number of documents in an
+inverted list and P = 2,560 with residual candidates (chosen on SciFact 10×'s train queries:
+R@100 86.0 at 640), 640 without (a query token reaches about 640 documents: 8 probes on SciFact
+zero-shot, whose lists hold about 80; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs =
 max(clip(⌈0.75·√N⌉, 40, 128), min(3·k, 512))`` for N documents and k requested, ``interaction_docs =
 4·refine_docs``; ``xtr_probes = 4·probes``. The constants were chosen by
 ``benchmarks/tune_search.py`` on SciFact's *train* queries (200), never the test queries, by
@@ -91,6 +95,8 @@ from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges
 from aligner_jax.retrieval import gather_max, probe_scores, residual_max
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
+RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates (tune_search.py, 10x)
+LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists built at load, at most (auto mode)
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
 MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
@@ -110,7 +116,10 @@ class CentroidSearchConfig:
       interaction = interaction_per_refine · refine
 
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
-    and stage 3 is skipped (see the module docstring); slower, better recall at scale.
+    and stage 3 is skipped (see the module docstring); None: on unless its token lists would
+    have to be built in memory past ``LISTS_IN_MEMORY_MAX`` (``for_index``).
+    ``probe_docs``: None: ``RESIDUAL_PROBE_DOCS`` with residual candidates, ``PROBE_DOCS``
+    without.
     ``refine_float``: the best ⌈refine_float · k⌉ refined documents are scored again with the
     token store's float vectors (Eq. 1–2 exactly, ``refine_stored``); 0: none.
     """
@@ -120,12 +129,12 @@ class CentroidSearchConfig:
     refine_docs: int | None = None
     refine_margin: float | None = None
     xtr_probes: int | None = None
-    probe_docs: int = PROBE_DOCS
+    probe_docs: int | None = None
     refine_per_k: float = REFINE_PER_K
     interaction_per_refine: int = INTERACTION_PER_REFINE
     residual_interaction: bool = True
     residual_per_refine: float = RESIDUAL_PER_REFINE
-    residual_candidates: bool = False
+    residual_candidates: bool | None = None
     refine_float: float = 0.0
 
     def __post_init__(self):
@@ -133,19 +142,46 @@ class CentroidSearchConfig:
         checks.number(f"{name}.refine_margin", self.refine_margin, low=0.0, allow_none=True)
         for field in ("probes", "interaction_docs", "refine_docs", "xtr_probes"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1, allow_none=True)
-        checks.integer(f"{name}.probe_docs", self.probe_docs, minimum=1)
+        checks.integer(f"{name}.probe_docs", self.probe_docs, minimum=1, allow_none=True)
         checks.integer(f"{name}.interaction_per_refine", self.interaction_per_refine, minimum=1)
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
         checks.number(f"{name}.refine_float", self.refine_float, low=0.0)
 
+    def for_index(self, index: ci.CentroidIndex, num_tokens: int) -> CentroidSearchConfig:
+        """This config with its automatic fields decided for ``index`` (of a store of
+        ``num_tokens`` tokens): ``residual_candidates`` None = on when the index holds token
+        lists or their copy in memory (``CentroidSearcher.token_lists``) would take at most
+        ``LISTS_IN_MEMORY_MAX`` bytes; ``probe_docs`` None = ``RESIDUAL_PROBE_DOCS`` with
+        residual candidates, ``PROBE_DOCS`` without."""
+        residual = self.residual_candidates
+        if residual is None:
+            residual = (
+                index.lists.has_token_lists
+                or lists_in_memory_bytes(index, num_tokens) <= LISTS_IN_MEMORY_MAX
+            )
+            if not residual:
+                logging.info(
+                    "%s: residual candidates off (the index holds no token lists; built in "
+                    "memory they would take %.1f GiB); an index built with "
+                    "--gin.CentroidIndexConfig.token_lists=True maps them",
+                    index.directory, lists_in_memory_bytes(index, num_tokens) / 2**30,
+                )  # fmt: skip
+        probe_docs = self.probe_docs or (RESIDUAL_PROBE_DOCS if residual else PROBE_DOCS)
+        return dataclasses.replace(self, residual_candidates=residual, probe_docs=probe_docs)
+
     def resolved(
         self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
     ) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) for an index of these sizes (``list_docs``:
-        the mean number of documents in an inverted list) and ``k`` requested documents."""
+        the mean number of documents in an inverted list) and ``k`` requested documents; an
+        automatic ``probe_docs`` counts as ``PROBE_DOCS`` unless residual candidates are on
+        (``for_index`` decides both for an index)."""
+        probe_docs = self.probe_docs or (
+            RESIDUAL_PROBE_DOCS if self.residual_candidates else PROBE_DOCS
+        )
         probes = self.probes or int(
-            np.clip(round(self.probe_docs / max(list_docs, 1e-9)), 2, MAX_PROBES)
+            np.clip(round(probe_docs / max(list_docs, 1e-9)), 2, MAX_PROBES)
         )
         low, high = MIN_REFINE
         refine = self.refine_docs or max(
@@ -154,6 +190,13 @@ class CentroidSearchConfig:
         )
         interaction = self.interaction_docs or self.interaction_per_refine * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
+
+
+def lists_in_memory_bytes(index: ci.CentroidIndex, num_tokens: int) -> int:
+    """Bytes of the token lists built in memory for an index without them: a document (4
+    bytes) and a packed residual per β^d-kept token (β^d·T of them, about)."""
+    kept = math.ceil(index.meta["config"]["beta_d"] * num_tokens)
+    return kept * (4 + index.codec.bytes_per_token)
 
 
 def top_columns(s: np.ndarray, w: int) -> np.ndarray:
@@ -276,7 +319,7 @@ class CentroidSearcher:
         """``salience=False``: every stored token's u^d is 1 (``SearchConfig.salience``)."""
         self.store = store
         self.index = index
-        self.config = config or CentroidSearchConfig()
+        self.config = (config or CentroidSearchConfig()).for_index(index, store.num_tokens)
         self.list_docs = index.lists.num_entries / max(index.num_centroids, 1)
         self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
             store.num_docs, index.num_centroids, self.list_docs
