@@ -156,19 +156,22 @@ class CentroidSearchConfig:
         residual candidates, ``PROBE_DOCS`` without."""
         residual = self.residual_candidates
         if residual is None:
-            residual = (
-                index.lists.has_token_lists
-                or lists_in_memory_bytes(index, num_tokens) <= LISTS_IN_MEMORY_MAX
-            )
+            need = 0 if index.lists.has_token_lists else lists_in_memory_bytes(index, num_tokens)
+            residual = need <= LISTS_IN_MEMORY_MAX
             if not residual:
                 logging.info(
                     "%s: residual candidates off (the index holds no token lists; built in "
                     "memory they would take %.1f GiB); an index built with "
                     "--gin.CentroidIndexConfig.token_lists=True maps them",
-                    index.directory, lists_in_memory_bytes(index, num_tokens) / 2**30,
+                    index.directory, need / 2**30,
                 )  # fmt: skip
-        probe_docs = self.probe_docs or (RESIDUAL_PROBE_DOCS if residual else PROBE_DOCS)
-        return dataclasses.replace(self, residual_candidates=residual, probe_docs=probe_docs)
+        decided = dataclasses.replace(self, residual_candidates=residual)
+        return dataclasses.replace(decided, probe_docs=decided.documents_per_probe())
+
+    def documents_per_probe(self) -> int:
+        """``probe_docs``, or when automatic ``RESIDUAL_PROBE_DOCS`` with residual candidates
+        and ``PROBE_DOCS`` without (an undecided ``residual_candidates`` counts as off)."""
+        return self.probe_docs or (RESIDUAL_PROBE_DOCS if self.residual_candidates else PROBE_DOCS)
 
     def resolved(
         self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
@@ -177,11 +180,8 @@ class CentroidSearchConfig:
         the mean number of documents in an inverted list) and ``k`` requested documents; an
         automatic ``probe_docs`` counts as ``PROBE_DOCS`` unless residual candidates are on
         (``for_index`` decides both for an index)."""
-        probe_docs = self.probe_docs or (
-            RESIDUAL_PROBE_DOCS if self.residual_candidates else PROBE_DOCS
-        )
         probes = self.probes or int(
-            np.clip(round(probe_docs / max(list_docs, 1e-9)), 2, MAX_PROBES)
+            np.clip(round(self.documents_per_probe() / max(list_docs, 1e-9)), 2, MAX_PROBES)
         )
         low, high = MIN_REFINE
         refine = self.refine_docs or max(
