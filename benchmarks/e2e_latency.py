@@ -268,6 +268,16 @@ def plot(samples: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def _stages(searcher, k: int) -> dict | None:
+    """The fast mode's (probes, interaction, refined documents) at ``k`` (the automatic rules
+    follow k), or None in the other modes."""
+    c = searcher.centroid
+    if c is None:
+        return None
+    counts = c.config.resolved(c.store.num_docs, c.index.num_centroids, c.list_docs, k)
+    return dict(zip(("probes", "interaction_docs", "refine_docs"), counts, strict=True))
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -293,6 +303,7 @@ def main(argv: Sequence[str]) -> None:
         "search_config": (
             dataclasses.asdict(searcher.centroid.config) if searcher.centroid is not None else None
         ),
+        "stages": _stages(searcher, _K.value),
         "warm_up": warm,
         "measured": measured,
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}, jax {jax.__version__}",

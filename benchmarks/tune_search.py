@@ -12,6 +12,10 @@ scoring, Eq. 1–2). The written rule picks the default:
   exhaustive top 100 it returns), and whose nDCG@10 and Recall@100 on the tuning queries' qrels
   are within 0.5 and 1 point of exhaustive search's.
 
+A second rule picks the setting for k = 10 (``residual_probe_docs``: fewer documents reached
+when fewer are requested): the cheapest setting (p50 at k = 10) whose top-10 overlap at k = 10
+is ≥ 0.95 and whose nDCG@10 is within 0.5 point of exhaustive search's.
+
 Overlap with exhaustive search needs no judgements, so the same rule applies to a store grown
 with distractors (``--store`` = a store kept by ``scale.py --keep_stores``).
 
@@ -47,6 +51,10 @@ from benchmarks import scale  # noqa: E402  (the children: encode, exhaustive)
 RULE = (
     "cheapest p50 at k=100 with top-10 overlap >= 0.95 (k=10), top-100 overlap >= 0.95 "
     "(k=100), nDCG@10 within 0.5 and Recall@100 within 1 point of exhaustive"
+)
+
+RULE_K10 = (
+    "cheapest p50 at k=10 with top-10 overlap >= 0.95 (k=10) and nDCG@10 within 0.5 of exhaustive"
 )
 
 
@@ -125,10 +133,24 @@ def admissible(r: dict) -> bool:
     )
 
 
+def admissible_k10(r: dict) -> bool:
+    return r["top10_overlap"] >= 0.95 and r["ndcg@10"] >= r["ndcg@10_exhaustive"] - 0.005
+
+
+def choose(rows: list[dict]) -> tuple[dict | None, dict | None]:
+    """The rows the two rules pick: (at k = 100, at k = 10); None where no row qualifies."""
+    ok = [r for r in rows if admissible(r)]
+    ok10 = [r for r in rows if admissible_k10(r)]
+    return (
+        min(ok, key=lambda r: r["p50_ms_k100"]) if ok else None,
+        min(ok10, key=lambda r: r["p50_ms_k10"]) if ok10 else None,
+    )
+
+
 def markdown(result: dict) -> str:
     head = (
         f"# Search rules tuned on {result['store']} ({result['split']} queries, "
-        f"{result['queries']})\n\nRule: {result['rule']}.\n\n"
+        f"{result['queries']})\n\nRule: {result['rule']}. At k = 10: {result.get('rule_k10', RULE_K10)}.\n\n"
         "| probe_docs | refine_per_k | interaction_per_refine | residual interaction (per refined) | "
         "residual candidates | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
@@ -138,12 +160,13 @@ def markdown(result: dict) -> str:
     lines = []
     for r in result["rows"]:
         mark = " **chosen**" if r is result.get("chosen_row") else ""
+        mark10 = " **chosen at k=10**" if r is result.get("chosen_row_k10") else ""
         lines.append(
             f"| {r['probe_docs']} | {r['refine_per_k']} | {r['interaction_per_refine']} | "
             f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
             f"{100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
-            f"{r['p50_ms_k10']:.1f} | {r['p50_ms_k100']:.1f}{mark} | {r['machine_load']:.1f} |"
+            f"{r['p50_ms_k10']:.1f}{mark10} | {r['p50_ms_k100']:.1f}{mark} | {r['machine_load']:.1f} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -215,8 +238,7 @@ def main(argv) -> None:
                               f"--work_dir={FLAGS.work_dir}"] + passed, FLAGS.threads, log)  # fmt: skip
     qrels = beir.load_qrels(dataset / "qrels" / f"{FLAGS.split}.tsv")
     rows = score(json.loads(swept.read_text())["rows"], json.loads(exact_path.read_text()), qrels)
-    ok = [r for r in rows if admissible(r)]
-    chosen = min(ok, key=lambda r: r["p50_ms_k100"]) if ok else None
+    chosen, chosen10 = choose(rows)
     result = {
         "store": str(store),
         "tag": FLAGS.tag,
@@ -226,14 +248,18 @@ def main(argv) -> None:
         "threads": FLAGS.threads,
         "rule": RULE,
         "chosen": None if chosen is None else {n: chosen[n] for n in grid},
+        "rule_k10": RULE_K10,
+        "chosen_k10": None if chosen10 is None else {n: chosen10[n] for n in grid},
         "rows": rows,
     }
     out_dir = (REPO / FLAGS.output_dir).resolve()
     name = f"tune_search_{FLAGS.model}_{FLAGS.tag}"
     fileio.atomic_write_json(out_dir / f"{name}.json", result)
-    fileio.atomic_write_text(out_dir / f"{name}.md", markdown({**result, "chosen_row": chosen}))
-    print(markdown({**result, "chosen_row": chosen}))
-    print(f"wrote {out_dir / name}.json and .md; chosen: {result['chosen']}")
+    text = markdown({**result, "chosen_row": chosen, "chosen_row_k10": chosen10})
+    fileio.atomic_write_text(out_dir / f"{name}.md", text)
+    print(text)
+    print(f"wrote {out_dir / name}.json and .md; chosen: {result['chosen']}, "
+          f"at k=10: {result['chosen_k10']}")  # fmt: skip
 
 
 if __name__ == "__main__":

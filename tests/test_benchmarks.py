@@ -511,3 +511,24 @@ def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):
     line = [x for x in scale.markdown([old]).splitlines() if x.startswith(f"| {row['model']}")]
     assert line and line[0].count("not measured") == 3
     assert line[0].count("|") == scale.markdown([old]).splitlines()[6].count("|")
+
+
+def test_tune_search_picks_the_cheapest_admissible_setting_at_each_k():
+    """``tune_search.choose``: at k = 100 the cheapest setting (p50 at k = 100) within the
+    overlap, nDCG@10 and R@100 bounds; at k = 10 the cheapest (p50 at k = 10) with top-10
+    overlap ≥ 0.95 and nDCG@10 within 0.5 point of exhaustive; None where nothing qualifies."""
+    from benchmarks import tune_search
+
+    def row(probe_docs, overlap10, overlap100, ndcg, p50_k10, p50_k100):
+        return {"probe_docs": probe_docs, "top10_overlap": overlap10,
+                "top100_overlap": overlap100, "ndcg@10": ndcg, "ndcg@10_exhaustive": 0.735,
+                "recall@100": 0.93, "recall@100_exhaustive": 0.93, "p50_ms_k10": p50_k10,
+                "p50_ms_k100": p50_k100}  # fmt: skip
+
+    rows = [row(640, 0.946, 0.754, 0.736, 6.7, 16.8), row(1280, 0.978, 0.879, 0.735, 7.3, 18.2),
+            row(2560, 0.985, 0.967, 0.735, 10.1, 18.9)]  # fmt: skip
+    at100, at10 = tune_search.choose(rows)
+    assert (at100["probe_docs"], at10["probe_docs"]) == (2560, 1280)
+    rows[1]["ndcg@10"] = 0.729  # 0.6 point under exhaustive
+    assert tune_search.choose(rows)[1]["probe_docs"] == 2560
+    assert tune_search.choose(rows[:1]) == (None, None)

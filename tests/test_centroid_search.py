@@ -347,19 +347,22 @@ def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
 ):
     """``residual_candidates=None`` (the default) turns them on when the index maps token
     lists or their copy in memory takes at most ``LISTS_IN_MEMORY_MAX`` bytes, and the
-    automatic ``probe_docs`` follows (2,560 with them, 640 without); given values stay."""
+    automatic ``probe_docs`` follows (2,560 with them at k ≥ 100, 640 without); given values
+    stay."""
     default = cs.CentroidSearchConfig()
     assert default.residual_candidates is None and default.probe_docs is None
     need = cs.lists_in_memory_bytes(index, store.num_tokens)
     assert need == store.num_tokens * (4 + index.codec.bytes_per_token)  # β^d = 1
     on = cs.CentroidSearcher(store, index)
-    assert on.config.residual_candidates is True and on.config.probe_docs == 2560
+    assert on.config.residual_candidates is True and on.config.probe_docs is None
+    assert on.config.documents_per_probe(100) == on.config.documents_per_probe() == 2560
     q = _query(3)
     _, counts = on.search(q.vectors, q.salience, np.arange(5), k=10)
     assert counts.interaction == counts.refined  # stage 3 skipped: the residual path ran
     monkeypatch.setattr(cs, "LISTS_IN_MEMORY_MAX", need - 1)
     off = cs.CentroidSearcher(store, index)
-    assert off.config.residual_candidates is False and off.config.probe_docs == 640
+    assert off.config.residual_candidates is False
+    assert off.config.documents_per_probe(10) == off.config.documents_per_probe(100) == 640
     _, counts = off.search(q.vectors, q.salience, np.arange(5), k=10)
     assert counts.interaction > counts.refined  # the centroid interaction ran
     given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=100)
@@ -376,6 +379,35 @@ def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
     # resolved() on a config not yet decided reads an automatic probe_docs as 640
     assert default.resolved(5183, 16384, 80.0) == (8, 216, 54)
     assert cs.CentroidSearchConfig(residual_candidates=True).resolved(5183, 16384, 80.0)[0] == 32
+
+
+def test_residual_probe_docs_follow_the_requested_k(store, index, monkeypatch):
+    """With residual candidates a query token reaches 2,560 documents at k ≥ 100, half as many
+    for each tenfold fewer requested (1,280 at k = 10), never fewer than 640; the search probes
+    accordingly (fewer clusters, fewer candidates at k = 10), and a given ``probe_docs`` or
+    ``probes`` stays whatever k."""
+    rule = cs.residual_probe_docs
+    assert [rule(k) for k in (None, 1000, 100, 10, 1, 0)] == [2560, 2560, 2560, 1280, 640, 640]
+    assert 1280 < rule(30) < 2560 and rule(30) < rule(50) < rule(99) < 2560
+    on = cs.CentroidSearchConfig(residual_candidates=True)
+    assert on.resolved(5183, 16384, 80.0, k=100)[0] == 32
+    assert on.resolved(5183, 16384, 80.0, k=10)[0] == 16
+    assert on.resolved(5183, 16384, 80.0)[0] == 32  # k unknown: the deepest search's probes
+    off = cs.CentroidSearchConfig(residual_candidates=False)
+    assert off.resolved(5183, 16384, 80.0, k=10)[0] == off.resolved(5183, 16384, 80.0, k=100)[0]
+    given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=2560)
+    assert given.resolved(5183, 16384, 80.0, k=10)[0] == 32
+    # the small index's lists are short: scaled so that k = 100 probes 8 clusters, k = 1 two
+    searcher = cs.CentroidSearcher(store, index, on)
+    monkeypatch.setattr(cs, "RESIDUAL_PROBE_DOCS", round(8 * searcher.list_docs))
+    monkeypatch.setattr(cs, "PROBE_DOCS", round(2 * searcher.list_docs))
+    resolved = [on.resolved(store.num_docs, index.num_centroids, searcher.list_docs, k)[0]
+                for k in (100, 1)]  # fmt: skip
+    assert resolved == [8, 2]
+    q = _query(3)
+    _, wide = searcher.search(q.vectors, q.salience, np.arange(5), k=100)
+    _, narrow = searcher.search(q.vectors, q.salience, np.arange(5), k=1)
+    assert narrow.candidates < wide.candidates
 
 
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])

@@ -65,8 +65,9 @@ then the other candidates, each block by its own estimate, shifted below the blo
 
 Defaults follow the index actually built, so that the work per query stays nearly flat as the
 corpus grows: ``probes = clip(round(P / L), 2, 32)`` for L the mean number of documents in an
-inverted list and P = 2,560 with residual candidates (chosen on SciFact 10×'s train queries:
-R@100 86.0 at 640), 640 without (a query token reaches about 640 documents: 8 probes on SciFact
+inverted list and P = 2,560 with residual candidates at k ≥ 100 (chosen on SciFact 10×'s train
+queries: R@100 86.0 at 640), halved for each tenfold fewer requested documents (1,280 at k = 10,
+``residual_probe_docs``), 640 without (a query token reaches about 640 documents: 8 probes on SciFact
 zero-shot, whose lists hold about 80; 2 once lists are long, e.g. at 100× SciFact); ``refine_docs =
 max(clip(⌈0.75·√N⌉, 40, 128), min(3·k, 512))`` for N documents and k requested, ``interaction_docs =
 4·refine_docs``; ``xtr_probes = 4·probes``. The constants were chosen by
@@ -95,7 +96,8 @@ from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges
 from aligner_jax.retrieval import gather_max, probe_scores, residual_max
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
-RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates (tune_search.py, 10x)
+RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates, k >= 100 (tune_search.py, 10x)
+RESIDUAL_PROBE_K = 100  # below this k, RESIDUAL_PROBE_DOCS halves per tenfold fewer documents
 LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists built at load, at most (auto mode)
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
@@ -118,7 +120,8 @@ class CentroidSearchConfig:
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
     and stage 3 is skipped (see the module docstring); None: on unless its token lists would
     have to be built in memory past ``LISTS_IN_MEMORY_MAX`` (``for_index``).
-    ``probe_docs``: None: ``RESIDUAL_PROBE_DOCS`` with residual candidates, ``PROBE_DOCS``
+    ``probe_docs``: None: with residual candidates ``residual_probe_docs(k)`` (2,560 at
+    k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
     ``refine_float``: the best ⌈refine_float · k⌉ refined documents are scored again with the
     token store's float vectors (Eq. 1–2 exactly, ``refine_stored``); 0: none.
@@ -152,8 +155,8 @@ class CentroidSearchConfig:
         """This config with its automatic fields decided for ``index`` (of a store of
         ``num_tokens`` tokens): ``residual_candidates`` None = on when the index holds token
         lists or their copy in memory (``CentroidSearcher.token_lists``) would take at most
-        ``LISTS_IN_MEMORY_MAX`` bytes; ``probe_docs`` None = ``RESIDUAL_PROBE_DOCS`` with
-        residual candidates, ``PROBE_DOCS`` without."""
+        ``LISTS_IN_MEMORY_MAX`` bytes. ``probe_docs`` stays as given (None: it follows the
+        requested k, ``documents_per_probe``)."""
         residual = self.residual_candidates
         if residual is None:
             need = 0 if index.lists.has_token_lists else lists_in_memory_bytes(index, num_tokens)
@@ -165,24 +168,25 @@ class CentroidSearchConfig:
                     "--gin.CentroidIndexConfig.token_lists=True maps them",
                     index.directory, need / 2**30,
                 )  # fmt: skip
-        decided = dataclasses.replace(self, residual_candidates=residual)
-        return dataclasses.replace(decided, probe_docs=decided.documents_per_probe())
+        return dataclasses.replace(self, residual_candidates=residual)
 
-    def documents_per_probe(self) -> int:
-        """``probe_docs``, or when automatic ``RESIDUAL_PROBE_DOCS`` with residual candidates
-        and ``PROBE_DOCS`` without (an undecided ``residual_candidates`` counts as off)."""
-        return self.probe_docs or (RESIDUAL_PROBE_DOCS if self.residual_candidates else PROBE_DOCS)
+    def documents_per_probe(self, k: int | None = None) -> int:
+        """``probe_docs``, or when automatic ``residual_probe_docs(k)`` with residual
+        candidates (k None: the deepest, ``RESIDUAL_PROBE_DOCS``) and ``PROBE_DOCS`` without
+        (an undecided ``residual_candidates`` counts as off)."""
+        if self.probe_docs:
+            return self.probe_docs
+        return residual_probe_docs(k) if self.residual_candidates else PROBE_DOCS
 
     def resolved(
         self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
     ) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) for an index of these sizes (``list_docs``:
-        the mean number of documents in an inverted list) and ``k`` requested documents; an
-        automatic ``probe_docs`` counts as ``PROBE_DOCS`` unless residual candidates are on
-        (``for_index`` decides both for an index)."""
-        probes = self.probes or int(
-            np.clip(round(self.documents_per_probe() / max(list_docs, 1e-9)), 2, MAX_PROBES)
-        )
+        the mean number of documents in an inverted list) and ``k`` requested documents (0: not
+        known; the probes of the deepest search); an automatic ``probe_docs`` counts as
+        ``PROBE_DOCS`` unless residual candidates are on (``for_index`` decides them)."""
+        reach = self.documents_per_probe(k or None)
+        probes = self.probes or int(np.clip(round(reach / max(list_docs, 1e-9)), 2, MAX_PROBES))
         low, high = MIN_REFINE
         refine = self.refine_docs or max(
             int(np.clip(math.ceil(0.75 * math.sqrt(num_docs)), low, high)),
@@ -190,6 +194,22 @@ class CentroidSearchConfig:
         )
         interaction = self.interaction_docs or self.interaction_per_refine * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
+
+
+def residual_probe_docs(k: int | None) -> int:
+    """Documents a query token reaches with residual candidates for ``k`` requested documents:
+    ``RESIDUAL_PROBE_DOCS`` at k ≥ ``RESIDUAL_PROBE_K`` (or k None), halved for each tenfold
+    fewer documents, at least ``PROBE_DOCS``: 2,560 at k = 100, 1,280 at k = 10, 640 at k = 1.
+    The two ends were chosen on SciFact's train queries (``tune_search.py``): at k = 100 the
+    cheapest setting within 1 point of exhaustive R@100 (10×, distractors), at k = 10 the
+    cheapest whose top-10 overlap with exhaustive search is ≥ 0.95 (zero-shot, 1×: 0.978
+    against 0.985 at 2,560, 0.946 at 640; the trained model reaches ≤ 0.85 at any setting,
+    its codec's error, and at 10× loses 0.04 of it at 1,280: 0.560 against 0.601); between
+    the two ends the rule is interpolated, not tuned."""
+    if k is None or k >= RESIDUAL_PROBE_K:
+        return RESIDUAL_PROBE_DOCS
+    scaled = RESIDUAL_PROBE_DOCS * (max(k, 1) / RESIDUAL_PROBE_K) ** math.log10(2)
+    return int(np.clip(round(scaled), PROBE_DOCS, RESIDUAL_PROBE_DOCS))
 
 
 def lists_in_memory_bytes(index: ci.CentroidIndex, num_tokens: int) -> int:
@@ -334,16 +354,19 @@ class CentroidSearcher:
         self.salience = None if self.uniform_salience else index.salience
 
     # -- stages ----------------------------------------------------------------------------------
-    def candidates(self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None):
-        """Stage 2: (candidate docs, approximate scores) from the probed inverted lists; only
-        documents with ``alive[doc]`` (default: not deleted) are kept.
+    def candidates(
+        self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None, probes=None
+    ):
+        """Stage 2: (candidate docs, approximate scores) from the probed inverted lists (``probes``
+        per query token; default ``self.probes``); only documents with ``alive[doc]`` (default:
+        not deleted) are kept.
 
         One vectorised step per query token over the concatenation of its probed lists (best
         probe first): a document's best probed score is written last-wins in reverse order, and
         Σ_i w_i·(best_i − imputed_i) is accumulated once per document (a fancy ``+=`` adds once
         per distinct index) in per-thread scratch arrays that are reset where touched. The work
         is the number of list entries read, never a sort of them or an array per candidate."""
-        top, top_scores, imputed = probed(s[probe_rows], self.probes)
+        top, top_scores, imputed = probed(s[probe_rows], probes or self.probes)
         w = np.asarray(weights[probe_rows], np.float32)
         best, acc, seen = self._buffers()
         for i in range(len(probe_rows)):
@@ -354,7 +377,7 @@ class CentroidSearcher:
         return self._reached(w, imputed, alive)
 
     def residual_candidates(
-        self, q: np.ndarray, s: np.ndarray, probe_rows: np.ndarray, weights, alive=None
+        self, q: np.ndarray, s: np.ndarray, probe_rows: np.ndarray, weights, alive=None, probes=None
     ):
         """Stage 2 with residuals (WARP §3's candidate scoring for Eq. 1–2): each kept query
         token's probed clusters are read token by token (centroid → β^d-kept tokens), every
@@ -363,7 +386,7 @@ class CentroidSearcher:
 
         Centroid scores alone cannot tell apart documents whose tokens share centroids (near
         duplicates; ``benchmarks/scale.py``'s distractors): these scores can."""
-        top, top_scores, imputed = probed(s[probe_rows], self.probes)
+        top, top_scores, imputed = probed(s[probe_rows], probes or self.probes)
         qk = np.asarray(q[probe_rows], np.float32)
         w = np.asarray(weights[probe_rows], np.float32)
         return self._score_probed(qk, w, top, top_scores, imputed, alive)
@@ -613,17 +636,17 @@ class CentroidSearcher:
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
         np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
         s = s_t.T
-        _, interaction_docs, refine_docs = self.config.resolved(
+        probes, interaction_docs, refine_docs = self.config.resolved(
             self.store.num_docs, self.index.num_centroids, self.list_docs, k
         )
         if self.config.residual_candidates:
-            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive)
+            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
             refined = cands[_top(approx, min(refine_docs, len(cands)))]
             others = ~np.isin(cands, refined, assume_unique=True)
             rankings = self._ranked(q, s_t, u_q, refined, [(cands[others], approx[others])],
                                     k, refine_fn)  # fmt: skip
             return rankings, StageCounts(len(cands), len(refined), len(refined))
-        cands, approx = self.candidates(s, probe_rows, u_q, alive)
+        cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
             m = math.ceil(self.config.residual_per_refine * refine_docs)
