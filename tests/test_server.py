@@ -334,9 +334,11 @@ def test_a_write_during_searches_never_shows_half_an_update(index_copy, query_en
         t.start()
     expected = {}
 
-    def wait_for(generation):  # until the readers have answers from this snapshot
+    def wait_for(generation):  # until the readers have answered every query from this snapshot
         deadline = time.time() + 60
-        while not any(g == generation for _, g, *_ in list(seen)) and time.time() < deadline:
+        while time.time() < deadline:
+            if {q for _, g, q, _ in list(seen) if g == generation} == set(queries):
+                return
             time.sleep(0.05)
 
     with httpx.Client(base_url=url, timeout=120) as http:
