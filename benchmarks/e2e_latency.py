@@ -271,10 +271,9 @@ def plot(samples: dict, path: pathlib.Path) -> None:
 def _stages(searcher, k: int) -> dict | None:
     """The fast mode's (probes, interaction, refined documents) at ``k`` (the automatic rules
     follow k), or None in the other modes."""
-    c = searcher.centroid
-    if c is None:
+    if searcher.centroid is None:
         return None
-    counts = c.config.resolved(c.store.num_docs, c.index.num_centroids, c.list_docs, k)
+    counts = searcher.centroid.counts(k)
     return dict(zip(("probes", "interaction_docs", "refine_docs"), counts, strict=True))
 
 

@@ -675,9 +675,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
                     our_store, search_cfg, centroid_index=index, centroid_config=centroid_cfg
                 )
                 key = "xtr" if search_cfg.refine == "xtr" else "top_k:1"
-                probes, interaction, refine = searcher.centroid.config.resolved(
-                    our_store.num_docs, index.num_centroids, searcher.centroid.list_docs, _K.value
-                )
+                probes, interaction, refine = searcher.centroid.counts(_K.value)
 
                 def fn(qid, e, searcher=searcher, key=key):
                     return searcher.run([qid], [e], show_progress=False).results[key][qid]

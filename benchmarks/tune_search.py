@@ -124,17 +124,16 @@ def score(rows: list[dict], exact: dict, qrels: dict) -> list[dict]:
     return results
 
 
-def admissible(r: dict) -> bool:
-    return (
-        r["top10_overlap"] >= 0.95
-        and r["top100_overlap"] >= 0.95
-        and r["ndcg@10"] >= r["ndcg@10_exhaustive"] - 0.005
-        and r["recall@100"] >= r["recall@100_exhaustive"] - 0.01
-    )
-
-
 def admissible_k10(r: dict) -> bool:
     return r["top10_overlap"] >= 0.95 and r["ndcg@10"] >= r["ndcg@10_exhaustive"] - 0.005
+
+
+def admissible(r: dict) -> bool:
+    return (
+        admissible_k10(r)
+        and r["top100_overlap"] >= 0.95
+        and r["recall@100"] >= r["recall@100_exhaustive"] - 0.01
+    )
 
 
 def choose(rows: list[dict]) -> tuple[dict | None, dict | None]:

@@ -411,12 +411,7 @@ def evaluate(
     }
     if searcher.centroid is not None:
         stages = searcher.centroid
-        probes, interaction, refine = stages.config.resolved(
-            stages.store.num_docs,
-            stages.index.num_centroids,
-            stages.list_docs,
-            searcher.config.top_k,
-        )  # fmt: skip  (the counts the run's k gave)
+        probes, interaction, refine = stages.counts(searcher.config.top_k)  # the run's k
         report["config"]["centroid_stages"] = {
             "probes": probes,
             "interaction_docs": interaction,

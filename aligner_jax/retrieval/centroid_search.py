@@ -341,9 +341,7 @@ class CentroidSearcher:
         self.index = index
         self.config = (config or CentroidSearchConfig()).for_index(index, store.num_tokens)
         self.list_docs = index.lists.num_entries / max(index.num_centroids, 1)
-        self.probes, self.interaction_docs, self.refine_docs = self.config.resolved(
-            store.num_docs, index.num_centroids, self.list_docs
-        )
+        self.probes, self.interaction_docs, self.refine_docs = self.counts()
         self._scratch = threading.local()
         self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
@@ -352,6 +350,13 @@ class CentroidSearcher:
         if not self.uniform_salience and index.salience is None:
             raise ValueError(f"{index.directory}: the index holds no saliences; rebuild it")
         self.salience = None if self.uniform_salience else index.salience
+
+    def counts(self, k: int = 0) -> tuple[int, int, int]:
+        """(probes, interaction_docs, refine_docs) of a search for ``k`` documents on this index
+        (``CentroidSearchConfig.resolved``; k = 0: the deepest search's probes)."""
+        return self.config.resolved(
+            self.store.num_docs, self.index.num_centroids, self.list_docs, k
+        )
 
     # -- stages ----------------------------------------------------------------------------------
     def candidates(
@@ -636,9 +641,7 @@ class CentroidSearcher:
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
         np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
         s = s_t.T
-        probes, interaction_docs, refine_docs = self.config.resolved(
-            self.store.num_docs, self.index.num_centroids, self.list_docs, k
-        )
+        probes, interaction_docs, refine_docs = self.counts(k)
         if self.config.residual_candidates:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
             refined = cands[_top(approx, min(refine_docs, len(cands)))]
