@@ -141,7 +141,7 @@ def test_first_stage_settings_are_checked_before_any_work(tmp_path):
         (dict(first_stage="faiss"), "--gin.evaluate.first_stage='faiss': choose one of"),
         (dict(first_stage="bm25", adapt=True), "--adapt needs ALIGNER"),
         (dict(first_stage="hybrid", rerank_run="x.trec"), "--rerank_run replaces the first"),
-        (dict(first_stage="hybrid", search_config=xtr), "refine='full'"),
+        (dict(first_stage="hybrid", search_config=xtr), "refine=\"'full'\""),
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):

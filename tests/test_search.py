@@ -199,7 +199,7 @@ def test_rerank_scores_exactly_the_given_candidates(store):
         searcher.rerank(ids, queries, {"c": ["doc1", "nope"]})
     xtr_config = search_lib.SearchConfig(backend="exact", k_prime=5, refine="xtr")
     xtr_searcher = search_lib.Searcher(store, xtr_config, ti.TokenIndex.build(store, "exact"))
-    with pytest.raises(search_lib.ConfigError, match="refine='full'"):
+    with pytest.raises(search_lib.ConfigError, match="refine=\"'full'\""):
         xtr_searcher.rerank(ids, queries, given)
 
 

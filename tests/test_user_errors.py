@@ -599,3 +599,37 @@ def test_deleting_an_unknown_id_is_one_line_and_deletes_nothing(toy_index, tmp_p
     )
     assert str(index_dir) in message and message.endswith("(e.g. ['nope']); nothing was deleted")
     assert (index_dir / ts.MANIFEST).read_bytes() == manifest
+
+
+_SUGGESTED_BINDING = re.compile(
+    r"""--gin\.([A-Za-z_][\w.]*)=((?:"[^"\n]*"|'[^'\n]*'|[^\s"'`),;:])+)"""
+)
+
+
+def test_every_binding_a_message_or_docstring_shows_survives_a_shell():
+    """A ``--gin.X=V`` the package prints (messages, docstrings) or the docs show works when
+    pasted into a shell:
+    the shell strips one level of quotes, and gin then needs a Python literal (or a @ / %
+    reference), so a string value must be written ``"'full'"``, not ``'full'``."""
+    import ast
+    import shlex
+
+    wrong = []
+    repo = Path(__file__).parent.parent
+    for path in [
+        *sorted((repo / "aligner_jax").rglob("*.py")),
+        repo / "README.md",
+        repo / "WORKSPACE.md",
+    ]:
+        text = path.read_text().replace('\\"', '"')
+        for number, line in enumerate(text.splitlines(), 1):
+            for name, value in _SUGGESTED_BINDING.findall(line):
+                if "{" in value or value in ("VALUE",):  # f-string fields, placeholders
+                    continue
+                try:
+                    (word,) = shlex.split(value)
+                    if not word.startswith(("@", "%")):
+                        ast.literal_eval(word)
+                except (ValueError, SyntaxError):
+                    wrong.append(f"{path.name}:{number}: --gin.{name}={value}")
+    assert not wrong, "bindings a shell turns into non-literals:\n" + "\n".join(wrong)

@@ -9,7 +9,8 @@
 with ``--corpus_split`` choosing the split of the last two. Records are read in a fixed order
 (``shuffle=False``), so a resumed or multi-host job sees the same shards. Which features hold the
 id, title and text is set by :class:`CorpusFeatures` (gin). Register a task for ``seqio:`` with
-a gin ``import my_project.tasks`` line or ``--gin.import`` of the module that adds it.
+a gin ``import my_project.tasks`` line (in a ``--gin_file``, or
+``--gin_bindings='import my_project.tasks'``) of the module that adds it.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def iter_dataset_documents(
         if key not in available:
             raise ConfigError(
                 f"--corpus={spec} ({split}): no feature {key!r}; it has {sorted(available)}. "
-                f"Set --gin.CorpusFeatures.{binding}='...'"
+                f"Set --gin.CorpusFeatures.{binding}=\"'...'\""
             )
     return _documents(dataset, f"{spec} ({split})", features, features.title_key in available)
 

@@ -463,7 +463,7 @@ def check_first_stage(
     if (rerank_run or first_stage == "hybrid") and search_config.refine != "full":
         raise ConfigError(
             "--rerank_run and the hybrid refine candidates with stored token vectors: use "
-            "--gin.SearchConfig.refine='full'"
+            "--gin.SearchConfig.refine=\"'full'\""
         )
 
 

@@ -278,7 +278,7 @@ class TokenIndex:
                     f"{store.dim} dimensions exceeds its measured limit (ScannConfig."
                     f"max_token_dims={config.max_token_dims:,}: 16M tokens at 128-d peaked at "
                     "16.8 GiB, every token resident in memory); search this store with the "
-                    "compressed index (--gin.SearchConfig.backend='centroid', memory-mapped), or "
+                    "compressed index (--gin.SearchConfig.backend=\"'centroid'\", memory-mapped), or "
                     "raise the limit on a larger machine"
                 )
             bounds = _part_bounds(store, rows, config.max_tokens_per_part)

@@ -63,8 +63,8 @@ def create_mesh(num_partitions: int = 1, devices: Sequence[jax.Device] | None = 
     devices = list(jax.devices() if devices is None else devices)
     if num_partitions < 1 or len(devices) % num_partitions:
         raise ConfigError(
-            f"--gin.create_mesh.num_partitions={num_partitions} must divide the number of "
-            f"devices ({len(devices)})."
+            f"num_partitions={num_partitions} (--gin.train.num_partitions when training) must "
+            f"divide the number of devices ({len(devices)})."
         )
     grid = np.asarray(devices, dtype=object).reshape(len(devices) // num_partitions, num_partitions)
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS))

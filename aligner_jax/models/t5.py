@@ -141,7 +141,7 @@ class T5Config:
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(
                     f"T5Config.{name}={getattr(self, name)!r} is not supported; use one of "
-                    f"{sorted(_DTYPES)} (e.g. --gin.T5Config.{name}='bfloat16')."
+                    f"{sorted(_DTYPES)} (e.g. --gin.T5Config.{name}=\"'bfloat16'\")."
                 )
         activations = self.mlp_activations
         if isinstance(activations, str):

@@ -67,7 +67,8 @@ def _bundle(model) -> EncoderBundle:
     raise ConfigError(
         f"Index.create: model={model!r:.80}: give None or 'minilm' (the bundled all-MiniLM-L6-v2, "
         "zero-shot), 'hf:/path/to/model_folder', or an aligner_jax.Encoder (e.g. of a trained "
-        "checkpoint: aligner_jax.Encoder(aligner_jax.load_encoder(checkpoint=DIR)))"
+        "checkpoint: gin.parse_config_file('gin/models/minilm.gin'), then "
+        "aligner_jax.Encoder(aligner_jax.load_encoder(checkpoint=DIR)))"
     )
 
 

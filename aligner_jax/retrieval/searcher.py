@@ -112,7 +112,7 @@ class SearchConfig:
             )
         if self.refine == "xtr" and self.k_prime == 0:
             raise ConfigError(
-                "--gin.SearchConfig.refine='xtr' scores from retrieved tokens: set "
+                "--gin.SearchConfig.refine=\"'xtr'\" scores from retrieved tokens: set "
                 "--gin.SearchConfig.k_prime > 0"
             )
 
@@ -345,12 +345,14 @@ class Searcher:
             spec_path = store.directory / "encoder.json"
             if not spec_path.exists():
                 raise errors.MissingPathError(
-                    f"{spec_path} does not exist: this index does not record its model; pass "
-                    "the model (--gin_file of the model, or --checkpoint)"
+                    f"{spec_path} does not exist: this index does not record its model; "
+                    "rebuild it with aligner-index, or give the model (Searcher.load(..., "
+                    "encoder=...); aligner-search: --gin_file of the model or --checkpoint)"
                 )
             spec = ts.read_json(
                 spec_path,
-                "rebuild this index, or pass the model (--gin_file of the model, or --checkpoint)",
+                "rebuild it with aligner-index, or give the model (Searcher.load(..., "
+                "encoder=...); aligner-search: --gin_file of the model or --checkpoint)",
             )
             encoder = whole_query_encoder(loading.encoder_from_spec(spec, checkpoint))
         ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
@@ -705,7 +707,7 @@ class Searcher:
                 raise ValueError(f"allowed: shape {allowed.shape}, expected [num_docs]")
             if cfg.refine == "xtr":
                 raise ConfigError(
-                    "filters refine the documents they keep: use --gin.SearchConfig.refine='full'"
+                    "filters refine the documents they keep: use --gin.SearchConfig.refine=\"'full'\""
                 )
             subset = np.flatnonzero(allowed)
             if cfg.exhaustive or len(subset) <= cfg.filter_exact_docs:
@@ -746,7 +748,7 @@ class Searcher:
         A document id the store does not hold is a ``ConfigError``."""
         if self.config.refine != "full":
             raise ConfigError(
-                "reranking refines stored token vectors: use --gin.SearchConfig.refine='full'"
+                "reranking refines stored token vectors: use --gin.SearchConfig.refine=\"'full'\""
             )
         k = self.config.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)

@@ -4,7 +4,8 @@ page with live ALIGNER alignments.
 Endpoints (OpenAPI docs at ``/docs``, the schema at ``/openapi.json``):
 
   ``POST /search``     ``{"query", "k", "offset", "filter"}`` → ``{"hits": [{"doc_id", "score",
-                       "rank", "title", "text", "metadata"}], "took_ms", "generation"}``
+                       "rank", "title", "text", "metadata"}], "took_ms", "generation",
+                       "query_tokens", "truncated_tokens", "filtered_docs"}``
   ``POST /explain``    ``{"query", "doc_id"}`` → the alignment of one hit (paper §4.4, Tables 4–5)
                        as data and as an HTML fragment (``explanation_html.render_fragment``)
   ``GET /health``      liveness and the snapshot served

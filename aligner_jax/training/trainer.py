@@ -460,7 +460,7 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
     if checkpoint.restore == "none" and latest is not None:
         raise ConfigError(
             f"{checkpointing.checkpoint_dir(mngr.directory.parent)} already holds checkpoints "
-            "but --gin.CheckpointConfig.restore='none': use another MODEL_DIR or restore='latest'"
+            "but --gin.CheckpointConfig.restore=\"'none'\": use another MODEL_DIR or --gin.CheckpointConfig.restore=\"'latest'\""
         )
     if checkpoint.restore not in ("latest", "none"):
         source = checkpointing.manager(Path(checkpoint.restore), checkpointing.CheckpointConfig())
