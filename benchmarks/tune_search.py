@@ -150,18 +150,20 @@ def markdown(result: dict) -> str:
     head = (
         f"# Search rules tuned on {result['store']} ({result['split']} queries, "
         f"{result['queries']})\n\nRule: {result['rule']}. At k = 10: {result.get('rule_k10', RULE_K10)}.\n\n"
-        "| probe_docs | refine_per_k | interaction_per_refine | residual interaction (per refined) | "
+        "| probe_docs | refine_per_k | refine_docs | refine_float | interaction_per_refine | residual interaction (per refined) | "
         "residual candidates | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
         "p50 k=100 | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
         mark = " **chosen**" if r is result.get("chosen_row") else ""
         mark10 = " **chosen at k=10**" if r is result.get("chosen_row_k10") else ""
         lines.append(
-            f"| {r['probe_docs']} | {r['refine_per_k']} | {r['interaction_per_refine']} | "
+            f"| {r['probe_docs']} | {r['refine_per_k']} | {r.get('refine_docs') or 'auto'} | "
+            f"{r.get('refine_float', 0.0)} | "
+            f"{r['interaction_per_refine']} | "
             f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
             f"{100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
@@ -179,6 +181,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_queries", 200, "Tuning queries (a fixed sample of the split).")
     flags.DEFINE_list("probe_docs", ["320", "640", "1280"], "Documents a query token reaches.")
     flags.DEFINE_list("refine_per_k", ["1", "1.5", "2"], "Refined documents per requested one.")
+    flags.DEFINE_list(
+        "refine_docs", ["auto"], "Refined documents, fixed at every k (auto: the k-dependent rule)."
+    )
+    flags.DEFINE_list(
+        "refine_float", ["0"], "Refined documents per requested one scored again from the store."
+    )
     flags.DEFINE_list("interaction_per_refine", ["4"], "Interaction documents per refined one.")
     flags.DEFINE_list(
         "residual_interaction", ["true"], "Stage 3 scores best-centroid tokens with residuals."
@@ -207,6 +215,8 @@ def main(argv) -> None:
     grid = {
         "probe_docs": [int(v) for v in FLAGS.probe_docs],
         "refine_per_k": [float(v) for v in FLAGS.refine_per_k],
+        "refine_docs": [None if v == "auto" else int(v) for v in FLAGS.refine_docs],
+        "refine_float": [float(v) for v in FLAGS.refine_float],
         "interaction_per_refine": [int(v) for v in FLAGS.interaction_per_refine],
         "residual_interaction": [v.lower() in ("1", "true") for v in FLAGS.residual_interaction],
         "residual_per_refine": [float(v) for v in FLAGS.residual_per_refine],
@@ -230,7 +240,7 @@ def main(argv) -> None:
                               f"--queries_npz={queries_npz}", f"--out={exact_path}"], FLAGS.threads, log)  # fmt: skip
     swept = work / f"sweep_{FLAGS.split}_{FLAGS.tag}.json"
     me = [sys.executable, str(Path(__file__).resolve())]
-    passed = [f"--{n}={','.join(str(v) for v in grid[n])}" for n in grid]
+    passed = [f"--{n}={','.join('auto' if v is None else str(v) for v in grid[n])}" for n in grid]
     if not swept.exists() or json.loads(swept.read_text()).get("grid") != grid:
         scale.run_child(me + ["--child=sweep", f"--model={FLAGS.model}", f"--store={store}",
                               f"--tag={FLAGS.tag}", f"--split={FLAGS.split}", f"--out={swept}",

@@ -532,3 +532,45 @@ def test_tune_search_picks_the_cheapest_admissible_setting_at_each_k():
     rows[1]["ndcg@10"] = 0.729  # 0.6 point under exhaustive
     assert tune_search.choose(rows)[1]["probe_docs"] == 2560
     assert tune_search.choose(rows[:1]) == (None, None)
+
+
+def test_query_styles_sets_and_overlaps(tmp_path):
+    """``query_styles``: a collection's three query sets (its queries, titles of >= 3 words, one
+    sentence of >= 8 words per document; fixed seeds), and overlaps with exhaustive rankings at
+    k = 10 and 100 (mean and worst query) from a searcher's hits."""
+    from fixtures import write_beir_fixture
+
+    from benchmarks import query_styles
+
+    long = "one two three four five six seven eight nine."
+    docs = {
+        f"d{i}": {"title": f"a title {i}" if i % 2 else "short", "text": f"Tiny. {long} {long}"}
+        for i in range(12)
+    }
+    write_beir_fixture(tmp_path, docs, {f"q{i}": f"query {i}" for i in range(5)}, {"q0": {"d0": 1}})
+    sets = query_styles.query_sets(tmp_path, "toy", 4)
+    assert sorted(sets) == ["toy-queries", "toy-sentences", "toy-titles"]
+    assert len(sets["toy-queries"]) == 4 and set(sets["toy-queries"]) < {
+        f"query {i}" for i in range(5)
+    }
+    assert len(sets["toy-titles"]) == 4 and all(t.startswith("a title") for t in sets["toy-titles"])
+    assert sets["toy-sentences"] == [long] * 4  # "Tiny." is too short
+    assert query_styles.query_sets(tmp_path, "toy", 4) == sets  # seeded
+
+    class Hit:
+        def __init__(self, doc_id):
+            self.doc_id = doc_id
+
+    class Encoded:
+        vectors, salience = np.zeros((2, 4), np.float32), None
+
+    class Fake:  # finds d0..d(k-1) but d1 (replaced by x)
+        def search_vectors(self, vectors, k, salience=None):
+            return [Hit("x" if i == 1 else f"d{i}") for i in range(k)]
+
+    exact = [[f"d{i}" for i in range(100)], [f"d{i}" for i in range(50, 150)]]
+    row = query_styles.measure(Fake(), [Encoded(), Encoded()], exact)
+    assert row["top10_overlap"] == pytest.approx((0.9 + 0.0) / 2)
+    assert row["worst_top10_overlap"] == 0.0
+    assert row["top100_overlap"] == pytest.approx((0.99 + 0.50) / 2)
+    assert row["p50_ms_k10"] >= 0
