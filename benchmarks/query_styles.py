@@ -42,20 +42,24 @@ from absl import app, flags  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-_INDEXES = flags.DEFINE_list(
-    "indexes",
-    ["scifact:outputs/zero_shot_scifact/index", "cisi:outputs/zero_shot_cisi/index"],
-    "COLLECTION:INDEX_DIR of each index measured.",
-)
-_COLLECTIONS = flags.DEFINE_list("collections", ["scifact", "cisi"], "Where query sets come from.")
-_DATA_ROOT = flags.DEFINE_string("data_root", "../shared/data/beir", "BEIR folders by name.")
-_SETTINGS = flags.DEFINE_multi_string(
-    "settings", ["{}"], "CentroidSearchConfig fields as JSON ({}: the defaults); repeatable."
-)
-_NUM_QUERIES = flags.DEFINE_integer("num_queries", 150, "Queries per set (at most).")
-_THREADS = flags.DEFINE_integer("threads", 2, "BLAS threads.")
-_WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/aligner_query_styles", "Exhaustive rankings.")
-_OUT = flags.DEFINE_string("out", str(REPO / "benchmarks/results/query_styles"), "Output prefix.")
+
+def define_flags() -> None:
+    """The flags (defined when run as a script: tests import this module beside others)."""
+    flags.DEFINE_list(
+        "indexes",
+        ["scifact:outputs/zero_shot_scifact/index", "cisi:outputs/zero_shot_cisi/index"],
+        "COLLECTION:INDEX_DIR of each index measured.",
+    )
+    flags.DEFINE_list("collections", ["scifact", "cisi"], "Where query sets come from.")
+    flags.DEFINE_string("data_root", "../shared/data/beir", "BEIR folders by name.")
+    flags.DEFINE_multi_string(
+        "settings", ["{}"], "CentroidSearchConfig fields as JSON ({}: the defaults); repeatable."
+    )
+    flags.DEFINE_integer("num_queries", 150, "Queries per set (at most).")
+    flags.DEFINE_integer("threads", 2, "BLAS threads.")
+    flags.DEFINE_string("work_dir", "/tmp/aligner_query_styles", "Exhaustive rankings.")
+    flags.DEFINE_string("out", str(REPO / "benchmarks/results/query_styles"), "Output prefix.")
+
 
 MIN_TITLE_WORDS, MIN_SENTENCE_WORDS = 3, 8
 
@@ -151,7 +155,8 @@ def plot(result: dict, path: Path) -> None:
     plt = plotting.pyplot()
     settings = sorted({json.dumps(r["settings"]) for r in result["rows"]})
     cells = sorted({(r["index"], r["queries"]) for r in result["rows"]})
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cells)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(cells)), 5.5))
+    fig.subplots_adjust(bottom=0.32)
     width = 0.8 / len(settings)
     for i, s in enumerate(settings):
         ys = [
@@ -168,7 +173,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticklabels([f"{a} index\n{b}" for a, b in cells], rotation=60, ha="right", fontsize=7)
     ax.set_ylim(0.8, 1.0)
     ax.set_ylabel("top-10 overlap with exhaustive (k = 10)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     plotting.save(fig, path)
 
 
@@ -178,36 +183,38 @@ def main(argv) -> None:
     from aligner_jax.retrieval import centroid_search as cs
     from aligner_jax.retrieval.searcher import Searcher
 
-    data_root = (REPO / _DATA_ROOT.value).resolve()
+    data_root = (REPO / flags.FLAGS.data_root).resolve()
     sets = {}
-    for name in _COLLECTIONS.value:
-        sets.update(query_sets(data_root, name, _NUM_QUERIES.value))
-    settings = [json.loads(s) for s in _SETTINGS.value]
+    for name in flags.FLAGS.collections:
+        sets.update(query_sets(data_root, name, flags.FLAGS.num_queries))
+    settings = [json.loads(s) for s in flags.FLAGS.settings]
     load_start, rows = os.getloadavg()[0], []
-    for spec in _INDEXES.value:
+    for spec in flags.FLAGS.indexes:
         collection, index_dir = spec.split(":", 1)
         default = Searcher.load(index_dir)
         for qname, texts in sets.items():
             encoded = default.encoder.encode(texts, "query")
-            cache = Path(_WORK_DIR.value) / f"{Path(index_dir).resolve().parent.name}_{qname}.json"
-            exact = exhaustive_rankings(index_dir, qname, encoded, cache, _THREADS.value)
+            cache = (
+                Path(flags.FLAGS.work_dir) / f"{Path(index_dir).resolve().parent.name}_{qname}.json"
+            )
+            exact = exhaustive_rankings(index_dir, qname, encoded, cache, flags.FLAGS.threads)
             for setting in settings:
                 config = cs.CentroidSearchConfig(**setting)
                 searcher = Searcher.load(index_dir, encoder=default.encoder, centroid_config=config)
                 row = {"index": collection, "index_dir": index_dir, "queries": qname,
                        "num_queries": len(texts), "settings": setting,
                        "query_tokens": float(np.mean([len(e.vectors) for e in encoded])),
-                       **measure(searcher, encoded, exact, _THREADS.value)}  # fmt: skip
+                       **measure(searcher, encoded, exact, flags.FLAGS.threads)}  # fmt: skip
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     result = {
         "command": "benchmarks/query_styles.py " + " ".join(sys.argv[1:]),
-        "threads": _THREADS.value,
+        "threads": flags.FLAGS.threads,
         "load_start": load_start,
         "load_end": os.getloadavg()[0],
         "rows": rows,
     }
-    out = Path(_OUT.value)
+    out = Path(flags.FLAGS.out)
     fileio.atomic_write_json(out.with_suffix(".json"), result, sort_keys=False)
     fileio.atomic_write_text(out.with_suffix(".md"), markdown(result))
     plot(result, out.with_suffix(".png"))
@@ -216,4 +223,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

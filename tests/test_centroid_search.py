@@ -410,6 +410,37 @@ def test_residual_probe_docs_follow_the_requested_k(store, index, monkeypatch):
     assert narrow.candidates < wide.candidates
 
 
+def test_short_queries_reach_as_many_documents_as_a_reference_query(store, index, monkeypatch):
+    """``query_tokens_ref``: a query of n < ref probing tokens reaches ref / n times as many
+    documents per token (the probes of a ref-token query in all), up to ``MAX_PROBES``; longer
+    queries and given probes are unchanged; off (None) by default."""
+    ref = cs.CentroidSearchConfig(residual_candidates=True, query_tokens_ref=24)
+    plain = cs.CentroidSearchConfig(residual_candidates=True)
+    assert plain.query_tokens_ref is None
+    assert plain.resolved(5183, 16384, 80.0, k=10, n=6)[0] == 16
+    assert ref.resolved(5183, 16384, 80.0, k=10, n=24)[0] == 16
+    assert ref.resolved(5183, 16384, 80.0, k=10, n=40)[0] == 16
+    assert ref.resolved(5183, 16384, 80.0, k=10, n=0)[0] == 16  # n not known
+    assert ref.resolved(5183, 16384, 80.0, k=10, n=16)[0] == 24  # 1,280 · 24 / 16 / 80
+    assert ref.resolved(5183, 16384, 80.0, k=10, n=6)[0] == cs.MAX_PROBES
+    given = dataclasses.replace(ref, probes=5)
+    assert given.resolved(5183, 16384, 80.0, k=10, n=6)[0] == 5
+    with pytest.raises(errors.ConfigError, match="query_tokens_ref"):
+        cs.CentroidSearchConfig(query_tokens_ref=0)
+    # on the small index: a 2-token query probes more clusters with the reference on
+    monkeypatch.setattr(
+        cs, "RESIDUAL_PROBE_DOCS", round(2 * cs.CentroidSearcher(store, index, plain).list_docs)
+    )
+    q = _query(3)
+    counts = [
+        cs.CentroidSearcher(store, index, config).search(
+            q.vectors, q.salience, np.arange(2), k=100
+        )[1]
+        for config in (plain, dataclasses.replace(ref, query_tokens_ref=8))
+    ]
+    assert counts[0].candidates < counts[1].candidates
+
+
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])
 def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_d):
     """Built shard by shard (the store has 6 shards), the lists equal one stable sort of every

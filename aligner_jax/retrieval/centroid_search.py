@@ -125,6 +125,10 @@ class CentroidSearchConfig:
     without.
     ``refine_float``: the best ⌈refine_float · k⌉ refined documents are scored again with the
     token store's float vectors (Eq. 1–2 exactly, ``refine_stored``); 0: none.
+    ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
+    ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
+    query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
+    ``documents_per_probe(k)`` (``benchmarks/query_styles.py``).
     """
 
     probes: int | None = None
@@ -139,6 +143,7 @@ class CentroidSearchConfig:
     residual_per_refine: float = RESIDUAL_PER_REFINE
     residual_candidates: bool | None = None
     refine_float: float = 0.0
+    query_tokens_ref: int | None = None
 
     def __post_init__(self):
         name = type(self).__name__
@@ -150,6 +155,9 @@ class CentroidSearchConfig:
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
         checks.number(f"{name}.refine_float", self.refine_float, low=0.0)
+        checks.integer(
+            f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
+        )
 
     def for_index(self, index: ci.CentroidIndex, num_tokens: int) -> CentroidSearchConfig:
         """This config with its automatic fields decided for ``index`` (of a store of
@@ -179,13 +187,16 @@ class CentroidSearchConfig:
         return residual_probe_docs(k) if self.residual_candidates else PROBE_DOCS
 
     def resolved(
-        self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0
+        self, num_docs: int, num_centroids: int, list_docs: float, k: int = 0, n: int = 0
     ) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) for an index of these sizes (``list_docs``:
-        the mean number of documents in an inverted list) and ``k`` requested documents (0: not
-        known; the probes of the deepest search); an automatic ``probe_docs`` counts as
-        ``PROBE_DOCS`` unless residual candidates are on (``for_index`` decides them)."""
+        the mean number of documents in an inverted list), ``k`` requested documents (0: not
+        known; the probes of the deepest search) and a query of ``n`` probing tokens (0: not
+        known; ``query_tokens_ref``); an automatic ``probe_docs`` counts as ``PROBE_DOCS``
+        unless residual candidates are on (``for_index`` decides them)."""
         reach = self.documents_per_probe(k or None)
+        if self.query_tokens_ref and 0 < n < self.query_tokens_ref:
+            reach = reach * self.query_tokens_ref / n
         probes = self.probes or int(np.clip(round(reach / max(list_docs, 1e-9)), 2, MAX_PROBES))
         low, high = MIN_REFINE
         refine = self.refine_docs or max(
@@ -351,11 +362,12 @@ class CentroidSearcher:
             raise ValueError(f"{index.directory}: the index holds no saliences; rebuild it")
         self.salience = None if self.uniform_salience else index.salience
 
-    def counts(self, k: int = 0) -> tuple[int, int, int]:
+    def counts(self, k: int = 0, n: int = 0) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) of a search for ``k`` documents on this index
-        (``CentroidSearchConfig.resolved``; k = 0: the deepest search's probes)."""
+        by a query of ``n`` probing tokens (``CentroidSearchConfig.resolved``; k = 0: the
+        deepest search's probes; n = 0: not known)."""
         return self.config.resolved(
-            self.store.num_docs, self.index.num_centroids, self.list_docs, k
+            self.store.num_docs, self.index.num_centroids, self.list_docs, k, n
         )
 
     # -- stages ----------------------------------------------------------------------------------
@@ -641,7 +653,7 @@ class CentroidSearcher:
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
         np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
         s = s_t.T
-        probes, interaction_docs, refine_docs = self.counts(k)
+        probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
             refined = cands[_top(approx, min(refine_docs, len(cands)))]
