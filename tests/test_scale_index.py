@@ -560,7 +560,7 @@ def test_scann_beyond_its_measured_limit_is_refused_in_one_line(tmp_path):
 
     store = _store(tmp_path, num_docs=20)
     config = ann.ScannConfig(max_token_dims=store.num_tokens * store.dim - 1)
-    with pytest.raises(errors.ConfigError, match="measured limit.*backend='centroid'"):
+    with pytest.raises(errors.ConfigError, match="measured limit.*backend=\"'centroid'\""):
         ann.TokenIndex.build(store, "scann", scann_config=config)
 
 
