@@ -25,6 +25,7 @@ rankings are cached under ``--work_dir`` (they do not depend on the settings).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -89,17 +90,14 @@ def query_sets(data_root: Path, name: str, n: int) -> dict[str, list[str]]:
     return {f"{name}-queries": own, f"{name}-titles": titles, f"{name}-sentences": sentences}
 
 
-def exhaustive_rankings(
-    index_dir: str, name: str, encoded, cache: Path, threads: int
-) -> list[list[str]]:
-    """The exhaustive top 100 of each encoded query (cached: they depend on nothing else)."""
+def exhaustive_rankings(open_exhaustive, name: str, encoded, cache: Path, threads: int):
+    """The exhaustive top 100 of each encoded query (cached: they depend on nothing else);
+    ``open_exhaustive()`` gives the exhaustive searcher, opened only when the cache misses."""
     import threadpoolctl
-
-    from aligner_jax.retrieval.searcher import Searcher
 
     if cache.exists():
         return json.loads(cache.read_text())["rankings"]
-    exhaustive = Searcher.load(index_dir, mode="exhaustive")
+    exhaustive = open_exhaustive()
     with threadpoolctl.threadpool_limits(threads):
         ranked = [
             [h.doc_id for h in exhaustive.search_vectors(e.vectors, 100, salience=e.salience)]
@@ -192,15 +190,22 @@ def main(argv) -> None:
     for spec in flags.FLAGS.indexes:
         collection, index_dir = spec.split(":", 1)
         default = Searcher.load(index_dir)
+        exhaustive = functools.cache(
+            lambda d=index_dir, e=default.encoder: Searcher.load(d, mode="exhaustive", encoder=e)
+        )
+        searchers = [
+            Searcher.load(
+                index_dir, encoder=default.encoder, centroid_config=cs.CentroidSearchConfig(**s)
+            )
+            for s in settings
+        ]
         for qname, texts in sets.items():
             encoded = default.encoder.encode(texts, "query")
             cache = (
                 Path(flags.FLAGS.work_dir) / f"{Path(index_dir).resolve().parent.name}_{qname}.json"
             )
-            exact = exhaustive_rankings(index_dir, qname, encoded, cache, flags.FLAGS.threads)
-            for setting in settings:
-                config = cs.CentroidSearchConfig(**setting)
-                searcher = Searcher.load(index_dir, encoder=default.encoder, centroid_config=config)
+            exact = exhaustive_rankings(exhaustive, qname, encoded, cache, flags.FLAGS.threads)
+            for setting, searcher in zip(settings, searchers, strict=True):
                 row = {"index": collection, "index_dir": index_dir, "queries": qname,
                        "num_queries": len(texts), "settings": setting,
                        "query_tokens": float(np.mean([len(e.vectors) for e in encoded])),
