@@ -150,11 +150,11 @@ def markdown(result: dict) -> str:
     head = (
         f"# Search rules tuned on {result['store']} ({result['split']} queries, "
         f"{result['queries']})\n\nRule: {result['rule']}. At k = 10: {result.get('rule_k10', RULE_K10)}.\n\n"
-        "| probe_docs | refine_per_k | refine_docs | refine_float | interaction_per_refine | residual interaction (per refined) | "
+        "| probe_docs | refine_per_k | refine_docs | refine_float | impute_depth | interaction_per_refine | residual interaction (per refined) | "
         "residual candidates | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
         "p50 k=100 | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -162,7 +162,7 @@ def markdown(result: dict) -> str:
         mark10 = " **chosen at k=10**" if r is result.get("chosen_row_k10") else ""
         lines.append(
             f"| {r['probe_docs']} | {r['refine_per_k']} | {r.get('refine_docs') or 'auto'} | "
-            f"{r.get('refine_float', 0.0)} | "
+            f"{r.get('refine_float', 0.0)} | {r.get('impute_depth', 1.0)} | "
             f"{r['interaction_per_refine']} | "
             f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
@@ -188,6 +188,9 @@ def define_flags() -> None:
         "refine_float", ["0"], "Refined documents per requested one scored again from the store."
     )
     flags.DEFINE_list("interaction_per_refine", ["4"], "Interaction documents per refined one.")
+    flags.DEFINE_list(
+        "impute_depth", ["2"], "An unreached query token's imputed centroid, in probes + 1."
+    )
     flags.DEFINE_list(
         "residual_interaction", ["true"], "Stage 3 scores best-centroid tokens with residuals."
     )
@@ -218,6 +221,7 @@ def main(argv) -> None:
         "refine_docs": [None if v == "auto" else int(v) for v in FLAGS.refine_docs],
         "refine_float": [float(v) for v in FLAGS.refine_float],
         "interaction_per_refine": [int(v) for v in FLAGS.interaction_per_refine],
+        "impute_depth": [float(v) for v in FLAGS.impute_depth],
         "residual_interaction": [v.lower() in ("1", "true") for v in FLAGS.residual_interaction],
         "residual_per_refine": [float(v) for v in FLAGS.residual_per_refine],
         "residual_candidates": [v.lower() in ("1", "true") for v in FLAGS.residual_candidates],

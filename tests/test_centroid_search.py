@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 
@@ -508,13 +509,14 @@ def _decoded(store, index):
     )
 
 
-def _imputed_means(store, index, qk, probes, w) -> dict[int, float]:
+def _imputed_means(store, index, qk, probes, w, depth: float = 1.0) -> dict[int, float]:
     """The reference of WARP-style scoring, one document at a time: each query token's best
-    decoded token in its ``probes`` best centroids' lists, else its first unprobed centroid's
-    score; the w-weighted mean, for every document some query token reached."""
+    decoded token in its ``probes`` best centroids' lists, else its ⌈depth·(probes + 1)⌉-th
+    centroid's score (depth 1: its first unprobed one); the w-weighted mean, for every
+    document some query token reached."""
     s = qk @ index.centroids.T
     order = np.argsort(-s, axis=1)
-    missing = s[np.arange(len(qk)), order[:, probes]]
+    missing = s[np.arange(len(qk)), order[:, math.ceil(depth * (probes + 1)) - 1]]
     sims = qk @ _decoded(store, index).T
     doc_of = np.repeat(np.arange(store.num_docs), store.doc_lengths)
     expected = {}
@@ -786,16 +788,23 @@ def test_residual_candidates_probing_every_centroid_score_each_tokens_best_decod
     np.testing.assert_allclose([found[d] for d in range(store.num_docs)], expected, atol=1e-5)
 
 
-def test_residual_candidates_impute_unreached_tokens_with_the_first_unprobed_centroid(
-    store, index, compiled
+@pytest.mark.parametrize("depth", [None, 1.0, 1.5])
+def test_residual_candidates_impute_unreached_tokens_with_a_deeper_centroid(
+    store, index, compiled, depth
 ):
+    """An unreached query token counts its ⌈depth·(probes + 1)⌉-th centroid's score: the
+    default depth 2 (the 8th of 3 probes), 1 (WARPSELECT's first unprobed one), 1.5 (the 6th)."""
     probes = 3
-    cfg = cs.CentroidSearchConfig(probes=probes, residual_candidates=True)
+    extra = {} if depth is None else {"impute_depth": depth}
+    cfg = cs.CentroidSearchConfig(probes=probes, residual_candidates=True, **extra)
+    assert cfg.impute_depth == (depth or 2.0)
     searcher = cs.CentroidSearcher(store, index, cfg)
     q = _query(22, n=4)
     rows = np.array([0, 2, 3])  # token 1 pruned (β^q): it takes no part in stage 2
     found = _residual_candidates(searcher, q, rows)
-    expected = _imputed_means(store, index, q.vectors[rows], probes, q.salience[rows])
+    expected = _imputed_means(
+        store, index, q.vectors[rows], probes, q.salience[rows], cfg.impute_depth
+    )
     assert set(found) == set(expected)
     for d, x in found.items():
         assert x == pytest.approx(expected[d], abs=1e-5)

@@ -7,8 +7,10 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
   2. **Probe + imputation** (WARPSELECT): each query token kept by β^q probes its ``probes`` best
      centroids; a document in a probed centroid's inverted list gets, for that token, the best
      probed centroid score it owns; a document a token did not reach gets the token's *imputed*
-     score, the score of its first centroid not probed (an upper bound on what an unprobed token
-     can contribute, up to residuals). The mean over tokens ranks the candidates.
+     score: WARPSELECT's is the score of its first centroid not probed (an upper bound on what
+     an unprobed token can contribute, up to residuals); by default the score of its
+     ⌈2·(probes + 1)⌉-th centroid, a typical value rather than the bound
+     (``CentroidSearchConfig.impute_depth``). The mean over tokens ranks the candidates.
   3. **Centroid and residual interaction**: the best ``interaction_docs`` candidates are
      re-scored with every token's centroid score, Σ_i max_j S[i, code_j] (PLAID's centroid
      interaction: gathers from S, no vectors read); with ``residual_interaction`` (default) the
@@ -105,6 +107,7 @@ MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
+IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
 
 
 @gin.configurable
@@ -129,6 +132,16 @@ class CentroidSearchConfig:
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
     ``documents_per_probe(k)`` (``benchmarks/query_styles.py``).
+    ``impute_depth``: stage 2 gives a document a query token did not reach the score of that
+    token's ⌈impute_depth·(probes + 1)⌉-th best centroid (1: its first unprobed one,
+    WARPSELECT's bound). The bound is what an unreached document scores at best, rarely what it
+    scores: its best token for that query token lies in *some* unprobed cluster, seldom the
+    best of them. At 1 a document reached by a weak token ranks below every document the token
+    missed, and stage 2 orders poorly what it passes on: most of the exhaustive top 10 the
+    default search missed had been reached by stage 2 but not refined
+    (``benchmarks/query_styles.py``, stop 53). Chosen at 2 on that benchmark's label-free
+    query sets (3 cost the CISI index overlap at k = 10); the XTR scorer keeps WARPSELECT's
+    imputation (XTR Eq. 4).
     """
 
     probes: int | None = None
@@ -144,6 +157,7 @@ class CentroidSearchConfig:
     residual_candidates: bool | None = None
     refine_float: float = 0.0
     query_tokens_ref: int | None = None
+    impute_depth: float = IMPUTE_DEPTH
 
     def __post_init__(self):
         name = type(self).__name__
@@ -155,6 +169,7 @@ class CentroidSearchConfig:
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
         checks.number(f"{name}.refine_float", self.refine_float, low=0.0)
+        checks.number(f"{name}.impute_depth", self.impute_depth, low=1.0)
         checks.integer(
             f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
         )
@@ -216,7 +231,9 @@ def residual_probe_docs(k: int | None) -> int:
     cheapest whose top-10 overlap with exhaustive search is ≥ 0.95 (zero-shot, 1×: 0.978
     against 0.985 at 2,560, 0.946 at 640; the trained model reaches ≤ 0.85 at any setting,
     its codec's error, and at 10× loses 0.04 of it at 1,280: 0.560 against 0.601); between
-    the two ends the rule is interpolated, not tuned."""
+    the two ends the rule is interpolated, not tuned. Those figures are with WARPSELECT's
+    imputation; with ``impute_depth=2`` (stop 53) 640 would pass at k = 10 too (0.971) and
+    1,280 gives 0.983; the rule was kept, the margin left for collections unlike SciFact."""
     if k is None or k >= RESIDUAL_PROBE_K:
         return RESIDUAL_PROBE_DOCS
     scaled = RESIDUAL_PROBE_DOCS * (max(k, 1) / RESIDUAL_PROBE_K) ** math.log10(2)
@@ -251,11 +268,12 @@ def top_columns(s: np.ndarray, w: int) -> np.ndarray:
     return np.take_along_axis(cols, np.argpartition(-values, w - 1, axis=1)[:, :w], axis=1)
 
 
-def probed(s: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def probed(s: np.ndarray, p: int, depth: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row of ``s [n, C]``'s ``p`` best columns, best first, their scores, and the row's
-    imputed score: its first column not probed (WARPSELECT), or its last probed one − 1 when
-    every column is probed."""
-    width = min(p + 1, s.shape[1])
+    imputed score: its ⌈depth·(p + 1)⌉-th best column's (depth 1: the first column not probed,
+    WARPSELECT; ``CentroidSearchConfig.impute_depth``), or its last probed one − 1 when every
+    column is probed."""
+    width = min(max(math.ceil(depth * (p + 1)), p + 1), s.shape[1])
     top = top_columns(s, width)
     top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
     scores = np.take_along_axis(s, top, axis=1)
@@ -383,7 +401,9 @@ class CentroidSearcher:
         Σ_i w_i·(best_i − imputed_i) is accumulated once per document (a fancy ``+=`` adds once
         per distinct index) in per-thread scratch arrays that are reset where touched. The work
         is the number of list entries read, never a sort of them or an array per candidate."""
-        top, top_scores, imputed = probed(s[probe_rows], probes or self.probes)
+        top, top_scores, imputed = probed(
+            s[probe_rows], probes or self.probes, self.config.impute_depth
+        )
         w = np.asarray(weights[probe_rows], np.float32)
         best, acc, seen = self._buffers()
         for i in range(len(probe_rows)):
@@ -399,11 +419,13 @@ class CentroidSearcher:
         """Stage 2 with residuals (WARP §3's candidate scoring for Eq. 1–2): each kept query
         token's probed clusters are read token by token (centroid → β^d-kept tokens), every
         token scored q·(c + r̂) without decoding; a document gets, for that query token, its
-        best such token, else the token's imputed score (its first unprobed centroid's).
+        best such token, else the token's imputed score (``probed``, ``impute_depth``).
 
         Centroid scores alone cannot tell apart documents whose tokens share centroids (near
         duplicates; ``benchmarks/scale.py``'s distractors): these scores can."""
-        top, top_scores, imputed = probed(s[probe_rows], probes or self.probes)
+        top, top_scores, imputed = probed(
+            s[probe_rows], probes or self.probes, self.config.impute_depth
+        )
         qk = np.asarray(q[probe_rows], np.float32)
         w = np.asarray(weights[probe_rows], np.float32)
         return self._score_probed(qk, w, top, top_scores, imputed, alive)
