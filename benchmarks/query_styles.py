@@ -8,7 +8,10 @@ measures, for each ``--settings`` of ``CentroidSearchConfig``:
 
   * top-10 overlap at k = 10 and top-100 overlap at k = 100 with exhaustive search (Eq. 1–2, the
     index's own scoring: ``Searcher.load(..., mode="exhaustive")``), the mean and the worst query;
-  * search p50 (ms, query encoding excluded, ``--threads`` BLAS threads, batch 1).
+  * search p50 (ms, query encoding excluded, ``--threads`` BLAS threads, batch 1);
+  * with ``--attribute`` (default), where the search lost each exhaustive top-10 document it
+    did not return: never reached by stage 2, reached but not refined, or refined and ranked
+    out (``misses``).
 
 Query sets (fixed seeds; from the BEIR folders under ``--data_root``): ``NAME-queries`` (up to
 ``--num_queries`` of the collection's queries), ``NAME-titles`` (document titles of ≥ 3 words) and
@@ -58,6 +61,7 @@ def define_flags() -> None:
     )
     flags.DEFINE_integer("num_queries", 150, "Queries per set (at most).")
     flags.DEFINE_integer("threads", 2, "BLAS threads.")
+    flags.DEFINE_bool("attribute", True, "Say where the missed top-10 documents were lost.")
     flags.DEFINE_string("work_dir", "/tmp/aligner_query_styles", "Exhaustive rankings.")
     flags.DEFINE_string("out", str(REPO / "benchmarks/results/query_styles"), "Output prefix.")
 
@@ -127,6 +131,58 @@ def measure(searcher, encoded, exhaustive: list[list[str]], threads: int = 2) ->
     return row
 
 
+STAGES = ("unreached", "unrefined", "outranked")
+
+
+def misses(searcher, encoded, exhaustive: list[list[str]], k: int = 10, threads: int = 2) -> dict:
+    """Where the search lost the documents of the exhaustive top k it did not return, each a
+    share of all k·queries of them: never reached by stage 2 (``unreached``: candidate
+    generation), reached but not among the refined documents (``unrefined``: stage 2's order),
+    or refined and ranked out (``outranked``: stage 4's compressed scores). Stage 2's
+    candidates and stage 4's documents are recorded by wrapping the centroid searcher's
+    methods for the duration (the last ``refine`` of a search is stage 4's)."""
+    import threadpoolctl
+
+    centroid, ids, seen = searcher.centroid, searcher.store.doc_ids, {}
+
+    def recorded(name: str):
+        method = getattr(centroid, name)
+
+        def call(*args, **kwargs):
+            seen[name] = out = method(*args, **kwargs)
+            return out
+
+        return call
+
+    def refine(q, s_t, docs, *args, **kwargs):
+        seen["refined"] = docs
+        return stage4(q, s_t, docs, *args, **kwargs)
+
+    stage4 = centroid.refine
+    wrapped = ("candidates", "residual_candidates")
+    for name in wrapped:
+        setattr(centroid, name, recorded(name))
+    centroid.refine = refine
+    counts = dict.fromkeys(STAGES, 0)
+    try:
+        with threadpoolctl.threadpool_limits(threads):
+            for e, exact in zip(encoded, exhaustive, strict=True):
+                seen.clear()
+                got = {h.doc_id for h in searcher.search_vectors(e.vectors, k, salience=e.salience)}
+                reached = seen.get("residual_candidates", seen.get("candidates"))[0]
+                reached = {ids[int(d)] for d in reached}
+                refined = {ids[int(d)] for d in seen["refined"]}
+                for d in exact[:k]:
+                    if d not in got:
+                        stage = "unreached" if d not in reached else "unrefined"
+                        counts["outranked" if d in refined else stage] += 1
+    finally:
+        for name in (*wrapped, "refine"):
+            delattr(centroid, name)  # the class's methods again
+    total = k * max(len(exhaustive), 1)
+    return {f"missed_{stage}": counts[stage] / total for stage in STAGES}
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# The search rules on queries of other styles (label-free: agreement with exhaustive "
@@ -134,14 +190,20 @@ def markdown(result: dict) -> str:
         f"`{result['command']}`; {result['threads']} threads, load {result['load_start']:.1f} → "
         f"{result['load_end']:.1f}.\n",
         "| index | query set | queries | query tokens | settings | top-10 overlap (worst) | "
-        "top-100 overlap (worst) | p50 ms k=10 | p50 ms k=100 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "top-100 overlap (worst) | missed at k=10: unreached / unrefined / outranked | "
+        "p50 ms k=10 | p50 ms k=100 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
+        missed = (
+            " / ".join(f"{r[f'missed_{s}']:.3f}" for s in STAGES)
+            if "missed_unreached" in r
+            else "—"
+        )
         lines.append(
             f"| {r['index']} | {r['queries']} | {r['num_queries']} | {r['query_tokens']:.1f} | "
             f"{json.dumps(r['settings'])} | {r['top10_overlap']:.3f} ({r['worst_top10_overlap']:.1f})"
-            f" | {r['top100_overlap']:.3f} ({r['worst_top100_overlap']:.2f}) | "
+            f" | {r['top100_overlap']:.3f} ({r['worst_top100_overlap']:.2f}) | {missed} | "
             f"{r['p50_ms_k10']:.1f} | {r['p50_ms_k100']:.1f} |"
         )
     return "\n".join(lines) + "\n"
@@ -210,6 +272,8 @@ def main(argv) -> None:
                        "num_queries": len(texts), "settings": setting,
                        "query_tokens": float(np.mean([len(e.vectors) for e in encoded])),
                        **measure(searcher, encoded, exact, flags.FLAGS.threads)}  # fmt: skip
+                if flags.FLAGS.attribute:
+                    row |= misses(searcher, encoded, exact, 10, flags.FLAGS.threads)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     result = {

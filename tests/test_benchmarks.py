@@ -574,3 +574,48 @@ def test_query_styles_sets_and_overlaps(tmp_path):
     assert row["worst_top10_overlap"] == 0.0
     assert row["top100_overlap"] == pytest.approx((0.99 + 0.50) / 2)
     assert row["p50_ms_k10"] >= 0
+
+
+def test_query_styles_says_where_missed_documents_were_lost():
+    """``query_styles.misses``: each exhaustive top-k document the search did not return counts
+    once, as unreached (not a stage-2 candidate), unrefined (a candidate, not refined) or
+    outranked (refined, ranked out); the recording wrappers are gone afterwards."""
+    from benchmarks import query_styles
+
+    class Hit:
+        def __init__(self, doc_id):
+            self.doc_id = doc_id
+
+    class Encoded:
+        vectors, salience = np.zeros((2, 4), np.float32), None
+
+    class Centroid:
+        def candidates(self, *args):  # the centroid-interaction path's stage 2 (not taken here)
+            raise AssertionError("not called")
+
+        def residual_candidates(self, *args):
+            return np.array([0, 1, 2, 3]), np.zeros(4, np.float32)
+
+        def refine(self, q, s_t, docs, u_q, **kwargs):
+            return np.zeros(len(docs), np.float32)
+
+    class Searcher:  # reaches d0-d3, refines d0-d2 (a residual interaction first), returns d0, d1
+        centroid = Centroid()
+        store = type("Store", (), {"doc_ids": [f"d{i}" for i in range(8)]})()
+
+        def search_vectors(self, vectors, k, salience=None):
+            self.centroid.residual_candidates()
+            self.centroid.refine(None, None, np.array([0, 3]), None, best_centroids=1)
+            self.centroid.refine(None, None, np.array([0, 1, 2]), None)
+            return [Hit(d) for d in ("d0", "d1", "d6", "d7")]
+
+    searcher = Searcher()
+    exact = [["d0", "d2", "d3", "d4", "d5"], ["d1", "d0", "d6", "d7", "d5"]]
+    found = query_styles.misses(searcher, [Encoded(), Encoded()], exact, k=4)
+    # query 1 misses d2 (refined), d3 (reached), d4 (not reached); query 2 misses none of its 4
+    assert found == {
+        "missed_unreached": 1 / 8,
+        "missed_unrefined": 1 / 8,
+        "missed_outranked": 1 / 8,
+    }
+    assert not vars(searcher.centroid)  # the class's methods again
