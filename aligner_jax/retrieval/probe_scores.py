@@ -3,7 +3,8 @@ with its residual, q_i·(c + r̂), each document's best per query token, summed 
 against their imputed scores (``centroid_search``'s ``residual_candidates`` and ``xtr``).
 
 For query token i with weight w_i, probed clusters P_i and imputed score m_i (its first unprobed
-centroid's score, WARPSELECT), a document d reached by i gets
+centroid's score, WARPSELECT, for the XTR scorer; a deeper centroid's for Eq. 1–2's candidates:
+``centroid_search.probed``, ``CentroidSearchConfig.impute_depth``), a document d reached by i gets
 
   acc[d] += w_i · (max_{j ∈ d, code_j ∈ P_i} q_i·(c_j + r̂_j) − m_i)
 
