@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -231,7 +232,8 @@ def plot(result: dict, path: Path) -> None:
     ax.axhline(0.95, color="grey", linestyle="--", linewidth=1)
     ax.set_xticks(np.arange(len(cells)) + 0.4 - width / 2)
     ax.set_xticklabels([f"{a} index\n{b}" for a, b in cells], rotation=60, ha="right", fontsize=7)
-    ax.set_ylim(0.8, 1.0)
+    low = min(r["top10_overlap"] for r in result["rows"])
+    ax.set_ylim(min(0.8, math.floor(10 * low) / 10), 1.0)  # every bar shows
     ax.set_ylabel("top-10 overlap with exhaustive (k = 10)")
     ax.legend(fontsize=7, loc="lower left")
     plotting.save(fig, path)
