@@ -145,40 +145,34 @@ def misses(searcher, encoded, exhaustive: list[list[str]], k: int = 10, threads:
     import threadpoolctl
 
     centroid, ids, seen = searcher.centroid, searcher.store.doc_ids, {}
+    wrapped = ("candidates", "residual_candidates", "refine")
 
     def recorded(name: str):
         method = getattr(centroid, name)
 
         def call(*args, **kwargs):
-            seen[name] = out = method(*args, **kwargs)
-            return out
+            seen[name] = args, method(*args, **kwargs)  # the last call of each name wins
+            return seen[name][1]
 
         return call
 
-    def refine(q, s_t, docs, *args, **kwargs):
-        seen["refined"] = docs
-        return stage4(q, s_t, docs, *args, **kwargs)
-
-    stage4 = centroid.refine
-    wrapped = ("candidates", "residual_candidates")
     for name in wrapped:
         setattr(centroid, name, recorded(name))
-    centroid.refine = refine
     counts = dict.fromkeys(STAGES, 0)
     try:
         with threadpoolctl.threadpool_limits(threads):
             for e, exact in zip(encoded, exhaustive, strict=True):
                 seen.clear()
                 got = {h.doc_id for h in searcher.search_vectors(e.vectors, k, salience=e.salience)}
-                reached = seen.get("residual_candidates", seen.get("candidates"))[0]
-                reached = {ids[int(d)] for d in reached}
-                refined = {ids[int(d)] for d in seen["refined"]}
+                stage2 = seen.get("residual_candidates", seen.get("candidates"))[1][0]
+                reached = {ids[int(d)] for d in stage2}
+                refined = {ids[int(d)] for d in seen["refine"][0][2]}  # stage 4's documents
                 for d in exact[:k]:
                     if d not in got:
                         stage = "unreached" if d not in reached else "unrefined"
                         counts["outranked" if d in refined else stage] += 1
     finally:
-        for name in (*wrapped, "refine"):
+        for name in wrapped:
             delattr(centroid, name)  # the class's methods again
     total = k * max(len(exhaustive), 1)
     return {f"missed_{stage}": counts[stage] / total for stage in STAGES}
