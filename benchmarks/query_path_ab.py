@@ -1,4 +1,4 @@
-r"""Seven query-path changes measured against the code they replaced, interleaved per query.
+r"""Eight query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -12,6 +12,11 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``probe_int16`` (``retrieval/probe_scores.py``): stage 2's compiled pass with the plane
+    weights rounded to int16 and each row's sum in int32 (it vectorises) — against the same pass
+    in float32 (scalar), the code before it, given the same rounded weights. Timed:
+    ``CentroidSearcher`` queries at the defaults (residual candidates where the token lists
+    fit) at k = 10 and k = 100 (query encoding excluded).
   * ``probe_scores`` (``retrieval/probe_scores.py``): WARP's candidate scoring (every token of
     each query token's probed clusters scored with its residual, per-document maxima) in one
     compiled pass — against its NumPy loop (a product per plane and query token, then
@@ -86,6 +91,82 @@ def reduceat_segment_max(values, lengths, at_max=None):
     return best, np.maximum.reduceat(chosen, starts, axis=0)
 
 
+def _float_row_score(row, w, bits):  # pragma: no cover - compiled
+    """``probe_scores._row_score`` before, in float32: Σ_p Σ_b w[p, b] · level_{p, b} of one packed row (``bits`` 2, 4 or 8: 4, 2 or 1
+    planes), each plane in its own accumulator over one pass of the row's bytes (a loop per
+    plane, re-reading the row, took 1.3× as long at 4 bits)."""
+    s0 = s1 = s2 = s3 = np.float32(0.0)
+    if bits == 4:
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s0 += w[0, b] * np.float32(v & 15)
+            s1 += w[1, b] * np.float32(v >> 4)
+    elif bits == 2:
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s0 += w[0, b] * np.float32(v & 3)
+            s1 += w[1, b] * np.float32((v >> 2) & 3)
+            s2 += w[2, b] * np.float32((v >> 4) & 3)
+            s3 += w[3, b] * np.float32(v >> 6)
+    else:
+        for b in range(len(row)):
+            s0 += w[0, b] * np.float32(row[b])
+    return (s0 + s1) + (s2 + s3)
+
+
+def _float_accumulate(
+    where, top_scores, starts, lengths, packed, docs, planes, constant, bits, weights, imputed,
+    floor, acc, seen, touched,
+):  # pragma: no cover - compiled  # fmt: skip
+    """For each query token i and each of its probed clusters ``where[i, a]`` (rows
+    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``): the best score per document,
+    kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
+    imputed[i])`` and ``seen[d] = True`` for each document it reached."""
+    n, p = where.shape
+    for i in range(n):
+        m = 0
+        w = planes[i]
+        for a in range(p):
+            c = where[i, a]
+            base = top_scores[i, a] + constant[i]
+            for r in range(starts[c], starts[c] + lengths[c]):
+                value = base + _float_row_score(packed[r], w, bits)
+                d = docs[r]
+                if floor[d] == -np.inf:
+                    touched[m] = d
+                    m += 1
+                if value > floor[d]:
+                    floor[d] = value
+        for t in range(m):
+            d = touched[t]
+            acc[d] += weights[i] * (floor[d] - imputed[i])
+            seen[d] = True
+            floor[d] = -np.inf
+
+
+if probe_scores.numba is not None:
+    _FLOAT_FLAGS = {"reassoc", "contract"}
+    _float_row_score = probe_scores.numba.njit(inline="always", nogil=True, fastmath=_FLOAT_FLAGS)(
+        _float_row_score
+    )
+    _float_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
+        _float_accumulate
+    )
+
+
+def float_accumulate(
+    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
+    imputed, floor, acc, seen, touched,
+):  # fmt: skip
+    """``probe_scores._accumulate`` before: the float32 pass, on the int16 weights times their
+    scale (the rounded weights: the same sums up to float rounding)."""
+    float_planes = planes.astype(np.float32) * scale[:, None, None]
+    _float_accumulate(
+        where, top_scores, starts, lengths, packed, docs, float_planes, constant, bits, weights,
+        imputed, floor, acc, seen, touched,
+    )  # fmt: skip
+
+
 def _list_rows(self) -> np.ndarray:
     """The store rows of the token lists' entries (the lists no longer keep them): the kept
     rows in the stable order of their codes, computed once per searcher."""
@@ -155,12 +236,13 @@ NEW = {
     "fetch_sql": documents_lib.fetch_sql,
     "score_probed": cs.CentroidSearcher._score_probed,
     "chunk": codec_lib.CHUNK,
+    "accumulate": probe_scores._accumulate,
 }
 BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 
 CHANGES = (
-    "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch",
 )  # fmt: skip
 
@@ -211,6 +293,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         gather_max.numba = None
         cs.segment_max = NEW["segment_max"] if which == "after" else reduceat_segment_max
 
+    def integer(which):
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else float_accumulate
+
     def probed(which):
         probe_scores.numba = NEW["probe_numba"] if which == "after" else None
 
@@ -230,6 +315,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         ),
     )
     changes = (
+        ("probe_int16", integer, searcher),  # residual candidates, the default where lists fit
         ("gather_max", fused, searcher),
         ("probe_scores", probed, residual),
         ("cluster_residuals", clustered, residual),

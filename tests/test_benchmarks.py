@@ -482,6 +482,17 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     np.testing.assert_array_equal(new[0], old[0])
     np.testing.assert_allclose(new[1], old[1], atol=1e-5)
     assert len(new[0]) > 10
+    # stage 2's float32 pass kept here, against the int16 one: the same documents, the same
+    # scores up to float rounding (both multiply the same rounded weights)
+    from aligner_jax.retrieval import probe_scores
+
+    try:
+        probe_scores._accumulate = ab.float_accumulate
+        before = searcher._score_probed(q, w, top, top_scores, imputed, None)
+    finally:
+        probe_scores._accumulate = ab.NEW["accumulate"]
+    np.testing.assert_array_equal(before[0], new[0])
+    np.testing.assert_allclose(before[1], new[1], rtol=1e-5, atol=1e-6)
 
 
 def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):

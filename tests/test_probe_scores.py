@@ -46,7 +46,8 @@ def test_probe_scores_warm_up_compiles_the_pass_that_residual_candidates_run():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
     """Every codec width: each reached document's accumulated score is Σ_i w_i·(max_j
-    q_i·(c + r̂_j) − imputed_i) over its tokens in the probed clusters, r̂ decoded."""
+    q_i·(c + r̂_j) − imputed_i) over its tokens in the probed clusters, r̂ decoded — up to the
+    rounding of the int16 weights."""
     rng = np.random.default_rng(bits)
     dim, rows = 12, 40
     codec = ResidualCodec.fit(rng.standard_normal((200, dim)).astype(np.float32), bits)
@@ -72,8 +73,36 @@ def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
         expected[hit] += w[i] * (best[hit] - imputed[i])
         reached |= hit
     np.testing.assert_array_equal(seen, reached)
-    np.testing.assert_allclose(acc, expected, atol=1e-4)
+    # within the int16 weights' rounding (½·scale per weight, every level at its largest)
+    _, scale, _ = codec.integer_query_terms(q)
+    bound = (w * 0.5 * scale * ((1 << bits) - 1) * codec.padded_dim).sum()
+    assert np.abs(acc - expected).max() <= bound + 1e-5
+    assert np.abs(acc - expected).max() < 1e-3 * np.abs(expected).max()  # the bound is loose
     assert np.isneginf(floor).all()
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_integer_query_terms_round_the_plane_weights_within_half_a_step(bits):
+    """The int16 weights the compiled pass multiplies: within ½·scale of ``query_terms``'
+    weights, the whole int16 range used where no overflow threatens, and no int32 overflow
+    with every level at its largest."""
+    rng = np.random.default_rng(bits)
+    dim = 384
+    codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), bits)
+    q = rng.standard_normal((5, dim)).astype(np.float32)
+    q[1] = 0.0  # a query token without weight: scale 1, all zeros
+    weights, scale, constant = codec.integer_query_terms(q)
+    planes, want_constant = codec.query_terms(q)
+    exact = np.stack(planes, axis=1)
+    assert weights.dtype == np.int16 and weights.shape == exact.shape
+    np.testing.assert_array_equal(constant, want_constant)
+    error = np.abs(exact - scale[:, None, None] * weights)
+    assert (error <= 0.5 * scale[:, None, None] + 1e-6 * np.abs(exact)).all()  # float rounding
+    assert not weights[1].any() and scale[1] == 1.0
+    limit = min(32767, (2**31 - 1) // (((1 << bits) - 1) * codec.padded_dim))
+    assert (np.abs(weights[[0, 2, 3, 4]]).reshape(4, -1).max(axis=1) == limit).all()
+    worst = ((1 << bits) - 1) * np.abs(weights.astype(np.int64)).reshape(5, -1).sum(axis=1)
+    assert worst.max() < 2**31
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])

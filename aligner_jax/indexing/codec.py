@@ -108,6 +108,24 @@ class ResidualCodec:
         ]
         return planes, q @ (self.lower + 0.5 * self.step)
 
+    def integer_query_terms(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``query_terms`` with the plane weights rounded to int16: (weights ``[n, P, W]``
+        int16, scale ``[n]`` float32, constant ``[n]``), so that q·r̂ = constant + scale ·
+        Σ_p Σ_b weights_{p,b}·level_{p,b} is an integer sum of small integers — what the CPU
+        vectorises (``vpmaddwd``), where the float sum over unpacked levels stays scalar.
+        scale_i = max |q_i⊙step| / Q with Q = 32,767, or less where a token's int32 sum (every
+        level at 2^b − 1) could overflow; each weight is within ½·scale_i of its value, so a
+        score moves by at most ½·scale_i·Σ levels: about 1e-6 for unit queries at 4 bits, far
+        below the quantisation's own error."""
+        planes, constant = self.query_terms(queries)
+        n = len(constant)
+        weights = np.stack(planes, axis=1) if n else np.zeros((0, self.planes, 1), np.float32)
+        limit = min(32767, (2**31 - 1) // (((1 << self.bits) - 1) * self.padded_dim))
+        top = np.abs(weights).reshape(n, -1).max(axis=1) if weights.size else np.zeros(n)
+        scale = np.where(top > 0, top / limit, 1.0).astype(np.float32)
+        rounded = np.rint(weights / scale[:, None, None]).astype(np.int16)
+        return rounded, scale, constant
+
     def residual_scores(
         self,
         queries: np.ndarray,

@@ -16,9 +16,12 @@ NumPy does this one query token at a time (a ``[rows, W] @ [W, 1]`` product per 
 ``np.maximum.at``), and those passes, not the arithmetic, were most of the search: the compiled
 loop reads each probed token's packed row once and keeps nothing per token (``residual_candidates``
 with ``refine_per_k=1``, k = 100, 2 threads: SciFact zero-shot 34.2 → 25.0 ms p50, CISI
-zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). Without numba,
-``centroid_search`` keeps its NumPy loop (same values up to float rounding: the compiled sum
-reassociates).
+zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). A row's sum
+runs in int32 over int16 weights (``ResidualCodec.integer_query_terms``), which the CPU does in
+vector instructions where the float32 sum stayed scalar: 14 against 41 ns per 192-byte row, the
+whole search 1.03–1.48× faster at the same rankings (``query_path_ab_probe_int16.md``). Without
+numba, ``centroid_search`` keeps its NumPy loop in float32 (the same values up to the weights'
+int16 rounding, about 1e-6 for unit queries).
 
 **Threads.** The query tokens are independent until their sums meet in ``acc``: with ``threads``
 > 1 they are cut into that many contiguous groups, the first scored on the calling thread into
@@ -47,44 +50,51 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
 
 def _row_score(row, w, bits):  # pragma: no cover - compiled
     """Σ_p Σ_b w[p, b] · level_{p, b} of one packed row (``bits`` 2, 4 or 8: 4, 2 or 1
-    planes), each plane in its own accumulator over one pass of the row's bytes (a loop per
-    plane, re-reading the row, took 1.3× as long at 4 bits)."""
-    s0 = s1 = s2 = s3 = np.float32(0.0)
+    planes), in int32 with int16 weights (``ResidualCodec.integer_query_terms``): every
+    product and sum is cast to int32 so that the loop over the row's bytes vectorises (the
+    same sum in float32 over the unpacked levels stayed scalar: 41 against 14 ns per 192-byte
+    row). One pass over the row's bytes reads all its planes."""
+    s = np.int32(0)
     if bits == 4:
+        w0, w1 = w[0], w[1]
         for b in range(len(row)):
             v = np.int32(row[b])
-            s0 += w[0, b] * np.float32(v & 15)
-            s1 += w[1, b] * np.float32(v >> 4)
+            s = np.int32(s + np.int32(np.int32(w0[b]) * (v & 15)))
+            s = np.int32(s + np.int32(np.int32(w1[b]) * (v >> 4)))
     elif bits == 2:
+        w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
         for b in range(len(row)):
             v = np.int32(row[b])
-            s0 += w[0, b] * np.float32(v & 3)
-            s1 += w[1, b] * np.float32((v >> 2) & 3)
-            s2 += w[2, b] * np.float32((v >> 4) & 3)
-            s3 += w[3, b] * np.float32(v >> 6)
+            s = np.int32(s + np.int32(np.int32(w0[b]) * (v & 3)))
+            s = np.int32(s + np.int32(np.int32(w1[b]) * ((v >> 2) & 3)))
+            s = np.int32(s + np.int32(np.int32(w2[b]) * ((v >> 4) & 3)))
+            s = np.int32(s + np.int32(np.int32(w3[b]) * (v >> 6)))
     else:
+        w0 = w[0]
         for b in range(len(row)):
-            s0 += w[0, b] * np.float32(row[b])
-    return (s0 + s1) + (s2 + s3)
+            s = np.int32(s + np.int32(np.int32(w0[b]) * np.int32(row[b])))
+    return s
 
 
 def _accumulate(
-    where, top_scores, starts, lengths, packed, docs, planes, constant, bits, weights, imputed,
-    floor, acc, seen, touched,
+    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
+    imputed, floor, acc, seen, touched,
 ):  # pragma: no cover - compiled  # fmt: skip
     """For each query token i and each of its probed clusters ``where[i, a]`` (rows
-    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``): the best score per document,
+    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``): the best score per document
+    (``top_scores[i, a] + constant[i] + scale[i]·`` the row's integer sum, ``planes`` int16),
     kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
     imputed[i])`` and ``seen[d] = True`` for each document it reached."""
     n, p = where.shape
     for i in range(n):
         m = 0
         w = planes[i]
+        step = scale[i]
         for a in range(p):
             c = where[i, a]
             base = top_scores[i, a] + constant[i]
             for r in range(starts[c], starts[c] + lengths[c]):
-                value = base + _row_score(packed[r], w, bits)
+                value = base + step * np.float32(_row_score(packed[r], w, bits))
                 d = docs[r]
                 if floor[d] == -np.inf:
                     touched[m] = d
@@ -135,7 +145,7 @@ def accumulate(
     lists' own arrays, read where they lie); ``top_scores`` ``[n, p]``
     their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so).
     ``threads``: query-token groups scored at once (see the module docstring)."""
-    planes, constant = codec.query_terms(queries)
+    planes, scale, constant = codec.integer_query_terms(queries)
     n = len(constant)
     shared = (
         np.ascontiguousarray(starts, np.int64),
@@ -146,18 +156,21 @@ def accumulate(
     per_token = (
         np.ascontiguousarray(where, np.int64),
         np.ascontiguousarray(top_scores, np.float32),
-        np.ascontiguousarray(np.stack(planes, axis=1) if n else np.zeros((0, 1, 1), np.float32)),
+        np.ascontiguousarray(planes),
+        scale,
         np.ascontiguousarray(constant, np.float32),
         np.ascontiguousarray(weights, np.float32),
         np.ascontiguousarray(imputed, np.float32),
     )
 
     def run(lo: int, hi: int, out: tuple) -> None:
-        where_, scores_, planes_, constant_, weights_, imputed_ = (a[lo:hi] for a in per_token)
+        where_, scores_, planes_, scale_, constant_, weights_, imputed_ = (
+            a[lo:hi] for a in per_token
+        )
         touched = scratch.buffer("probe_scores.touched", (max(len(out[0]), 1),), np.int64)
         _accumulate(
-            where_, scores_, *shared, planes_, constant_, codec.bits, weights_, imputed_, *out,
-            touched,
+            where_, scores_, *shared, planes_, scale_, constant_, codec.bits, weights_, imputed_,
+            *out, touched,
         )  # fmt: skip
 
     bounds = np.linspace(0, n, min(max(threads, 1), max(n, 1)) + 1).astype(int)
