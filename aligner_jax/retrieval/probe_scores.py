@@ -18,8 +18,8 @@ loop reads each probed token's packed row once and keeps nothing per token (``re
 with ``refine_per_k=1``, k = 100, 2 threads: SciFact zero-shot 34.2 → 25.0 ms p50, CISI
 zero-shot 61.4 → 32.0 ms; ``benchmarks/results/query_path_ab_probe_scores.md``). A row's sum
 runs in int32 over int16 weights (``ResidualCodec.integer_query_terms``), which the CPU does in
-vector instructions where the float32 sum stayed scalar: 14 against 41 ns per 192-byte row, the
-whole search 1.03–1.48× faster at the same rankings (``query_path_ab_probe_int16.md``). Without
+vector instructions where the float32 sum stayed scalar: the whole search 1.03–1.48× faster at
+the same rankings (``benchmarks/results/query_path_ab_probe_int16.md``). Without
 numba, ``centroid_search`` keeps its NumPy loop in float32 (the same values up to the weights'
 int16 rounding, about 1e-6 for unit queries).
 
@@ -52,8 +52,7 @@ def _row_score(row, w, bits):  # pragma: no cover - compiled
     """Σ_p Σ_b w[p, b] · level_{p, b} of one packed row (``bits`` 2, 4 or 8: 4, 2 or 1
     planes), in int32 with int16 weights (``ResidualCodec.integer_query_terms``): every
     product and sum is cast to int32 so that the loop over the row's bytes vectorises (the
-    same sum in float32 over the unpacked levels stayed scalar: 41 against 14 ns per 192-byte
-    row). One pass over the row's bytes reads all its planes."""
+    same sum in float32 stayed scalar). One pass over the row's bytes reads all its planes."""
     s = np.int32(0)
     if bits == 4:
         w0, w1 = w[0], w[1]
