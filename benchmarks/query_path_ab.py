@@ -1,4 +1,4 @@
-r"""Eight query-path changes measured against the code they replaced, interleaved per query.
+r"""Nine query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -8,6 +8,12 @@ predecessor in one process, alternating which goes first query by query, over ``
 timed passes (after one untimed pass), at ``--threads`` BLAS threads. The predecessors are kept
 here, verbatim in behaviour, only to be measured against:
 
+  * ``at_best`` (``gather_max.tokens_at_best``): the residual interaction's choice of tokens
+    (those whose centroid scores reach their document's best for some query token) in one
+    compiled pass — against gathering the ``[rows, n]`` centroid scores and comparing them
+    whole (``centroid_search._at_best``), the code before it. Timed: ``CentroidSearcher``
+    queries on the centroid-interaction path (``residual_candidates=False``: the default
+    where the token lists do not fit in memory) at k = 10 and k = 100.
   * ``gather_max`` (``retrieval/gather_max.py``): stages 3–4's centroid-score gather, residual
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
@@ -64,7 +70,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import threadpoolctl  # noqa: E402
 
-from aligner_jax.common import cli, fileio  # noqa: E402
+from aligner_jax.common import cli, fileio, scratch  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.indexing import centroid_index as ci  # noqa: E402
 from aligner_jax.indexing import codec as codec_lib  # noqa: E402
@@ -167,6 +173,14 @@ def float_accumulate(
     )  # fmt: skip
 
 
+def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
+    """``gather_max.tokens_at_best`` before: the rows' centroid scores gathered into a scratch
+    ``[rows, n]`` matrix, then compared whole (``centroid_search._at_best``)."""
+    sims = scratch.buffer("refine.sims", (len(codes), s_t.shape[1]), np.float32)
+    np.take(s_t, np.asarray(codes, np.intp), axis=0, out=sims)
+    return cs._at_best(sims, best, lengths, weights)
+
+
 def _list_rows(self) -> np.ndarray:
     """The store rows of the token lists' entries (the lists no longer keep them): the kept
     rows in the stable order of their codes, computed once per searcher."""
@@ -237,12 +251,13 @@ NEW = {
     "score_probed": cs.CentroidSearcher._score_probed,
     "chunk": codec_lib.CHUNK,
     "accumulate": probe_scores._accumulate,
+    "tokens_at_best": gather_max.tokens_at_best,
 }
 BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 
 CHANGES = (
-    "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch",
 )  # fmt: skip
 
@@ -293,6 +308,11 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         gather_max.numba = None
         cs.segment_max = NEW["segment_max"] if which == "after" else reduceat_segment_max
 
+    def at_best(which):
+        gather_max.tokens_at_best = (
+            NEW["tokens_at_best"] if which == "after" else gathered_tokens_at_best
+        )
+
     def integer(which):
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else float_accumulate
 
@@ -314,7 +334,13 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
             residual_candidates=True, refine_per_k=FLAGS.residual_candidates_refine_per_k
         ),
     )
+    centroid_path = search_lib.Searcher.load(
+        index_dir,
+        encoder=searcher.encoder,
+        centroid_config=cs.CentroidSearchConfig(residual_candidates=False),
+    )
     changes = (
+        ("at_best", at_best, centroid_path),
         ("probe_int16", integer, searcher),  # residual candidates, the default where lists fit
         ("gather_max", fused, searcher),
         ("probe_scores", probed, residual),

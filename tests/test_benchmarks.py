@@ -493,6 +493,17 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         probe_scores._accumulate = ab.NEW["accumulate"]
     np.testing.assert_array_equal(before[0], new[0])
     np.testing.assert_allclose(before[1], new[1], rtol=1e-5, atol=1e-6)
+    # the residual interaction's token choice, gathered then compared as before
+    from aligner_jax.retrieval import gather_max
+
+    s_t = np.ascontiguousarray((q @ index.centroids.T).T)
+    codes = np.asarray(index.codes[np.arange(store.num_tokens)])
+    lengths = np.diff(store.offsets)
+    best = gather_max.gather_segment_max(s_t, codes, lengths, reference=cs.segment_max)
+    for weights in (w, np.array([1.0, 0.0, 2.0], np.float32)):
+        want = gather_max.tokens_at_best(s_t, codes, lengths, best, weights, reference=cs._at_best)
+        got = ab.gathered_tokens_at_best(s_t, codes, lengths, best, weights)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):

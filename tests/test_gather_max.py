@@ -60,8 +60,34 @@ def test_gather_segment_max_equals_take_then_segment_max(monkeypatch, compiled, 
         assert any(tied)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_tokens_at_best_equals_the_comparison_of_the_gathered_rows(monkeypatch, compiled, ties):
+    """The residual interaction's token choice: a row is kept when its centroid scores reach
+    its document's best for some query token of weight > 0 (any query token when none or all
+    have weight), as ``centroid_search._at_best`` decides on the gathered ``[rows, n]``."""
+    if not compiled:
+        monkeypatch.setattr(gather_max, "numba", None)
+    s_t, codes, lengths, _, _ = _case(5, ties)
+    best = cs.segment_max(np.take(s_t, codes, axis=0), lengths)
+    rng = np.random.default_rng(1)
+    for weights in (
+        np.ones(9, np.float32),
+        np.where(rng.random(9) < 0.5, 0.0, 1.0).astype(np.float32),  # some query tokens off
+        np.zeros(9, np.float32),
+    ):
+        want = cs._at_best(np.take(s_t, codes, axis=0), best, lengths, weights)
+        got = gather_max.tokens_at_best(
+            s_t, codes.astype(np.uint16), lengths, best, weights, reference=cs._at_best
+        )
+        assert got.dtype == bool and got.shape == (len(codes),)
+        np.testing.assert_array_equal(got, want)
+        assert want.any() and (ties or not want.all())  # distinct scores: some rows dropped
+
+
 def test_warm_up_compiles_the_pass_that_searches_then_reuse():
-    """``Searcher.load`` calls ``warm_up``: afterwards a search's call compiles nothing."""
+    """``Searcher.load`` calls ``warm_up``: afterwards a search's calls (the gather-and-max and
+    the residual interaction's token choice, the index's uint16 codes) compile nothing."""
     code = (
         "import numpy as np\n"
         "from aligner_jax.retrieval import centroid_search as cs, gather_max as g\n"
@@ -73,6 +99,10 @@ def test_warm_up_compiles_the_pass_that_searches_then_reuse():
         "g.gather_segment_max(s, np.array([1]), np.array([1]), add=np.ones((1, 3), np.float32),\n"
         "                     at_max=np.ones(1, np.float32), reference=cs.segment_max)\n"
         "assert len(warm) == 1 and list(g._gather_max.signatures) == warm, g._gather_max.signatures\n"
+        "at = list(g._at_best.signatures)\n"
+        "g.tokens_at_best(s, np.array([0, 4], np.uint16), np.array([1, 1]), s[:2],\n"
+        "                 np.ones(3, np.float32))\n"
+        "assert len(at) == 1 and list(g._at_best.signatures) == at, g._at_best.signatures\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

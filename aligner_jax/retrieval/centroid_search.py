@@ -522,8 +522,9 @@ class CentroidSearcher:
         is) — the tokens the residual interaction scores (``refine(..., keep=)``)."""
         best = self._interaction(s_t, docs, weights)[1]
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        sims = np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0)
-        return _at_best(sims, best, lengths, weights)
+        return gather_max.tokens_at_best(
+            s_t, self.index.codes[rows], lengths, best, weights, reference=_at_best
+        )
 
     def refine(
         self,
@@ -539,8 +540,9 @@ class CentroidSearcher:
         ``keep`` (bool, one per stored token of ``docs`` in order): only these tokens are
         scored, each document's max over them. ``best_centroids`` (``[docs, n]``, each
         document's best centroid score per query token, from stage 3) keeps the tokens of
-        ``best_centroid_tokens`` the same way, read from the centroid scores this step gathers
-        anyway (the residual interaction of stage 3).
+        ``best_centroid_tokens`` the same way (the residual interaction of stage 3), in one
+        compiled pass over the tokens' centroid scores (``gather_max.tokens_at_best``) unless
+        ``refine_margin`` also needs them gathered.
 
         Token-major: ``s_t`` is Sᵀ ``[C, n]``, so a stored token's centroid scores are one
         contiguous row, and its residual scores one row of ``levels @ weightsᵀ``."""
@@ -549,7 +551,13 @@ class CentroidSearcher:
             lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
             rows = rows[keep]
         margin = self.config.refine_margin
-        if best_centroids is not None or margin is not None:  # choose tokens by q·c first
+        if best_centroids is not None and margin is None:  # one compiled pass, no [T, n] gather
+            keep = gather_max.tokens_at_best(
+                s_t, self.index.codes[rows], lengths, best_centroids, u_q, reference=_at_best
+            )
+            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+            rows = rows[keep]
+        elif best_centroids is not None or margin is not None:  # choose tokens by q·c first
             sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
             np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)
             if best_centroids is not None:

@@ -48,8 +48,27 @@ def _gather_max(s_t, codes, lengths, add, at_max, out, sel):  # pragma: no cover
             j += 1
 
 
+def _at_best(s_t, codes, lengths, best, live, out):  # pragma: no cover - compiled
+    """out[j] = whether row j's centroid scores s_t[codes[j]] reach its document's ``best``
+    row for some query token i with live[i]."""
+    n = s_t.shape[1]
+    j = 0
+    for d in range(lengths.shape[0]):
+        target = best[d]
+        for _ in range(lengths[d]):
+            row = s_t[codes[j]]
+            hit = False
+            for i in range(n):
+                if live[i] and row[i] == target[i]:
+                    hit = True
+                    break
+            out[j] = hit
+            j += 1
+
+
 if numba is not None:
     _gather_max = numba.njit(cache=True, nogil=True)(_gather_max)
+    _at_best = numba.njit(cache=True, nogil=True)(_at_best)
 
 
 def gather_segment_max(
@@ -88,6 +107,39 @@ def gather_segment_max(
     return out if at_max is None else (out, sel)
 
 
+def tokens_at_best(
+    s_t: np.ndarray,
+    codes: np.ndarray,
+    lengths: np.ndarray,
+    best: np.ndarray,
+    weights: np.ndarray,
+    reference=None,
+) -> np.ndarray:
+    """Whether each row's centroid scores ``s_t[codes[j]]`` reach its document's ``best [docs,
+    n]`` for some query token of weight > 0 (any query token when none or all have): the
+    tokens the residual interaction scores (``centroid_search.CentroidSearcher.refine``), in
+    one pass that reads each row's scores once — NumPy gathers the ``[rows, n]`` matrix first
+    and compares it whole. ``reference`` is ``centroid_search._at_best`` (on the gathered
+    matrix), the path used without numba."""
+    lengths = np.asarray(lengths, np.int64)
+    if numba is None:
+        sims = np.take(s_t, np.asarray(codes, np.intp), axis=0)
+        return reference(sims, best, lengths, weights)
+    live = np.asarray(weights) > 0
+    if live.all() or not live.any():
+        live = np.ones(s_t.shape[1], bool)
+    out = np.empty(int(lengths.sum()), bool)
+    _at_best(
+        np.ascontiguousarray(s_t, np.float32),
+        np.ascontiguousarray(codes, np.int64),
+        lengths,
+        np.ascontiguousarray(best, np.float32),
+        live,
+        out,
+    )
+    return out
+
+
 def warm_up() -> None:
     """Compiles the pass now (or loads it from numba's cache, ~0.5 s on 2 cores), so that the
     first search after ``Searcher.load`` does not pay for it. A no-op without numba."""
@@ -96,3 +148,4 @@ def warm_up() -> None:
     one = np.zeros((1, 1), np.float32)
     ids = np.zeros(1, np.int64)
     gather_segment_max(one, ids, ids + 1, add=one, at_max=one[0], reference=None)
+    tokens_at_best(one, ids, ids + 1, one, np.ones(1, np.float32))
