@@ -541,34 +541,25 @@ class CentroidSearcher:
         scored, each document's max over them. ``best_centroids`` (``[docs, n]``, each
         document's best centroid score per query token, from stage 3) keeps the tokens of
         ``best_centroid_tokens`` the same way (the residual interaction of stage 3), in one
-        compiled pass over the tokens' centroid scores (``gather_max.tokens_at_best``) unless
-        ``refine_margin`` also needs them gathered.
+        compiled pass over the tokens' centroid scores (``gather_max.tokens_at_best``).
 
         Token-major: ``s_t`` is Sᵀ ``[C, n]``, so a stored token's centroid scores are one
         contiguous row, and its residual scores one row of ``levels @ weightsᵀ``."""
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
         if keep is not None:
-            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-            rows = rows[keep]
-        margin = self.config.refine_margin
-        if best_centroids is not None and margin is None:  # one compiled pass, no [T, n] gather
-            keep = gather_max.tokens_at_best(
+            rows, lengths = _kept(rows, lengths, keep)
+        if best_centroids is not None:  # one compiled pass over the rows' centroid scores
+            at_best = gather_max.tokens_at_best(
                 s_t, self.index.codes[rows], lengths, best_centroids, u_q, reference=_at_best
             )
-            lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-            rows = rows[keep]
-        elif best_centroids is not None or margin is not None:  # choose tokens by q·c first
+            rows, lengths = _kept(rows, lengths, at_best)
+        margin = self.config.refine_margin
+        if margin is not None:  # tokens within `margin` of their doc's best centroid score
             sims = scratch.buffer("refine.sims", (len(rows), s_t.shape[1]), np.float32)
             np.take(s_t, np.asarray(self.index.codes[rows], np.intp), axis=0, out=sims)
-            if best_centroids is not None:
-                keep = _at_best(sims, best_centroids, lengths, u_q)
-                lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-                rows, sims = rows[keep], sims[keep]
-            if margin is not None:  # tokens within `margin` of their doc's best centroid score
-                best_c = segment_max(sims, lengths)
-                keep = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
-                lengths = np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
-                rows = rows[keep]
+            best_c = segment_max(sims, lengths)
+            near = (sims >= np.repeat(best_c, lengths, axis=0) - margin).any(axis=1)
+            rows, lengths = _kept(rows, lengths, near)
         # q·c + q·r̂ and each document's maxima in one pass (no [T, n] matrix), with the u^d of
         # each column's selected (maximal) token; selection is by S alone (Eq. 2).
         u_d = None if self.salience is None else np.asarray(self.salience[rows], np.float32)
@@ -729,6 +720,12 @@ class CentroidSearcher:
         else:
             exact = np.asarray(refine_fn(refined))
         return [_merge([(refined, row)] + tail, k) for row in exact]
+
+
+def _kept(rows: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``keep`` (bool per row) rows of consecutive documents of ``lengths`` rows, and each
+    document's count of them."""
+    return rows[keep], np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
 
 
 def _top1_scores(found, u_q: np.ndarray) -> np.ndarray:
