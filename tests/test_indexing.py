@@ -148,26 +148,36 @@ def test_scann_index_in_parts_matches_one_index(tmp_path):
     np.testing.assert_array_equal(loaded.search(q, 20)[2], r_parts)
 
 
-def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tmp_path):
-    """IndexingConfig.store_beta_d keeps only each document's top tokens by salience on disk."""
+@pytest.fixture(scope="module")
+def tiny_encoder():
     import gin
 
     from aligner_jax.common import cli
-    from aligner_jax.data import beir
     from aligner_jax.encoding import loading
     from aligner_jax.encoding.encoder import Encoder
-    from aligner_jax.indexing import indexer
 
     gin.clear_config()
     try:
         cli.parse_gin(["models/bert_tiny.gin"])
-        encoder = Encoder(loading.load_encoder())
+        return Encoder(loading.load_encoder())
     finally:
         gin.clear_config()
+
+
+def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tiny_encoder, tmp_path):
+    """IndexingConfig.store_beta_d keeps only each document's top tokens by salience on disk."""
+    from aligner_jax.data import beir
+    from aligner_jax.indexing import indexer
+
     docs = list(beir.iter_corpus(corpus))[:12]
-    full = indexer.build_token_store(docs, encoder, tmp_path / "full", indexer.IndexingConfig(5))
-    half = indexer.build_token_store(
-        docs, encoder, tmp_path / "half", indexer.IndexingConfig(5, store_beta_d=0.5)
+    full, half = (
+        indexer.build_token_store(
+            docs,
+            tiny_encoder,
+            tmp_path / name,
+            indexer.IndexingConfig(5, store_beta_d=beta, drop_zero_salience=False),
+        )
+        for name, beta in (("full", 1.0), ("half", 0.5))
     )
     assert full.complete and half.complete
     a, b = ts.TokenStore(tmp_path / "full"), ts.TokenStore(tmp_path / "half")
@@ -181,6 +191,45 @@ def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tmp_path):
         threshold = np.sort(sa.astype(np.float32))[::-1][len(sb) - 1]
         assert np.all(sa[kept].astype(np.float32) >= threshold)
     assert b.nbytes() < 0.7 * a.nbytes()
+
+
+def test_tokens_of_zero_salience_are_not_stored(corpus, tiny_encoder, tmp_path):
+    """By default a document keeps exactly its tokens of salience above 0, in text order (its
+    first token when it has none); the setting is recorded, and a store that predates it keeps
+    storing every token on --add."""
+    from aligner_jax.core import pruning
+    from aligner_jax.data import beir
+    from aligner_jax.indexing import indexer, updates
+
+    docs = list(beir.iter_corpus(corpus))[:12]
+    indexer.build_token_store(docs, tiny_encoder, tmp_path / "default", indexer.IndexingConfig(5))
+    indexer.build_token_store(
+        docs, tiny_encoder, tmp_path / "all", indexer.IndexingConfig(5, drop_zero_salience=False)
+    )
+    default, every = ts.TokenStore(tmp_path / "default"), ts.TokenStore(tmp_path / "all")
+    assert default.manifest["indexing"]["drop_zero_salience"] is True
+    zero = np.asarray(every.salience()) == 0
+    assert 0 < zero.mean() < 1  # the tiny model's LP gives some tokens no salience
+    assert default.num_tokens == every.num_tokens - zero.sum()
+    for i in range(len(docs)):
+        va, sa, ia = every.document(i)
+        vd, sd, idd = default.document(i)
+        rows = np.flatnonzero(sa > 0) if (sa > 0).any() else np.array([0])
+        np.testing.assert_array_equal(vd, va[rows])
+        np.testing.assert_array_equal(idd, ia[rows])
+        assert (sd > 0).all() or len(sd) == 1
+    np.testing.assert_array_equal(pruning.salient(np.zeros(3, np.float32)), [0])
+    assert len(pruning.salient(np.zeros(0, np.float32))) == 0
+
+    # A store written before the setting existed records none: it keeps every token.
+    manifest = json.loads((tmp_path / "all" / ts.MANIFEST).read_text())
+    del manifest["indexing"]["drop_zero_salience"]
+    (tmp_path / "all" / ts.MANIFEST).write_text(json.dumps(manifest))
+    assert not indexer.IndexingConfig.recorded(manifest["indexing"]).drop_zero_salience
+    more = [beir.Document(f"new-{d.doc_id}", d.title, d.text) for d in docs[:3]]
+    updates.add_documents(str(tmp_path / "all"), more, tiny_encoder)
+    grown = ts.TokenStore(tmp_path / "all")
+    assert grown.num_tokens == every.num_tokens + every.doc_lengths[:3].sum()
 
 
 def test_one_writer_per_index_directory(corpus, tmp_path):

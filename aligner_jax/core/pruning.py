@@ -4,6 +4,10 @@ One rule for queries (β^q, before token retrieval), documents (β^d, in the tok
 store) and explanations (Table 4's highlighted tokens): a text of ``n > 0`` tokens keeps
 ``max(1, ⌈β·n⌉)`` of them (all of them when β ≥ 1), the most salient first; ties keep the
 earlier token. Positions are returned in text order.
+
+Documents also lose their tokens of zero salience when stored (``salient``): in Eq. 2,
+``A = Ã ⊙ (u^q ⊗ u^d)`` gives such a token no weight, so it adds nothing to a score; kept, it
+can only win a query token's top-1 alignment and silence that query token.
 """
 
 from __future__ import annotations
@@ -44,3 +48,10 @@ def top_fraction_segments(salience: np.ndarray, offsets: np.ndarray, beta: float
 def top_fraction(salience: np.ndarray, beta: float) -> np.ndarray:
     """Positions of the top ``max(1, ⌈β·n⌉)`` tokens of one text by salience, in text order."""
     return top_fraction_segments(salience, np.array([0, len(salience)]), beta)
+
+
+def salient(salience: np.ndarray) -> np.ndarray:
+    """Positions of one text's tokens with salience above 0, in text order; a text with none
+    keeps its first token (a document is never empty)."""
+    kept = np.flatnonzero(np.asarray(salience) > 0)
+    return kept if len(kept) or not len(salience) else np.zeros(1, np.int64)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gin
 import jax
+import numpy as np
 from absl import logging
 
 from aligner_jax.common import checks, errors, fileio, progress
@@ -41,24 +42,38 @@ class IndexingConfig:
     """Attributes:
     shard_size: documents per shard (bounds memory; the unit of resumption).
     store_beta_d: fraction of each document's tokens (top by salience) kept in the refinement
-      store. 1.0 stores every token, so refinement uses full documents (paper §3.2); lower
-      values drop pruned tokens from disk too.
+      store. 1.0 stores every token (of salience above 0, below), so refinement uses full
+      documents (paper §3.2); lower values drop pruned tokens from disk too.
+    drop_zero_salience: store only the tokens whose salience u^d is above 0 (a document with
+      none keeps its first token). Eq. 2 gives them no weight; kept, they can only take a query
+      token's top-1 alignment and silence it, which lets documents of unrelated tokens win
+      (benchmarks/results/README.md, "Tokens of zero salience"). Stores that predate the
+      setting kept them (``recorded``). A no-op for models without saliences (u = 1).
     store_text: keep each document's title and text in ``documents.sqlite`` (search hits show
       them); False keeps only ids and metadata (filters still work).
     """
 
     shard_size: int = ts.SHARD_SIZE
     store_beta_d: float = 1.0
+    drop_zero_salience: bool = True
     store_text: bool = True
 
     def __post_init__(self):
         checks.integer("IndexingConfig.shard_size", self.shard_size, minimum=1)
         checks.number("IndexingConfig.store_beta_d", self.store_beta_d, 0.0, 1.0, low_open=True)
-        if not isinstance(self.store_text, bool):
-            raise ConfigError(
-                f"{checks.flag('IndexingConfig.store_text', self.store_text)}: expected True or "
-                "False"
-            )
+        for name in ("drop_zero_salience", "store_text"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"{checks.flag(f'IndexingConfig.{name}', getattr(self, name))}: expected "
+                    "True or False"
+                )
+
+    @classmethod
+    def recorded(cls, settings: dict) -> IndexingConfig:
+        """The config a store's recorded ``indexing`` settings describe; a store written before
+        ``drop_zero_salience`` existed (or by ``TokenStoreWriter``, which stores what it is
+        given) kept its tokens of zero salience."""
+        return cls(**{"drop_zero_salience": False, **settings})
 
     def settings(self) -> dict:
         """The settings recorded in ``index_config.json`` and the manifest. ``store_text`` only
@@ -99,10 +114,17 @@ def _shards(documents: Iterable[beir.Document], size: int) -> Iterator[list[beir
         yield shard
 
 
-def _keep_top(encoded, beta: float):
-    if beta >= 1.0:
+def _stored_tokens(encoded, config: IndexingConfig):
+    """The tokens of one encoded document that the store keeps: the top ``store_beta_d`` by
+    salience (§3.2), then those whose salience, as stored (float16), is above 0
+    (``drop_zero_salience``)."""
+    rows = np.arange(len(encoded.salience))
+    if config.store_beta_d < 1.0:
+        rows = pruning.top_fraction(encoded.salience, config.store_beta_d)
+    if config.drop_zero_salience:
+        rows = rows[pruning.salient(encoded.salience[rows].astype(ts.VECTOR_DTYPE))]  # as stored
+    if len(rows) == len(encoded.salience):
         return encoded
-    rows = pruning.top_fraction(encoded.salience, beta)  # §3.2, applied when storing
     return dataclasses.replace(
         encoded,
         token_ids=encoded.token_ids[rows],
@@ -165,7 +187,7 @@ def encode_shard(
     token_ids = encoder.tokenize(texts, "doc")
     encoded = [None] * len(docs)
     for i, e in encoder.encode_token_ids(token_ids, "doc", bar=bar):
-        encoded[i] = _keep_top(e, config.store_beta_d)
+        encoded[i] = _stored_tokens(e, config)
     shard_docs = [
         ts.EncodedDocument(d.doc_id, e.vectors, e.salience, e.token_ids)
         for d, e in zip(docs, encoded, strict=True)

@@ -70,7 +70,7 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
         )
     if not docs:
         raise ConfigError(f"{label}: no documents")
-    config = indexer.IndexingConfig(**manifest["indexing"])
+    config = indexer.IndexingConfig.recorded(manifest["indexing"])
     start = time.perf_counter()
     first = max(s["index"] for s in manifest["shards"]) + 1
     entries = []

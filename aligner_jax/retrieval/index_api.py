@@ -226,7 +226,7 @@ class Index:
             spec = ts.read_json(directory / indexer.ENCODER_FILE, "rebuild this index")
             encoder = Encoder(loading.encoder_from_spec(spec), EncodingConfig())
         ts.check_model_matches(settings, encoder.bundle.info(), directory)
-        return cls(directory, encoder, indexer.IndexingConfig(**settings["indexing"]))
+        return cls(directory, encoder, indexer.IndexingConfig.recorded(settings["indexing"]))
 
     @staticmethod
     def _settings(bundle: EncoderBundle, config: indexer.IndexingConfig) -> dict:
