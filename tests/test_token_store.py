@@ -69,6 +69,29 @@ def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, 
         store.concatenated("vectors", picks, np.empty((t + 1, DIM), np.float32))
 
 
+def test_concatenated_reads_past_a_full_map_cache_without_evicting_it(tmp_path, docs):
+    """With more shards than the cache holds, the unmapped shards' rows are read from their
+    files (the same values) and the maps already open stay open: no map churn per document."""
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)  # 6 shards
+    store.MAX_OPEN_ARRAYS = 2
+    store.document(4)  # maps shard 1: two of its three arrays stay in the cache
+    held = dict(store._open)
+    assert len(held) == 2
+    picks = np.array([22, 3, 4, 9, 4, 17, 0])  # any order, across shards, repeated
+    t = sum(len(docs[i].token_ids) for i in picks)
+    for _ in range(2):  # the second read uses the parsed headers
+        vectors = store.concatenated("vectors", picks, np.empty((t, DIM), np.float32))
+        np.testing.assert_array_equal(
+            vectors, np.concatenate([docs[i].vectors for i in picks]).astype(np.float32)
+        )
+        salience = store.concatenated("salience", picks, np.empty(t, np.float32))
+        np.testing.assert_allclose(
+            salience, np.concatenate([docs[i].salience.astype(np.float16) for i in picks])
+        )
+        assert set(store._open) == set(held)  # reads reorder the LRU, never evict
+        assert all(store._open[k] is v for k, v in held.items())
+
+
 def test_truncated_shard_is_refused_naming_the_file(tmp_path, docs):
     write_store(tmp_path / "idx", docs, DIM, shard_size=10)
     victim = tmp_path / "idx" / "shard-00001.vectors.npy"

@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import io
 import json
+import math
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -250,6 +251,9 @@ class TokenStore:
         self._shards = shards
         self._open: collections.OrderedDict = collections.OrderedDict()
         self._open_lock = threading.Lock()
+        self._headers: dict[
+            tuple[str, int], tuple
+        ] = {}  # _read_runs: (data offset, dtype, row, bytes)
         self.dim = int(self.manifest["model"]["dim"])
         offsets, self.doc_ids = [np.zeros(1, np.int64)], []
         base_tokens = 0
@@ -325,12 +329,15 @@ class TokenStore:
         except ValueError as e:
             raise errors.IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
 
-    def _array(self, kind: str, s: int) -> np.ndarray:
+    def _array(self, kind: str, s: int, evict: bool = True) -> np.ndarray | None:
         """Shard ``s``'s ``kind`` array (vectors, salience, token_ids), mapped through the
-        least-recently-used cache of open maps."""
+        least-recently-used cache of open maps; with ``evict=False``, None where it is not
+        mapped and the cache is full."""
         key = (kind, s)
         with self._open_lock:  # searches read from several threads (the cache, and np.load's
             array = self._open.get(key)  # header parsing, which CPython 3.11 races on)
+            if array is None and not evict and len(self._open) >= self.MAX_OPEN_ARRAYS:
+                return None
             if array is None:
                 array = self._map(self._shards[s]["files"][kind])
                 self._open[key] = array
@@ -452,14 +459,55 @@ class TokenStore:
     def concatenated(self, kind: str, doc_indices: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The rows of ``kind`` of the given documents, concatenated in their order, copied
         into ``out`` (``[their tokens, ...]``; of another dtype, e.g. float32 vectors, the cast
-        happens in the copy); returns ``out``."""
-        at = 0
-        for (array,), lo, hi in self._document_runs((kind,), doc_indices):
-            out[at : at + hi - lo] = array[lo:hi]
-            at += hi - lo
-        if at != len(out):
-            raise ValueError(f"concatenated: the documents hold {at} rows, out has {len(out)}")
+        happens in the copy); returns ``out``.
+
+        Shard by shard: from its map where it is mapped or the cache has room for it, else
+        read from its file in place (one open file at a time, ``_read_runs``) without evicting
+        a map. A store of more shards than the cache holds would otherwise map and unmap a file
+        for nearly every document (at 104 shards, 100 documents took 31 ms, 27 of them in
+        ``np.load``)."""
+        doc_indices = np.asarray(doc_indices, dtype=np.int64)
+        starts = self.offsets[doc_indices]
+        ends = self.offsets[doc_indices + 1]
+        at = np.concatenate([[0], np.cumsum(ends - starts)])
+        if at[-1] != len(out):
+            raise ValueError(f"concatenated: the documents hold {at[-1]} rows, out has {len(out)}")
+        shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
+        order = np.argsort(shard, kind="stable")
+        bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        for group in np.split(order, bounds) if len(order) else []:
+            s = int(shard[group[0]])
+            off = int(self._shard_token_starts[s])
+            runs = [(int(starts[i]) - off, int(ends[i]) - off, int(at[i])) for i in group]
+            array = self._array(kind, s, evict=False)
+            if array is None:
+                self._read_runs(kind, s, runs, out)
+                continue
+            for lo, hi, to in runs:
+                out[to : to + hi - lo] = array[lo:hi]
         return out
+
+    def _read_runs(self, kind: str, s: int, runs: list, out: np.ndarray) -> None:
+        """Copies rows ``lo:hi`` of shard ``s``'s ``kind`` array to ``out[to:]`` for each
+        ``(lo, hi, to)`` of ``runs``, read with ``os.pread`` from its ``.npy`` file (header
+        parsed once per file and kept)."""
+        meta = self._shards[s]["files"][kind]
+        path = self.directory / meta["path"]
+        with open(path, "rb") as f:
+            header = self._headers.get((kind, s))
+            if header is None:
+                major, _ = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if major == 1 else None
+                shape, fortran, dtype = (read or np.lib.format.read_array_header_2_0)(f)
+                if fortran:
+                    raise errors.IndexIntegrityError(f"{path}: a Fortran-ordered array")
+                row = tuple(shape[1:])
+                row_bytes = dtype.itemsize * math.prod(row)
+                header = self._headers[(kind, s)] = (f.tell(), dtype, row, row_bytes)
+            start, dtype, row, row_bytes = header
+            for lo, hi, to in runs:
+                data = os.pread(f.fileno(), (hi - lo) * row_bytes, start + lo * row_bytes)
+                out[to : to + hi - lo] = np.frombuffer(data, dtype).reshape((hi - lo, *row))
 
     def _document_runs(self, kinds: tuple[str, ...], doc_indices: np.ndarray):
         """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A
