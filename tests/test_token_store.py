@@ -53,9 +53,8 @@ def test_gather_padded_spans_shards(tmp_path, docs):
         store.gather_padded(picks, 2)
 
 
-def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, docs):
-    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)
-    picks = np.array([22, 3, 4, 9, 4])  # any order, across shards, repeated
+def _check_concatenated(store, docs, picks) -> int:
+    """``concatenated`` gives the picked documents' rows in order, cast into ``out``."""
     t = sum(len(docs[i].token_ids) for i in picks)
     vectors = store.concatenated("vectors", picks, np.empty((t, DIM), np.float32))
     np.testing.assert_array_equal(
@@ -65,6 +64,13 @@ def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, 
     np.testing.assert_allclose(
         salience, np.concatenate([docs[i].salience.astype(np.float16) for i in picks])
     )
+    return t
+
+
+def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, docs):
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)
+    picks = np.array([22, 3, 4, 9, 4])  # any order, across shards, repeated
+    t = _check_concatenated(store, docs, picks)
     with pytest.raises(ValueError, match=f"hold {t} rows, out has {t + 1}"):
         store.concatenated("vectors", picks, np.empty((t + 1, DIM), np.float32))
 
@@ -77,17 +83,8 @@ def test_concatenated_reads_past_a_full_map_cache_without_evicting_it(tmp_path, 
     store.document(4)  # maps shard 1: two of its three arrays stay in the cache
     held = dict(store._open)
     assert len(held) == 2
-    picks = np.array([22, 3, 4, 9, 4, 17, 0])  # any order, across shards, repeated
-    t = sum(len(docs[i].token_ids) for i in picks)
     for _ in range(2):  # the second read uses the parsed headers
-        vectors = store.concatenated("vectors", picks, np.empty((t, DIM), np.float32))
-        np.testing.assert_array_equal(
-            vectors, np.concatenate([docs[i].vectors for i in picks]).astype(np.float32)
-        )
-        salience = store.concatenated("salience", picks, np.empty(t, np.float32))
-        np.testing.assert_allclose(
-            salience, np.concatenate([docs[i].salience.astype(np.float16) for i in picks])
-        )
+        _check_concatenated(store, docs, np.array([22, 3, 4, 9, 4, 17, 0]))
         assert set(store._open) == set(held)  # reads reorder the LRU, never evict
         assert all(store._open[k] is v for k, v in held.items())
 
