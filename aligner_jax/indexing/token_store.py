@@ -251,9 +251,8 @@ class TokenStore:
         self._shards = shards
         self._open: collections.OrderedDict = collections.OrderedDict()
         self._open_lock = threading.Lock()
-        self._headers: dict[
-            tuple[str, int], tuple
-        ] = {}  # _read_runs: (data offset, dtype, row, bytes)
+        # _read_runs' parsed .npy headers: (kind, shard) -> (data offset, dtype, row, row bytes)
+        self._headers: dict[tuple[str, int], tuple] = {}
         self.dim = int(self.manifest["model"]["dim"])
         offsets, self.doc_ids = [np.zeros(1, np.int64)], []
         base_tokens = 0
