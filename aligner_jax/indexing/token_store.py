@@ -37,13 +37,14 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import errors, fileio, half, scratch
 
 FORMAT = "aligner_jax.indexing.token_store/1"
 MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"
 SHARD_FILES = ("vectors", "salience", "token_ids", "offsets", "doc_ids")
 VECTOR_DTYPE = np.float16
+HALF_KINDS = ("vectors", "salience")  # the kinds stored as VECTOR_DTYPE
 
 
 SHARD_SIZE = 500  # documents per shard unless told (the writer, aligner-index, an --add)
@@ -474,6 +475,10 @@ class TokenStore:
         shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        target = out
+        if kind in HALF_KINDS and out.dtype == np.float32 and out.flags.c_contiguous:
+            # rows copied as they are stored, then cast at once (NumPy's cast is 6x slower)
+            out = scratch.buffer(f"store.concatenated.{kind}", out.shape, VECTOR_DTYPE)
         for group in np.split(order, bounds) if len(order) else []:
             s = int(shard[group[0]])
             off = int(self._shard_token_starts[s])
@@ -482,9 +487,10 @@ class TokenStore:
             if array is None:
                 self._read_runs(kind, s, runs, out)
                 continue
+            array = array.view(np.ndarray)  # slices of a plain view skip memmap's bookkeeping
             for lo, hi, to in runs:
                 out[to : to + hi - lo] = array[lo:hi]
-        return out
+        return target if out is target else half.to_float32(out, target)
 
     def _read_runs(self, kind: str, s: int, runs: list, out: np.ndarray) -> None:
         """Copies rows ``lo:hi`` of shard ``s``'s ``kind`` array to ``out[to:]`` for each
