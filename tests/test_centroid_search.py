@@ -250,9 +250,14 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
     and ranked above the other refined documents (which keep their compressed scores)."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
     wide = dict(probes=index.num_centroids, interaction_docs=60, refine_docs=60)
-    compressed = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**wide), salience)
+    compressed = cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(**wide, refine_float=0.0), salience
+    )
     floated = cs.CentroidSearcher(
-        store, index, cs.CentroidSearchConfig(**wide, refine_float=0.5), salience
+        store,
+        index,
+        cs.CentroidSearchConfig(**wide, refine_float=0.5, refine_float_min=0),
+        salience,
     )
     k, differs = 10, 0
     for seed in range(6):
@@ -272,6 +277,38 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
     assert differs  # 2-bit scores are not the float ones: the test would see a no-op
     with pytest.raises(errors.ConfigError, match="refine_float"):
         cs.CentroidSearchConfig(refine_float=-1.0)
+    with pytest.raises(errors.ConfigError, match="refine_float_min"):
+        cs.CentroidSearchConfig(refine_float_min=-1)
+
+
+@pytest.mark.parametrize("salience", [True, False])
+def test_float_refinement_is_on_by_default_for_models_with_saliences(store, salience):
+    """The default ``refine_float`` (None): a model with saliences has the best
+    max(k, ``refine_float_min``) refined documents scored from the float store, Eq. 1–2 exactly
+    (so a k = 10 search ranks its top 10 out of 30 exact scores); one without keeps the
+    compressed scores."""
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
+    wide = dict(probes=index.num_centroids, interaction_docs=60, refine_docs=60)
+    default = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**wide), salience)
+    assert default.config.refine_float == (cs.REFINE_FLOAT if salience else 0.0)
+    compressed = cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(**wide, refine_float=0.0), salience
+    )
+    k, m = 10, cs.REFINE_FLOAT_MIN
+    assert m > k
+    for seed in range(4):
+        q = _query(seed)
+        reference = _float_top1(store, q, salience)
+        ((docs, scores),), _ = default.search(q.vectors, q.salience, np.arange(5), k=k)
+        (mine,), _ = compressed.search(q.vectors, q.salience, np.arange(5), k=m)
+        if not salience:
+            np.testing.assert_array_equal(docs, mine[0][:k])
+            continue
+        # the top k of the compressed ranking's best m, by their exact scores
+        exact = reference[mine[0]]
+        best = mine[0][np.argsort(-exact, kind="stable")[:k]]
+        assert set(docs) == set(best)
+        np.testing.assert_allclose(scores, reference[docs], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("margin", [None, 0.15])
@@ -366,7 +403,7 @@ def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
     assert off.config.documents_per_probe(10) == off.config.documents_per_probe(100) == 640
     _, counts = off.search(q.vectors, q.salience, np.arange(5), k=10)
     assert counts.interaction > counts.refined  # the centroid interaction ran
-    given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=100)
+    given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=100, refine_float=0.0)
     assert cs.CentroidSearcher(store, index, given).config == given
     assert not cs.CentroidSearcher(
         store, index, cs.CentroidSearchConfig(residual_candidates=False)

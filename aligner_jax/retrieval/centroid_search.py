@@ -29,10 +29,11 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      are scored (the best one always is, so every query token aligns): faster, approximate —
      the residual term can move a token by more than the margin (SciFact zero-shot, margin
      0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
-     store through ``refine.Refiner``, see ``searcher``). With ``refine_float`` (off by default)
-     the best ⌈refine_float·k⌉ of them are scored again from the token store's float vectors,
-     Eq. 1–2 exactly (``refine_stored``): on a model with saliences a residual's error can
-     change which token a query token selects, and with it the u^d that weights it.
+     store through ``refine.Refiner``, see ``searcher``). With ``refine_float`` (by default on
+     for models with saliences) the best max(⌈refine_float·k⌉, ``refine_float_min``) of them
+     are scored again from the token store's float vectors, Eq. 1–2 exactly
+     (``refine_stored``): a residual's error can change which token a query token selects, and
+     with it the u^d that weights it.
 
 With ``CentroidSearchConfig.residual_candidates`` (on by default where the token lists fit,
 below) stage 2 scores every token of the probed clusters with its residual, q·(c + r̂), WARP's
@@ -107,6 +108,8 @@ MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
+REFINE_FLOAT = 1.0  # float re-scored documents per requested one, models with saliences
+REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
 IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
 
 
@@ -126,8 +129,15 @@ class CentroidSearchConfig:
     ``probe_docs``: None: with residual candidates ``residual_probe_docs(k)`` (2,560 at
     k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
-    ``refine_float``: the best ⌈refine_float · k⌉ refined documents are scored again with the
-    token store's float vectors (Eq. 1–2 exactly, ``refine_stored``); 0: none.
+    ``refine_float``: the best max(⌈refine_float · k⌉, ``refine_float_min``) refined documents
+    are scored again with the token store's float vectors (Eq. 1–2 exactly, ``refine_stored``);
+    0: none; None: ``REFINE_FLOAT`` for a model with saliences, 0 without (``CentroidSearcher``
+    decides). Chosen on SciFact's *train* queries (100, trained 128-d model, the top 10 of a
+    k = 100 search against exhaustive search's): at 2 bits top-10 overlap 0.821 → 0.979 (1×)
+    and 0.779 → 0.891 (10×, ``benchmarks/scale.py``'s distractors), at 4 bits 0.909 → 0.985
+    (1×); a k = 10 search re-scores 30 documents: 0.811 → 0.936 (2 bits), 0.889 → 0.942 (4
+    bits). A model without saliences loses little to compression (zero-shot 384-d, 4 bits, 1×:
+    0.98 without) and reads three times the bytes per token: off.
     ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
@@ -155,7 +165,8 @@ class CentroidSearchConfig:
     residual_interaction: bool = True
     residual_per_refine: float = RESIDUAL_PER_REFINE
     residual_candidates: bool | None = None
-    refine_float: float = 0.0
+    refine_float: float | None = None
+    refine_float_min: int = REFINE_FLOAT_MIN
     query_tokens_ref: int | None = None
     impute_depth: float = IMPUTE_DEPTH
 
@@ -168,7 +179,8 @@ class CentroidSearchConfig:
         checks.integer(f"{name}.interaction_per_refine", self.interaction_per_refine, minimum=1)
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
-        checks.number(f"{name}.refine_float", self.refine_float, low=0.0)
+        checks.number(f"{name}.refine_float", self.refine_float, low=0.0, allow_none=True)
+        checks.integer(f"{name}.refine_float_min", self.refine_float_min, minimum=0)
         checks.number(f"{name}.impute_depth", self.impute_depth, low=1.0)
         checks.integer(
             f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
@@ -379,6 +391,9 @@ class CentroidSearcher:
         if not self.uniform_salience and index.salience is None:
             raise ValueError(f"{index.directory}: the index holds no saliences; rebuild it")
         self.salience = None if self.uniform_salience else index.salience
+        if self.config.refine_float is None:
+            auto = 0.0 if self.uniform_salience else REFINE_FLOAT
+            self.config = dataclasses.replace(self.config, refine_float=auto)
 
     def counts(self, k: int = 0, n: int = 0) -> tuple[int, int, int]:
         """(probes, interaction_docs, refine_docs) of a search for ``k`` documents on this index
@@ -708,7 +723,10 @@ class CentroidSearcher:
         followed by the ``tail`` blocks ``[(docs, estimates)]`` in order, cut at ``k``."""
         if refine_fn is None:
             exact = self.refine(q, s_t, refined, u_q)
-            m = min(math.ceil(self.config.refine_float * k), len(refined))
+            m = 0
+            if self.config.refine_float > 0:
+                m = max(math.ceil(self.config.refine_float * k), self.config.refine_float_min)
+            m = min(m, len(refined))
             if m:  # the best m again from float vectors, above the others
                 best = _top(exact, m)
                 rest = np.ones(len(refined), bool)
