@@ -161,8 +161,8 @@ def markdown(result: dict) -> str:
         mark = " **chosen**" if r is result.get("chosen_row") else ""
         mark10 = " **chosen at k=10**" if r is result.get("chosen_row_k10") else ""
         lines.append(
-            f"| {r['probe_docs']} | {r['refine_per_k']} | {r.get('refine_docs') or 'auto'} | "
-            f"{r.get('refine_float', 0.0)} | {r.get('impute_depth', 1.0)} | "
+            f"| {r['probe_docs'] or 'auto'} | {r['refine_per_k']} | {r.get('refine_docs') or 'auto'} | "
+            f"{_auto(r.get('refine_float', 0.0))} | {r.get('impute_depth', 1.0)} | "
             f"{r['interaction_per_refine']} | "
             f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
@@ -172,6 +172,10 @@ def markdown(result: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _auto(value) -> str:
+    return "auto" if value is None else str(value)
+
+
 def define_flags() -> None:
     flags.DEFINE_enum("model", "zero_shot", list(scale.SOURCES), "Which SciFact token store.")
     flags.DEFINE_string("store", None, "Token store to tune on (default: the model's 1x store).")
@@ -179,13 +183,17 @@ def define_flags() -> None:
     flags.DEFINE_string("dataset_dir", "../shared/data/beir/scifact", "BEIR folder.")
     flags.DEFINE_string("split", "train", "Qrels split of the tuning queries (never test).")
     flags.DEFINE_integer("num_queries", 200, "Tuning queries (a fixed sample of the split).")
-    flags.DEFINE_list("probe_docs", ["320", "640", "1280"], "Documents a query token reaches.")
+    flags.DEFINE_list(
+        "probe_docs", ["320", "640", "1280"], "Documents a query token reaches (auto: the rule)."
+    )
     flags.DEFINE_list("refine_per_k", ["1", "1.5", "2"], "Refined documents per requested one.")
     flags.DEFINE_list(
         "refine_docs", ["auto"], "Refined documents, fixed at every k (auto: the k-dependent rule)."
     )
     flags.DEFINE_list(
-        "refine_float", ["0"], "Refined documents per requested one scored again from the store."
+        "refine_float",
+        ["0"],
+        "Refined documents per requested one scored again from the store (auto: the default).",
     )
     flags.DEFINE_list("interaction_per_refine", ["4"], "Interaction documents per refined one.")
     flags.DEFINE_list(
@@ -216,10 +224,10 @@ def main(argv) -> None:
     queries_npz = work / f"queries_{FLAGS.split}.npz"
     exact_path = work / f"exhaustive_{FLAGS.split}_{FLAGS.tag}.json"
     grid = {
-        "probe_docs": [int(v) for v in FLAGS.probe_docs],
+        "probe_docs": [None if v == "auto" else int(v) for v in FLAGS.probe_docs],
         "refine_per_k": [float(v) for v in FLAGS.refine_per_k],
         "refine_docs": [None if v == "auto" else int(v) for v in FLAGS.refine_docs],
-        "refine_float": [float(v) for v in FLAGS.refine_float],
+        "refine_float": [None if v == "auto" else float(v) for v in FLAGS.refine_float],
         "interaction_per_refine": [int(v) for v in FLAGS.interaction_per_refine],
         "impute_depth": [float(v) for v in FLAGS.impute_depth],
         "residual_interaction": [v.lower() in ("1", "true") for v in FLAGS.residual_interaction],
@@ -266,6 +274,7 @@ def main(argv) -> None:
         "rows": rows,
     }
     out_dir = (REPO / FLAGS.output_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
     name = f"tune_search_{FLAGS.model}_{FLAGS.tag}"
     fileio.atomic_write_json(out_dir / f"{name}.json", result)
     text = markdown({**result, "chosen_row": chosen, "chosen_row_k10": chosen10})
