@@ -132,12 +132,13 @@ class CentroidSearchConfig:
     ``refine_float``: the best max(⌈refine_float · k⌉, ``refine_float_min``) refined documents
     are scored again with the token store's float vectors (Eq. 1–2 exactly, ``refine_stored``);
     0: none; None: ``REFINE_FLOAT`` for a model with saliences, 0 without (``CentroidSearcher``
-    decides). Chosen on SciFact's *train* queries (100, trained 128-d model, the top 10 of a
-    k = 100 search against exhaustive search's): at 2 bits top-10 overlap 0.821 → 0.979 (1×)
-    and 0.779 → 0.891 (10×, ``benchmarks/scale.py``'s distractors), at 4 bits 0.909 → 0.985
-    (1×); a k = 10 search re-scores 30 documents: 0.811 → 0.936 (2 bits), 0.889 → 0.942 (4
-    bits). A model without saliences loses little to compression (zero-shot 384-d, 4 bits, 1×:
-    0.98 without) and reads three times the bytes per token: off.
+    decides). Chosen on SciFact's *train* queries (200, trained 128-d model, ``tune_search.py``,
+    ``benchmarks/results/tune_float_stop56/``): top-10 overlap of a k = 10 search with
+    exhaustive search 0.814 → 0.947 at 2 bits, 0.888 → 0.952 at 4 bits, 0.741 → 0.832 at 10×
+    (``scale.py``'s distractors), nDCG@10 72.5 → 73.4 (exhaustive 73.3), for p50 4.2 → 5.9 ms
+    at k = 10 and 7.1 → 10.6 ms at k = 100 (1×, 2 bits). A model without saliences loses little
+    to compression (zero-shot 384-d, 4 bits, 1×: 0.98 without) and reads three times the bytes
+    per token: off.
     ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
