@@ -242,10 +242,16 @@ def test_all_stages_wide_open_equal_float_scores_within_tolerance(tmp_path, bits
 
 
 @pytest.mark.parametrize("salience", [True, False])
+@pytest.mark.parametrize(
+    "five",
+    [dict(refine_float=0.5, refine_float_min=0), dict(refine_float=2.0, refine_float_max=5)],
+    ids=["half_of_k", "capped"],
+)
 def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
-    tmp_path, store, salience
+    tmp_path, store, salience, five
 ):
-    """``refine_float``: the best ⌈refine_float·k⌉ documents of the compressed refinement are
+    """``refine_float``: the best ⌈refine_float·k⌉ documents of the compressed refinement,
+    clipped to [``refine_float_min``, ``refine_float_max``] (here 5 of k = 10 either way), are
     scored again from the float store — Eq. 1–2 with the learned u^d, as exhaustive search —
     and ranked above the other refined documents (which keep their compressed scores)."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
@@ -256,7 +262,7 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
     floated = cs.CentroidSearcher(
         store,
         index,
-        cs.CentroidSearchConfig(**wide, refine_float=0.5, refine_float_min=0),
+        cs.CentroidSearchConfig(**wide, **five),
         salience,
     )
     k, differs = 10, 0
@@ -279,6 +285,8 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
         cs.CentroidSearchConfig(refine_float=-1.0)
     with pytest.raises(errors.ConfigError, match="refine_float_min"):
         cs.CentroidSearchConfig(refine_float_min=-1)
+    with pytest.raises(errors.ConfigError, match="refine_float_max"):
+        cs.CentroidSearchConfig(refine_float_max=0)
 
 
 @pytest.mark.parametrize("salience", [True, False])
