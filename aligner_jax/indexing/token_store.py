@@ -476,7 +476,7 @@ class TokenStore:
         order = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
         target = out
-        if kind in HALF_KINDS and out.dtype == np.float32 and out.flags.c_contiguous:
+        if kind in HALF_KINDS and out.dtype == np.float32:
             # rows copied as they are stored, then cast at once (NumPy's cast is 6x slower)
             out = scratch.buffer(f"store.concatenated.{kind}", out.shape, VECTOR_DTYPE)
         for group in np.split(order, bounds) if len(order) else []:

@@ -131,8 +131,8 @@ class CentroidSearchConfig:
     k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
     ``refine_float``: the best ⌈refine_float · k⌉ refined documents, at least
-    ``refine_float_min`` and at most ``refine_float_max`` (the cap wins), are scored again with the token store's float vectors (Eq. 1–2 exactly, ``refine_stored``);
-    0: none; None: ``REFINE_FLOAT`` for a model with saliences, 0 without (``CentroidSearcher``
+    ``refine_float_min`` and at most ``refine_float_max`` (the cap wins), are scored again with
+    the token store's float vectors (Eq. 1–2 exactly, ``refine_stored``); 0: none; None: ``REFINE_FLOAT`` for a model with saliences, 0 without (``CentroidSearcher``
     decides). Chosen on SciFact's *train* queries (200, trained 128-d model, ``tune_search.py``,
     ``benchmarks/results/tune_float_stop56/``): top-10 overlap of a k = 10 search with
     exhaustive search 0.814 → 0.947 at 2 bits, 0.888 → 0.952 at 4 bits, 0.741 → 0.832 at 10×
