@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import signal
+import tempfile
 
 import gin
 import pytest
-from fixtures import run_module
+from fixtures import CHILD_CACHE, run_module
 
 
 def pytest_configure(config):
@@ -21,6 +23,17 @@ def pytest_configure(config):
     handler, set here, is reset to the default in each child at exec, as from a terminal."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if CHILD_CACHE not in os.environ and not hasattr(config, "workerinput"):
+        # One persistent compilation cache for every binary the tests start (fixtures.python_env;
+        # the xdist workers inherit the variable): the tiny models' encoders and train steps are
+        # compiled once, not in each of ~100 child processes.
+        config.jax_cache = tempfile.mkdtemp(prefix="aligner_jax_tests_jax_cache_")
+        os.environ[CHILD_CACHE] = config.jax_cache
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "jax_cache", None):
+        shutil.rmtree(config.jax_cache, ignore_errors=True)
 
 
 def importorskip(module: str):
