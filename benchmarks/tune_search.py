@@ -58,6 +58,9 @@ RULE_K10 = (
 )
 
 
+DEFAULTED = ("refine_float_max",)  # "auto" = the config's default (None is not a value of these)
+
+
 def sweep_child(store_dir: Path, queries_npz: Path, exact_path: Path, grid: dict, out: Path):
     """(child) Every setting of ``grid``: rankings at k = 10 and k = 100, p50 / p99 ms."""
     from aligner_jax.indexing import centroid_index as ci
@@ -71,7 +74,8 @@ def sweep_child(store_dir: Path, queries_npz: Path, exact_path: Path, grid: dict
     names = list(grid)
     for values in itertools.product(*(grid[n] for n in names)):
         setting = dict(zip(names, values, strict=True))
-        searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**setting))
+        given = {n: v for n, v in setting.items() if v is not None or n not in DEFAULTED}
+        searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**given))
         row = {"setting": setting, "load": os.getloadavg()[0]}
         for k in (10, 100):
             rankings, times, counts = {}, [], []
@@ -150,11 +154,11 @@ def markdown(result: dict) -> str:
     head = (
         f"# Search rules tuned on {result['store']} ({result['split']} queries, "
         f"{result['queries']})\n\nRule: {result['rule']}. At k = 10: {result.get('rule_k10', RULE_K10)}.\n\n"
-        "| probe_docs | refine_per_k | refine_docs | refine_float | impute_depth | interaction_per_refine | residual interaction (per refined) | "
+        "| probe_docs | refine_per_k | refine_docs | refine_float | refine_float_max | impute_depth | interaction_per_refine | residual interaction (per refined) | "
         "residual candidates | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
         "p50 k=100 | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -162,7 +166,8 @@ def markdown(result: dict) -> str:
         mark10 = " **chosen at k=10**" if r is result.get("chosen_row_k10") else ""
         lines.append(
             f"| {r['probe_docs'] or 'auto'} | {r['refine_per_k']} | {r.get('refine_docs') or 'auto'} | "
-            f"{_auto(r.get('refine_float', 0.0))} | {r.get('impute_depth', 1.0)} | "
+            f"{_auto(r.get('refine_float', 0.0))} | {_auto(r.get('refine_float_max'))} | "
+            f"{r.get('impute_depth', 1.0)} | "
             f"{r['interaction_per_refine']} | "
             f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes' if r.get('residual_candidates') else 'no'} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
@@ -194,6 +199,9 @@ def define_flags() -> None:
         "refine_float",
         ["0"],
         "Refined documents per requested one scored again from the store (auto: the default).",
+    )
+    flags.DEFINE_list(
+        "refine_float_max", ["auto"], "Float re-scored documents at most (auto: the default)."
     )
     flags.DEFINE_list("interaction_per_refine", ["4"], "Interaction documents per refined one.")
     flags.DEFINE_list(
@@ -228,6 +236,7 @@ def main(argv) -> None:
         "refine_per_k": [float(v) for v in FLAGS.refine_per_k],
         "refine_docs": [None if v == "auto" else int(v) for v in FLAGS.refine_docs],
         "refine_float": [None if v == "auto" else float(v) for v in FLAGS.refine_float],
+        "refine_float_max": [None if v == "auto" else int(v) for v in FLAGS.refine_float_max],
         "interaction_per_refine": [int(v) for v in FLAGS.interaction_per_refine],
         "impute_depth": [float(v) for v in FLAGS.impute_depth],
         "residual_interaction": [v.lower() in ("1", "true") for v in FLAGS.residual_interaction],

@@ -290,11 +290,13 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
 
 
 @pytest.mark.parametrize("salience", [True, False])
-def test_float_refinement_is_on_by_default_for_models_with_saliences(store, salience):
+@pytest.mark.parametrize("k", [10, 20])
+def test_float_refinement_is_on_by_default_for_models_with_saliences(store, salience, k):
     """The default ``refine_float`` (None): a model with saliences has the best
-    max(k, ``refine_float_min``) refined documents scored from the float store, Eq. 1–2 exactly
-    (so a k = 10 search ranks its top 10 out of 30 exact scores); one without keeps the
-    compressed scores."""
+    max(2·k, ``refine_float_min``) refined documents scored from the float store, Eq. 1–2
+    exactly (a k = 10 search ranks its top 10 out of 30 exact scores, a k = 20 search its top 20
+    out of 40: which documents make the top k is decided by exact scores); one without keeps
+    the compressed scores."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
     wide = dict(probes=index.num_centroids, interaction_docs=60, refine_docs=60)
     default = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**wide), salience)
@@ -302,8 +304,12 @@ def test_float_refinement_is_on_by_default_for_models_with_saliences(store, sali
     compressed = cs.CentroidSearcher(
         store, index, cs.CentroidSearchConfig(**wide, refine_float=0.0), salience
     )
-    k, m = 10, cs.REFINE_FLOAT_MIN
-    assert m > k
+    m = max(2 * k, 30)
+    rescored = []  # how many documents each search scores from the float store
+    refine_stored = default.refine_stored
+    default.refine_stored = lambda q, docs, u: (
+        rescored.append(len(docs)) or refine_stored(q, docs, u)
+    )
     for seed in range(4):
         q = _query(seed)
         reference = _float_top1(store, q, salience)
@@ -317,6 +323,7 @@ def test_float_refinement_is_on_by_default_for_models_with_saliences(store, sali
         best = mine[0][np.argsort(-exact, kind="stable")[:k]]
         assert set(docs) == set(best)
         np.testing.assert_allclose(scores, reference[docs], rtol=1e-5, atol=1e-5)
+    assert rescored == ([m] * 4 if salience else [])
 
 
 @pytest.mark.parametrize("margin", [None, 0.15])

@@ -30,7 +30,7 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      the residual term can move a token by more than the margin (SciFact zero-shot, margin
      0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
      store through ``refine.Refiner``, see ``searcher``). With ``refine_float`` (by default on
-     for models with saliences) the best ⌈refine_float·k⌉ of them, at least 30 and at most 100,
+     for models with saliences) the best ⌈refine_float·k⌉ of them (2·k), at least 30 and at most 200,
      are scored again from the token store's float vectors, Eq. 1–2 exactly
      (``refine_stored``): a residual's error can change which token a query token selects, and
      with it the u^d that weights it.
@@ -108,9 +108,9 @@ MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
-REFINE_FLOAT = 1.0  # float re-scored documents per requested one, models with saliences
+REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with saliences
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
-REFINE_FLOAT_MAX = 100  # and at most (a k = 1,000 evaluation re-scores the best 100)
+REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
 IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
 
 
@@ -141,7 +141,12 @@ class CentroidSearchConfig:
     to compression (zero-shot 384-d, 4 bits, 1×: 0.98 without) and reads three times the bytes
     per token: off. At most 100 by default: SciFact's train queries (809) evaluated at
     k = 1,000 (512 refined) give nDCG@10 73.8 / 73.7 / 73.7 and R@100 98.2 for none / 128 / all
-    512 re-scored, at p50 10.5 / 16.6 / 29.9 ms.
+    512 re-scored, at p50 10.5 / 16.6 / 29.9 ms. Twice k since stop 57: which documents make
+    the top k is decided by exact scores only if the documents just below rank k were
+    re-scored too; on the same 200 train queries, k = 100, the share of the exhaustive top 100
+    returned rose 0.827 → 0.904 at 1× (0.907 re-scoring 3·k) and 0.568 → 0.583 at 10×
+    (there the rest never reached stage 4), for p50 10.5 → 13.1 ms at 1×
+    (``benchmarks/results/tune_float_stop57/``; nDCG@10 and R@100 unchanged on those queries).
     ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
