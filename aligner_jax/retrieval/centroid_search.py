@@ -611,10 +611,12 @@ class CentroidSearcher:
         self.store.concatenated("vectors", docs, out=vectors)
         sims = scratch.buffer("refine.sims", (t, len(q)), np.float32)
         np.matmul(vectors, q.T, out=sims)
+        rows = np.arange(t)  # the maxima in one compiled pass (gather_max), not segment_max
         if self.salience is None:
-            return _top1_scores(segment_max(sims, lengths), u_q)
+            return _top1_scores(gather_max.gather_segment_max(sims, rows, lengths), u_q)
         u_d = self.store.concatenated("salience", docs, np.empty(t, np.float32))
-        return _top1_scores(segment_max(sims, lengths, at_max=u_d), u_q)
+        best = gather_max.gather_segment_max(sims, rows, lengths, at_max=u_d, reference=segment_max)
+        return _top1_scores(best, u_q)
 
     def token_lists(self) -> list[TokenLists]:
         """The centroid → β^d-kept token lists (``inverted_lists.TokenLists``: offsets; each
