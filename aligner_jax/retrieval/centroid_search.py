@@ -611,11 +611,13 @@ class CentroidSearcher:
         self.store.concatenated("vectors", docs, out=vectors)
         sims = scratch.buffer("refine.sims", (t, len(q)), np.float32)
         np.matmul(vectors, q.T, out=sims)
-        rows = np.arange(t)  # the maxima in one compiled pass (gather_max), not segment_max
-        if self.salience is None:
-            return _top1_scores(gather_max.gather_segment_max(sims, rows, lengths), u_q)
-        u_d = self.store.concatenated("salience", docs, np.empty(t, np.float32))
-        best = gather_max.gather_segment_max(sims, rows, lengths, at_max=u_d, reference=segment_max)
+        u_d = None
+        if self.salience is not None:
+            u_d = self.store.concatenated("salience", docs, np.empty(t, np.float32))
+        # the maxima in gather_max's compiled pass, each row its own "centroid"
+        best = gather_max.gather_segment_max(
+            sims, np.arange(t), lengths, at_max=u_d, reference=segment_max
+        )
         return _top1_scores(best, u_q)
 
     def token_lists(self) -> list[TokenLists]:
