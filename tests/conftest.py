@@ -14,7 +14,7 @@ import tempfile
 
 import gin
 import pytest
-from fixtures import CHILD_CACHE, run_module
+from fixtures import CHILD_CACHE, TEST_XLA_FLAGS, run_module
 
 
 def pytest_configure(config):
@@ -23,6 +23,9 @@ def pytest_configure(config):
     handler, set here, is reset to the default in each child at exec, as from a terminal."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if TEST_XLA_FLAGS not in flags:  # read when JAX first starts its backend, in each process
+        os.environ["XLA_FLAGS"] = f"{flags} {TEST_XLA_FLAGS}".strip()
     if CHILD_CACHE not in os.environ and not hasattr(config, "workerinput"):
         # One persistent compilation cache for every binary the tests start (fixtures.python_env;
         # the xdist workers inherit the variable): the tiny models' encoders and train steps are

@@ -200,6 +200,16 @@ def scatter_add_dtypes(fn, *args) -> set[str]:
 
 
 CHILD_CACHE = "ALIGNER_JAX_TESTS_JAX_CACHE"  # the run's compilation cache folder (conftest.py)
+# The tests' programs are tiny: compiling them dominates, running them does not. LLVM at -O0
+# compiles the tiny BERT's train step in about two thirds of the time (aligner-train, 12 steps:
+# 37 -> 25 s); XLA's own HLO passes still run. conftest.py sets it for the whole run.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(*flags: str) -> str:
+    """``XLA_FLAGS`` for a test's child: ``flags`` (e.g. a forced host device count) plus the
+    run's own (``TEST_XLA_FLAGS``, from the environment conftest.py set)."""
+    return " ".join([*flags, os.environ.get("XLA_FLAGS", "")]).strip()
 
 
 def python_env(as_user: bool = False, **env: str) -> dict[str, str]:
@@ -222,6 +232,8 @@ def python_env(as_user: bool = False, **env: str) -> dict[str, str]:
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.3",
         )
     environment.update(env)
+    if "XLA_FLAGS" in env:  # a child's own flags (device counts) keep the run's
+        environment["XLA_FLAGS"] = xla_flags(env["XLA_FLAGS"])
     return environment
 
 

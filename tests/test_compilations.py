@@ -24,6 +24,7 @@ from fixtures import (
     run_module,
     run_python,
     write_beir_fixture,
+    xla_flags,
 )
 from index_utils import random_documents, write_store
 
@@ -279,7 +280,7 @@ def test_fixed_shape_blocks_run_on_the_host_cpu_whatever_the_default_device(tmp_
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
     tests_dir = str(Path(__file__).resolve().parent)
     proc = subprocess.run(
         [sys.executable, "-c", PLACEMENT_SCRIPT, str(tmp_path / "store"), tests_dir],

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import TEST_XLA_FLAGS
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 
@@ -28,7 +29,7 @@ def env(tmp_path_factory):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache))
     env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     env.update(JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = TEST_XLA_FLAGS  # the run's flags, without any forced device count
     return env
 
 
