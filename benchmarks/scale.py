@@ -631,7 +631,7 @@ def _kept_build(out_dir: Path, store_dir: Path, scale: float, bits: int) -> dict
     if not ci.CentroidIndex.exists(store_dir):
         return None
     config = ci.CentroidIndex.load(store).meta["config"]
-    wanted = {"residual_bits": bits, "token_lists": False} | index_overrides()
+    wanted = {"residual_bits": bits, "token_lists": None} | index_overrides()  # the rule, as given
     if any(config.get(k, False) != v for k, v in wanted.items()):
         return None
     path = out_dir / "scale.json"

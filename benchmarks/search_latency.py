@@ -629,7 +629,8 @@ def _our_index(index_dir: Path, bits: int, work: Path) -> tuple[ts.TokenStore, c
             if ci.CentroidIndex.exists(directory):
                 store = ts.TokenStore(directory)
                 index = ci.CentroidIndex.load(store)
-                if {"token_lists": False} | index.meta["config"] == config:
+                recorded = index.meta["config"] | {"token_lists": wanted.token_lists}
+                if recorded == config and lists_lib.writes_lists(index.meta) == wanted.token_lists:
                     return store, index
     store = ts.TokenStore(store_view(index_dir, view))
     return store, ci.CentroidIndex.build(store, wanted)

@@ -332,7 +332,7 @@ def test_scale_rows_with_other_search_rules_sit_beside_the_default_rows(tmp_path
     assert "--gin.CentroidIndexConfig.residual_bits=2" in bindings
     assert "--gin.CentroidIndexConfig.token_lists=True" in bindings
     assert "--gin.CentroidIndexConfig.num_centroids=None" in bindings
-    assert "--gin.CentroidIndexConfig.token_lists=False" in scale.index_bindings({})
+    assert "--gin.CentroidIndexConfig.token_lists=None" in scale.index_bindings({})
     assert len(bindings) == len(dataclasses.fields(ci.CentroidIndexConfig))
 
 

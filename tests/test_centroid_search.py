@@ -412,7 +412,7 @@ def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
     q = _query(3)
     _, counts = on.search(q.vectors, q.salience, np.arange(5), k=10)
     assert counts.interaction == counts.refined  # stage 3 skipped: the residual path ran
-    monkeypatch.setattr(cs, "LISTS_IN_MEMORY_MAX", need - 1)
+    monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", need - 1)
     off = cs.CentroidSearcher(store, index)
     assert off.config.residual_candidates is False
     assert off.config.documents_per_probe(10) == off.config.documents_per_probe(100) == 640
@@ -538,6 +538,49 @@ def test_persisted_token_lists_equal_those_built_at_load_and_are_mapped(
     assert not ci.CentroidIndex.build(
         store, ci.CentroidIndexConfig(num_centroids=16)
     ).lists.has_token_lists
+
+
+def test_default_token_lists_are_written_where_a_search_could_not_hold_them(tmp_path, monkeypatch):
+    """``CentroidIndexConfig.token_lists=None`` (the default) writes them when their copy in
+    memory would exceed ``LISTS_IN_MEMORY_MAX`` (where the search would otherwise run without
+    residual candidates), except at 2 bits; the decision is recorded (the rule stays the
+    config's), the search then maps them, and an add writes them for the added documents."""
+    from aligner_jax.indexing import updates
+
+    docs = random_documents(60, 16, seed=4, max_len=20)
+    store = write_store(tmp_path / "idx", docs[:50], 16, 9)
+    kept = store.num_tokens
+    assert ci.token_lists_bytes(kept, 16, 4) == kept * (4 + 8)
+    assert ci.token_lists_bytes(kept, 384, 2) == kept * (4 + 96)
+    rule = ci.CentroidIndexConfig()
+    assert rule.token_lists is None
+    assert not ci.writes_token_lists(rule, kept, 16)  # small: a search builds them at load
+    monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", kept * 12 - 1)
+    assert ci.writes_token_lists(rule, kept, 16)
+    assert not ci.writes_token_lists(ci.CentroidIndexConfig(residual_bits=2), kept, 16)
+    assert not ci.writes_token_lists(ci.CentroidIndexConfig(token_lists=False), kept, 16)
+    monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", kept * 12)
+    assert not ci.writes_token_lists(rule, kept, 16)
+    assert ci.writes_token_lists(ci.CentroidIndexConfig(token_lists=True), kept, 16)
+
+    monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", 0)  # every index "too large to copy"
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8))
+    assert index.lists.has_token_lists
+    assert index.meta["token_lists"] is True and index.meta["config"]["token_lists"] is None
+    searcher = cs.CentroidSearcher(store, index)
+    assert searcher.config.residual_candidates is True  # mapped, though nothing may be copied
+    updates.add_encoded(store.directory, docs[50:])
+    grown = ts.TokenStore(store.directory)
+    added = ci.CentroidIndex.load(grown)
+    assert added.lists.has_token_lists
+    assert ci.recorded_config(store.directory).token_lists is None  # a rebuild decides again
+    compact = ci.CentroidIndex.build(
+        grown, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2)
+    )
+    assert not compact.lists.has_token_lists and compact.meta["token_lists"] is False
+    assert cs.CentroidSearcher(grown, compact).config.residual_candidates is False
+    with pytest.raises(errors.ConfigError, match="token_lists"):
+        ci.CentroidIndexConfig(token_lists="yes")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")

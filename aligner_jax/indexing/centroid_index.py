@@ -74,6 +74,7 @@ from aligner_jax.indexing.sample_file import SampleFile
 
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
+LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists a search builds at load, at most
 FORMAT = "aligner_jax.indexing.centroid_index/6"
 # /3: float16 saliences (no ``salience_scale``), still read segment by segment; /3 and /4 always
 # hold document → centroid lists; up to /5 one list group named in ``tables``
@@ -131,7 +132,14 @@ class CentroidIndexConfig:
         which ``CentroidSearchConfig.residual_candidates`` and ``SearchConfig.refine='xtr'``
         then map instead of building them in memory at load (a copy of every kept token's
         residual and document: W + 4 bytes per kept token in memory, and a sort of every code,
-        at each load). Costs those bytes again on disk.
+        at each load). Costs those bytes again on disk. None (the default,
+        ``writes_token_lists``): written when that copy would exceed ``LISTS_IN_MEMORY_MAX``
+        (where a search would otherwise run without residual candidates) and the residuals
+        take more than 2 bits; a 2-bit index stays compact (its lists would double it: 40 →
+        76 B per token at 128-d). SciFact zero-shot grown 10× (12.4M tokens, 384-d, 4 bits):
+        top-10 overlap with exhaustive search 0.881 → 0.968, R@100 88 → 94 (exhaustive 94),
+        p50 at k = 100 32.8 → 26.5 ms, for 200 → 396 B per token on disk
+        (``benchmarks/results/scale_stop59``).
       seed: k-means initialisation and sampling.
     """
 
@@ -145,7 +153,7 @@ class CentroidIndexConfig:
     residual_bits: int = 4
     beta_d: float = 1.0
     doc_lists_max_fraction: float = 0.75
-    token_lists: bool = False
+    token_lists: bool | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -157,6 +165,11 @@ class CentroidIndexConfig:
             checks.number(f"{name}.{field}", getattr(self, field), 0.0, low_open=True)
         checks.number(f"{name}.beta_d", self.beta_d, 0.0, 1.0, low_open=True)
         checks.number(f"{name}.doc_lists_max_fraction", self.doc_lists_max_fraction, 0.0, 1.0)
+        if self.token_lists is not None and not isinstance(self.token_lists, bool):
+            raise ConfigError(
+                f"{checks.flag(name + '.token_lists', self.token_lists)}: expected True, False "
+                "or None (written where a search could not hold them in memory)"
+            )
         for field in ("kmeans_iterations", "sample_per_centroid", "max_centroid_product"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
         checks.integer(f"{name}.seed", self.seed)
@@ -343,11 +356,13 @@ class CentroidIndex:
         fileio.atomic_save_npy(out / f"{tables['centroids']}.npy", centroids)
         fileio.atomic_save_npy(out / f"{tables['cells']}.npy", cell_centroids)
         fileio.atomic_save_npy(out / f"{tables['codec']}.npy", np.stack([codec.lower, codec.step]))
+        lists = writes_token_lists(config, total_kept, store.dim)
         meta = {
             "format": FORMAT,
             "generation": gen,
             "tables": tables,
             "config": dataclasses.asdict(config),
+            "token_lists": lists,  # config's rule decided at this build (updates follow it)
             "num_centroids": len(centroids),
             "num_cells": len(cell_centroids),
             "dim": store.dim,
@@ -372,7 +387,7 @@ class CentroidIndex:
             lists_lib.write_group(
                 store, _segment_rows(out, meta), 0, f"lists-{gen:05d}-00000", out, len(centroids),
                 config.beta_d, config.doc_lists_max_fraction,
-                residuals=_segment_rows(out, meta, "residuals") if config.token_lists else None,
+                residuals=_segment_rows(out, meta, "residuals") if lists else None,
             )
         ]  # fmt: skip
         index = cls._finish(out, meta)
@@ -737,6 +752,22 @@ def published_meta(directory: Path) -> Path | None:
     none is)."""
     pointer = ts.read_manifest(directory).get("search_index")
     return Path(directory) / pointer["meta"] if pointer else None
+
+
+def token_lists_bytes(kept_tokens: int, dim: int, bits: int) -> int:
+    """Bytes of the centroid → token lists of ``kept_tokens`` tokens: a document (4 bytes) and
+    a packed residual each."""
+    return kept_tokens * (4 + codec_lib.packed_bytes(dim, bits))
+
+
+def writes_token_lists(config: CentroidIndexConfig, kept_tokens: int, dim: int) -> bool:
+    """Whether a build of ``kept_tokens`` β^d-kept tokens writes token lists: as set, or
+    (``token_lists=None``) where their copy in memory would exceed ``LISTS_IN_MEMORY_MAX`` and
+    the residuals take more than 2 bits (see ``CentroidIndexConfig``)."""
+    if config.token_lists is not None:
+        return config.token_lists
+    bits = config.residual_bits
+    return bits > 2 and token_lists_bytes(kept_tokens, dim, bits) > LISTS_IN_MEMORY_MAX
 
 
 def recorded_config(directory: Path) -> CentroidIndexConfig:

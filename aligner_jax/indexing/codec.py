@@ -51,7 +51,7 @@ class ResidualCodec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.padded_dim // self.planes
+        return packed_bytes(self.dim, self.bits)
 
     @classmethod
     def fit(cls, residuals: np.ndarray, bits: int, tail: float | None = None) -> ResidualCodec:
@@ -165,3 +165,9 @@ class ResidualCodec:
                 np.matmul(as_float, w.T, out=product)
                 out[start : start + m] += product
         return out if token_major else out.T
+
+
+def packed_bytes(dim: int, bits: int) -> int:
+    """Bytes of one packed residual: ``dim`` levels of ``bits`` bits, 8 // bits to a byte."""
+    planes = 8 // bits
+    return -(-dim // planes)

@@ -323,7 +323,7 @@ def next_groups(
     groups = groups_of(meta)
     spans = store.shard_spans()
     first = groups[1]["first_shard"] if len(groups) > 1 else new_shards[0]
-    token_residuals = residuals if meta["config"].get("token_lists") else None
+    token_residuals = residuals if writes_lists(meta) else None
     write = lambda shard, doc_lists: write_group(  # noqa: E731
         store, codes, shard, f"{name}-{shard:05d}", out, meta["num_centroids"],
         meta["config"]["beta_d"], doc_lists, residuals=token_residuals,
@@ -439,3 +439,9 @@ class Lists:
             rows, _ = concatenated_ranges(g.doc_offsets, docs[mine] - g.first_doc)
             codes[concatenated_ranges(ends, mine)[0]] = g.doc_codes[rows]
         return codes, lengths
+
+
+def writes_lists(meta: dict) -> bool:
+    """Whether the index of ``meta`` holds token lists (decided at its build; an index of
+    format /6 written before that decision was recorded: its config's ``token_lists``)."""
+    return bool(meta.get("token_lists", meta["config"].get("token_lists")))

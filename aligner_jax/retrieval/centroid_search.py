@@ -50,8 +50,10 @@ SciFact trained 21.4 → 11.1, nDCG@10 unchanged, R@100 within 1 point of exhaus
 SciFact trained grown 10× with distractors (``tune_search_trained_x10_stop50.md``, train
 queries) R@100 87.0 → 94.0 (exhaustive 95.0), p50 28.5 → 16.0 ms. Its default (None) is on
 unless the index holds no token lists and their copy in memory would exceed
-``LISTS_IN_MEMORY_MAX`` (512 MiB: 14M tokens at 128-d and 2 bits, 2.7M at 384-d and 4 bits),
-where the centroid interaction path runs instead (and a log line says why).
+``centroid_index.LISTS_IN_MEMORY_MAX`` (512 MiB: 14M tokens at 128-d and 2 bits, 2.7M at 384-d
+and 4 bits), where the centroid interaction path runs instead (and a log line says why). An
+index built with the default ``CentroidIndexConfig.token_lists`` holds them past that size,
+except at 2 bits (kept compact).
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
@@ -101,7 +103,6 @@ from aligner_jax.retrieval import gather_max, probe_scores, residual_max
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates, k >= 100 (tune_search.py, 10x)
 RESIDUAL_PROBE_K = 100  # below this k, RESIDUAL_PROBE_DOCS halves per tenfold fewer documents
-LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists built at load, at most (auto mode)
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
 MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
@@ -126,7 +127,7 @@ class CentroidSearchConfig:
 
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
     and stage 3 is skipped (see the module docstring); None: on unless its token lists would
-    have to be built in memory past ``LISTS_IN_MEMORY_MAX`` (``for_index``).
+    have to be built in memory past ``centroid_index.LISTS_IN_MEMORY_MAX`` (``for_index``).
     ``probe_docs``: None: with residual candidates ``residual_probe_docs(k)`` (2,560 at
     k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
@@ -201,12 +202,12 @@ class CentroidSearchConfig:
         """This config with its automatic fields decided for ``index`` (of a store of
         ``num_tokens`` tokens): ``residual_candidates`` None = on when the index holds token
         lists or their copy in memory (``CentroidSearcher.token_lists``) would take at most
-        ``LISTS_IN_MEMORY_MAX`` bytes. ``probe_docs`` stays as given (None: it follows the
-        requested k, ``documents_per_probe``)."""
+        ``centroid_index.LISTS_IN_MEMORY_MAX`` bytes. ``probe_docs`` stays as given (None: it
+        follows the requested k, ``documents_per_probe``)."""
         residual = self.residual_candidates
         if residual is None:
             need = 0 if index.lists.has_token_lists else lists_in_memory_bytes(index, num_tokens)
-            residual = need <= LISTS_IN_MEMORY_MAX
+            residual = need <= ci.LISTS_IN_MEMORY_MAX
             if not residual:
                 logging.info(
                     "%s: residual candidates off (the index holds no token lists; built in "
@@ -267,7 +268,7 @@ def lists_in_memory_bytes(index: ci.CentroidIndex, num_tokens: int) -> int:
     """Bytes of the token lists built in memory for an index without them: a document (4
     bytes) and a packed residual per β^d-kept token (β^d·T of them, about)."""
     kept = math.ceil(index.meta["config"]["beta_d"] * num_tokens)
-    return kept * (4 + index.codec.bytes_per_token)
+    return ci.token_lists_bytes(kept, index.codec.dim, index.codec.bits)
 
 
 def top_columns(s: np.ndarray, w: int) -> np.ndarray:
