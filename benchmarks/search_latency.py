@@ -469,10 +469,16 @@ def warp_large_input(dim: int) -> list[str]:
 
 
 def short_label(settings: dict) -> str:
-    """A figure label: the settings' values joined ('8/4096'), 'default' without any."""
-    return "/".join(f"{v:g}" if isinstance(v, float) else str(v) for v in settings.values()) or (
-        "default"
-    )
+    """A figure label: the settings' values joined ('8/4096'), 'default' without any; the
+    switches by name ('4/no salience', '4/xtr')."""
+    names = {("salience", False): "no salience", ("salience", True): "salience"}
+
+    def value(k, v):
+        if (k, v) in names:
+            return names[(k, v)]
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return "/".join(value(k, v) for k, v in settings.items()) or "default"
 
 
 # -- measuring --------------------------------------------------------------------------------

@@ -194,6 +194,7 @@ def test_grids_and_labels():
         sl.parse_grid("nprobe", "warp_grid")
     assert sl.short_label({"bits": 4, "probe_docs": 640, "refine_per_k": 3.0}) == "4/640/3"
     assert sl.short_label({}) == "default"
+    assert sl.short_label({"bits": 4, "salience": False, "variant": "x"}) == "4/no salience/x"
 
 
 def test_ours_grid_takes_the_salience_switch_and_names_a_wrong_knob():
