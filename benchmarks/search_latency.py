@@ -39,8 +39,9 @@ Batch 1; one untimed warm-up query per setting; ``--threads`` BLAS/torch/rayon t
 
 **Operating points chosen off the test split.** Queries are split into tuning and reported
 queries: a collection with ``qrels/train.tsv`` tunes on its train queries (``--tuning_queries``
-of them, a seeded sample; SciFact) and reports its test queries; one without (CISI) tunes on a
-seeded random half of its test queries and reports the other half. Rows hold the reported
+of them, a seeded sample; SciFact) and reports its test queries; one without (CISI), or any with
+``--tuning_split=half`` (a model trained on the collection's train queries ranks them as its
+training data), tunes on a seeded random half of its test queries and reports the other half. Rows hold the reported
 queries' figures (and the tuning queries' under ``"tuning"``). Every system's operating point
 per (store, thread count) follows one rule, ``RULE``: the setting with the lowest p50 on the
 tuning queries among those whose tuning nDCG@10 and R@100 are each within ``--tolerance`` (0.5
@@ -138,6 +139,7 @@ SYSTEMS = (
 #: them (the function our search approximates).
 REFERENCES = ("exact", "exact-aligner")
 PEERS = ("fast-plaid", "xtr-warp")
+TUNING_SPLITS = ("train", "half")
 #: Our variants beside the grid: one setting each of the system ``aligner_jax``.
 VARIANTS = {
     "aligner_jax-xtr": ("xtr scorer (f_XTR', WARP-style)", {"refine": "xtr"}),
@@ -185,6 +187,14 @@ _MAX_QUERIES = flags.DEFINE_integer(
 )
 _TUNING_QUERIES = flags.DEFINE_integer(
     "tuning_queries", 200, "Train-split tuning queries (a seeded sample; 0 = all)."
+)
+_TUNING_SPLIT = flags.DEFINE_enum(
+    "tuning_split",
+    "train",
+    ["train", "half"],
+    "Tuning queries: 'train' (the collection's train queries where it has them, else a seeded "
+    "half of its test queries) or 'half' (a seeded half of the test queries, the other half "
+    "reported: for a model trained on the train queries).",
 )
 _SPLIT_SEED = flags.DEFINE_integer("split_seed", 0, "Seed of the tuning sample / half split.")
 _TOLERANCE = flags.DEFINE_float(
@@ -272,14 +282,18 @@ class QuerySplit:
 
 
 def split_queries(
-    dataset_dir: Path, test_qrels: dict, seed: int, tuning_queries: int = 0
+    dataset_dir: Path, test_qrels: dict, seed: int, tuning_queries: int = 0, tuning: str = "train"
 ) -> QuerySplit:
     """Tuning and reported queries: the train split's judged queries (``tuning_queries`` of them,
     a seeded sample; 0 = all; ids also judged in test left out) against every test query, or,
-    without ``qrels/train.tsv``, ``half_split`` of the test queries."""
+    without ``qrels/train.tsv`` or with ``tuning="half"``, ``half_split`` of the test queries
+    (for a model trained on the collection's train queries: its rankings of them are its
+    training data, not held-out queries)."""
+    if tuning not in TUNING_SPLITS:
+        raise app.UsageError(f"--tuning_split={tuning!r}: choose one of {TUNING_SPLITS}")
     train_path = Path(dataset_dir) / "qrels" / "train.tsv"
     name = Path(dataset_dir).name
-    if train_path.is_file():
+    if train_path.is_file() and tuning == "train":
         train = {q: j for q, j in beir.load_qrels(train_path).items() if j and q not in test_qrels}
         tuning = sorted(train)
         total = len(tuning)
@@ -294,8 +308,9 @@ def split_queries(
         )
         return QuerySplit(tuning, report, {**train, **test_qrels}, description)
     tuning, report = half_split(test_qrels, seed)
+    why = "no train split" if not train_path.is_file() else "--tuning_split=half"
     description = (
-        f"{name}: no train split; a random half of the {len(test_qrels)} test queries "
+        f"{name}: {why}; a random half of the {len(test_qrels)} test queries "
         f"({len(tuning)}, seed {seed}) tunes, the other {len(report)} are reported"
     )
     return QuerySplit(tuning, report, dict(test_qrels), description)
@@ -693,7 +708,9 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
     data_dir = _resolve(_DATA_ROOT.value) / dataset_name
     dataset = beir.load_beir(data_dir)
     _ensure_store(dataset, model, index_dir)
-    split = split_queries(data_dir, dataset.qrels, _SPLIT_SEED.value, _TUNING_QUERIES.value)
+    split = split_queries(
+        data_dir, dataset.qrels, _SPLIT_SEED.value, _TUNING_QUERIES.value, _TUNING_SPLIT.value
+    )
     if _MAX_QUERIES.value:
         split.tuning = split.tuning[: _MAX_QUERIES.value]
         split.report = split.report[: _MAX_QUERIES.value]

@@ -159,6 +159,12 @@ def test_split_tunes_on_train_queries_when_the_collection_has_them(tmp_path):
     assert len(sample.tuning) == 4 and set(sample.tuning) <= set(train_qrels)
     assert sample.tuning == sl.split_queries(folder, test_qrels, 0, 4).tuning  # seeded
     assert "4 of 7" in sample.description
+    # a model trained on the train queries: tune on a seeded half of the test queries instead
+    held = sl.split_queries(folder, test_qrels, seed=0, tuning="half")
+    assert (held.tuning, held.report) == sl.half_split(test_qrels, 0)
+    assert held.qrels == test_qrels and "--tuning_split=half" in held.description
+    with pytest.raises(sl.app.UsageError, match="--tuning_split"):
+        sl.split_queries(folder, test_qrels, seed=0, tuning="test")
 
 
 def test_paired_bootstrap_intervals():
