@@ -8,8 +8,7 @@ token vectors, in one interleaved run per store.
 **Systems**, each searching the token vectors of one aligner_jax token store (exported once for
 the peers): ``aligner_jax`` (the compressed centroid index through ``Searcher``), ``exact``
 (MaxSim brute force in NumPy over float32 vectors: the quality ceiling of top-1 alignment
-without saliences),
-``exact-aligner`` (added with ours on a store whose model has saliences: our ``Searcher`` in
+without saliences), ``exact-aligner`` (added with ours on a store whose model has saliences: our ``Searcher`` in
 exhaustive mode, every document scored by Eq. 1–2 with top-1 alignment and the saliences from
 the float store: the quality ceiling of the function ours approximates, which exact MaxSim is
 not; it runs in the first round only, its latency measured once), ``fast-plaid`` (PyPI
@@ -39,10 +38,10 @@ Batch 1; one untimed warm-up query per setting; ``--threads`` BLAS/torch/rayon t
 
 **Operating points chosen off the test split.** Queries are split into tuning and reported
 queries: a collection with ``qrels/train.tsv`` tunes on its train queries (``--tuning_queries``
-of them, a seeded sample; SciFact) and reports its test queries; one without (CISI), or any with
-``--tuning_split=half`` (a model trained on the collection's train queries ranks them as its
-training data), tunes on a seeded random half of its test queries and reports the other half. Rows hold the reported
-queries' figures (and the tuning queries' under ``"tuning"``). Every system's operating point
+of them, a seeded sample; SciFact) and reports its test queries; one without (CISI), or any
+with ``--tuning_split=half`` (a model trained on the collection's train queries ranks them as
+its training data), tunes on a seeded random half of its test queries and reports the other
+half. Rows hold the reported queries' figures (and the tuning queries' under ``"tuning"``). Every system's operating point
 per (store, thread count) follows one rule, ``RULE``: the setting with the lowest p50 on the
 tuning queries among those whose tuning nDCG@10 and R@100 are each within ``--tolerance`` (0.5
 point) of its reference's on the same queries (a row's ``"reference"``: ``exact-aligner`` for
@@ -191,7 +190,7 @@ _TUNING_QUERIES = flags.DEFINE_integer(
 _TUNING_SPLIT = flags.DEFINE_enum(
     "tuning_split",
     "train",
-    ["train", "half"],
+    list(TUNING_SPLITS),
     "Tuning queries: 'train' (the collection's train queries where it has them, else a seeded "
     "half of its test queries) or 'half' (a seeded half of the test queries, the other half "
     "reported: for a model trained on the train queries).",
