@@ -119,6 +119,53 @@ def test_fixed_shape_refinement_scores_as_the_bucketed_path(tmp_path):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("salience", [True, False])
+def test_top1_on_the_host_scores_as_the_jax_kernel(tmp_path, salience):
+    """``RefineConfig.host_top1``: top-1 alignment without JAX (a product and a compiled maximum
+    per chunk of store rows) gives the kernel's scores for every candidate list — the whole
+    store in chunks smaller than one document, a subset, a rerank's few — with and without u^d."""
+    docs = random_documents(40, 8, seed=5, min_len=1, max_len=70)
+    store = write_store(tmp_path / "store", docs, dim=8)
+    rng = np.random.default_rng(1)
+    queries = []
+    for m in (1, 6, 23):
+        v = rng.normal(size=(m, 8)).astype(np.float32)
+        u = rng.uniform(0.0, 1.0, m).astype(np.float32)
+        u[0] = 0.0  # a query token of weight 0 adds nothing (Eq. 2)
+        queries.append(EncodedText(np.arange(m, dtype=np.int32), v, u))
+    batch = refine.QueryBatch.from_encoded(queries, 32)
+    everything = np.arange(40)
+    candidates = [everything, rng.choice(40, 9, replace=False), everything[::-1]]
+    kernel = refine.Refiner(store, refine.RefineConfig(host_top1=False), salience=salience)
+    want = kernel.score(batch, candidates, refine.TOP1)
+    host = refine.Refiner(store, refine.RefineConfig(), salience=salience)
+    got = host.score(batch, candidates, refine.TOP1)
+    for g, w, c in zip(got, want, candidates, strict=True):
+        assert g.shape == (1, len(c))
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+    # chunks of 64 floats: one document (up to 70 tokens) per chunk, most larger than it
+    small = centroid_search.stored_top1_scores(
+        store,
+        everything,
+        [(q.vectors, q.salience) for q in queries],
+        salience,
+        max_elements=64,
+    )
+    whole = kernel.score(batch, [everything] * 3, refine.TOP1)
+    np.testing.assert_allclose(small, np.stack([w[0] for w in whole]), rtol=0, atol=1e-5)
+
+
+def test_top1_on_the_host_compiles_nothing_at_warm_up(tmp_path):
+    """The fixed shapes ``warm_up`` compiles are those the JAX kernel would run: none for
+    top-1 alone scored on the host; the other strategies' (and top-1's without it) still."""
+    store = write_store(tmp_path / "store", random_documents(12, 8, seed=2), dim=8)
+    top3 = [("top_k:3",)]
+    assert refine.Refiner(store).warm_up(40, [("top_k:1",)]) == 0
+    assert refine.Refiner(store).warm_up(40, top3) == 3  # query buckets 16, 32, 48
+    kernel = refine.Refiner(store, refine.RefineConfig(host_top1=False))
+    assert kernel.warm_up(40, [("top_k:1",)]) == 3
+
+
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory):
     """aligner-index of the toy corpus with the tiny random model (dense projection, LP
@@ -258,9 +305,11 @@ batch = refine.QueryBatch.from_encoded([query], 16)
 top1 = (scoring.AlignmentStrategy.parse("top_k:1"),)
 result = {}
 for name, config in {
-    "fixed_cpu": refine.RefineConfig(block_docs=8),
-    "fixed_default": refine.RefineConfig(block_docs=8, fixed_shape_device="default"),
-    "bucketed": refine.RefineConfig(fixed_shape_docs=0),
+    "fixed_cpu": refine.RefineConfig(block_docs=8, host_top1=False),
+    "fixed_default": refine.RefineConfig(
+        block_docs=8, fixed_shape_device="default", host_top1=False
+    ),
+    "bucketed": refine.RefineConfig(fixed_shape_docs=0, host_top1=False),
 }.items():
     seen.clear()
     scores = refine.Refiner(store, config).score(batch, [np.arange(20)], top1)[0]
@@ -274,7 +323,8 @@ def test_fixed_shape_blocks_run_on_the_host_cpu_whatever_the_default_device(tmp_
     them to the device for every query made search slower than on a 2-core CPU (results README,
     GPU host). They run on the host's CPU (``cpu:0`` here, the default device being ``cpu:1``,
     standing in for an accelerator); ``fixed_shape_device="default"`` and the bucketed path
-    (exhaustive refinement) run on the default device. Scores are the same everywhere."""
+    (exhaustive refinement) run on the default device. Scores are the same everywhere. (The
+    kernel's placement: ``host_top1``, which scores top-1 without it, is off.)"""
     import os
     import subprocess
     import sys

@@ -399,7 +399,7 @@ class CentroidSearcher:
         self.xtr_probes = min(self.config.xtr_probes or 4 * self.probes, index.num_centroids)
         self.alive = ~store.deleted
         self._token_lists = None
-        self.uniform_salience = not salience or store.manifest["model"].get("salience") == "none"
+        self.uniform_salience = not salience or not store.has_saliences
         if not self.uniform_salience and index.salience is None:
             raise ValueError(f"{index.directory}: the index holds no saliences; rebuild it")
         self.salience = None if self.uniform_salience else index.salience
@@ -598,28 +598,14 @@ class CentroidSearcher:
 
     def refine_stored(self, q: np.ndarray, docs: np.ndarray, u_q: np.ndarray) -> np.ndarray:
         """Stage 4 from the token store's float vectors: Eq. 1–2 exactly (top-1 alignment, u^q
-        and u^d), what exhaustive search computes, for ``docs`` only.
+        and u^d), what exhaustive search computes, for ``docs`` only (``stored_top1_scores``).
 
         Compression moves a stored token's score by up to its residual error, enough to change
         which token a query token selects — and with it the u^d that weights it in Eq. 2: on
         SciFact trained (4 bits, k = 100) top-10 overlap with exhaustive search is 0.855, and
         0.957 with the best 30 documents re-scored here (``benchmarks/results/
-        scale_refine_float_x1.md``). A document is one run of store rows: the read is one slice
-        per document (cast to float32 as it is copied), and mapped pages are read where touched."""
-        lengths = self.store.offsets[docs + 1] - self.store.offsets[docs]
-        t = int(lengths.sum())
-        vectors = scratch.buffer("refine.vectors", (t, q.shape[1]), np.float32)
-        self.store.concatenated("vectors", docs, out=vectors)
-        sims = scratch.buffer("refine.sims", (t, len(q)), np.float32)
-        np.matmul(vectors, q.T, out=sims)
-        u_d = None
-        if self.salience is not None:
-            u_d = self.store.concatenated("salience", docs, np.empty(t, np.float32))
-        # the maxima in gather_max's compiled pass, each row its own "centroid"
-        best = gather_max.gather_segment_max(
-            sims, np.arange(t), lengths, at_max=u_d, reference=segment_max
-        )
-        return _top1_scores(best, u_q)
+        scale_refine_float_x1.md``)."""
+        return stored_top1_scores(self.store, docs, [(q, u_q)], self.salience is not None)[0]
 
     def token_lists(self) -> list[TokenLists]:
         """The centroid → β^d-kept token lists (``inverted_lists.TokenLists``: offsets; each
@@ -761,6 +747,56 @@ def _kept(rows: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.n
     """The ``keep`` (bool per row) rows of consecutive documents of ``lengths`` rows, and each
     document's count of them."""
     return rows[keep], np.add.reduceat(keep, _segment_starts(lengths)).astype(np.int64)
+
+
+STORED_TOP1_ELEMENTS = 1 << 21  # floats of one chunk's vectors and similarities (8 MiB)
+
+
+def stored_top1_scores(
+    store: ts.TokenStore,
+    docs: np.ndarray,
+    queries: list[tuple[np.ndarray, np.ndarray]],
+    salience: bool = True,
+    max_elements: int = STORED_TOP1_ELEMENTS,
+) -> np.ndarray:
+    """Eq. 1–2 exactly with top-1 alignment, from the token store's float vectors: the score of
+    each of ``docs`` for each query ``(q [n, D], u^q [n])``, ``[len(queries), len(docs)]``.
+    ``salience=False``: every stored token's u^d is 1 (``SearchConfig.salience``).
+
+    What the JAX ``refine.Refiner`` computes for ``top_k:1``, on the CPU without padding or
+    compilation: documents are read in chunks of consecutive store rows (each chunk's vectors
+    and similarities at most ``max_elements`` floats, or one document), one product of a
+    chunk's vectors with every query token at once, then each document's maximum per query
+    token and the u^d of the token that holds it in one compiled pass (``gather_max``; its
+    selection is by the similarity alone, Eq. 2). Memory is one chunk, whatever the corpus."""
+    docs = np.asarray(docs, np.int64)
+    q_all = np.ascontiguousarray(np.concatenate([q for q, _ in queries]), np.float32)
+    bounds = np.cumsum([0] + [len(q) for q, _ in queries])
+    out = np.zeros((len(queries), len(docs)), np.float32)
+    lengths = store.offsets[docs + 1] - store.offsets[docs]
+    per_token = store.dim + len(q_all)
+    ends = np.cumsum(lengths)
+    lo = 0
+    while lo < len(docs):
+        start = ends[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, start + max_elements // per_token, "right")))
+        part, part_lengths = docs[lo:hi], lengths[lo:hi]
+        t = int(part_lengths.sum())
+        vectors = scratch.buffer("stored_top1.vectors", (t, store.dim), np.float32)
+        store.concatenated("vectors", part, out=vectors)
+        sims = scratch.buffer("stored_top1.sims", (t, len(q_all)), np.float32)
+        np.matmul(vectors, q_all.T, out=sims)
+        u_d = store.concatenated("salience", part, np.empty(t, np.float32)) if salience else None
+        found = gather_max.gather_segment_max(
+            sims, np.arange(t), part_lengths, at_max=u_d, reference=segment_max
+        )
+        for i, (_, u_q) in enumerate(queries):
+            cols = slice(bounds[i], bounds[i + 1])
+            one = (found[0][:, cols], found[1][:, cols]) if u_d is not None else found[:, cols]
+            out[i, lo:hi] = _top1_scores(one, np.asarray(u_q, np.float32))
+        lo = hi
+    out[:, lengths == 0] = 0.0  # no token: Eq. 2's empty sums, 0 as the padded path gives
+    return out
 
 
 def _top1_scores(found, u_q: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from aligner_jax.encoding import batching
 from aligner_jax.encoding.encoder import EncodedText, Encoder
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
+from aligner_jax.retrieval import centroid_search
 
 
 @gin.configurable
@@ -63,6 +64,12 @@ class RefineConfig:
         document, would otherwise be copied to the device for every query), or ``"default"``,
         JAX's default device. Larger refinements (exhaustive evaluation) always run on the
         default device.
+      host_top1: where the blocks would run on the CPU (JAX's default backend is the CPU, or
+        few candidates and ``fixed_shape_device="cpu"``), top-1 alignment alone is scored by
+        ``centroid_search.stored_top1_scores`` (a BLAS product and a compiled maximum per
+        chunk of store rows, no padding, nothing to compile) instead of the JAX kernel: the
+        same scores (up to float summation order), several times faster for exhaustive search
+        (``benchmarks/results/exact_top1.md``). False: always the kernel.
     """
 
     length_multiple: int = 32
@@ -73,6 +80,7 @@ class RefineConfig:
     fixed_shape_docs: int = 1024
     block_docs: int = 64
     fixed_shape_device: str = "cpu"
+    host_top1: bool = True
 
     def __post_init__(self):
         name = type(self).__name__
@@ -98,6 +106,9 @@ class RefineConfig:
             if n <= b:
                 return b
         return int(math.ceil(n / self.length_multiple) * self.length_multiple)
+
+
+TOP1 = (scoring.AlignmentStrategy.parse("top_k:1"),)  # what ``host_top1`` scores
 
 
 @functools.partial(jax.jit, static_argnames=("strategies",))
@@ -227,6 +238,19 @@ class Refiner:
         for i, c in enumerate(cands):
             position[i, np.searchsorted(union, c)] = np.arange(len(c))
         fixed = len(union) <= self.config.fixed_shape_docs
+        on_cpu = jax.default_backend() == "cpu" or (
+            fixed and self.config.fixed_shape_device == "cpu"
+        )
+        if self.config.host_top1 and on_cpu and strategies == TOP1:
+            rows = [
+                (queries.vectors[i][queries.mask[i]], queries.salience[i][queries.mask[i]])
+                for i in range(num_q)
+            ]
+            scores = centroid_search.stored_top1_scores(self.store, union, rows, self.salience)
+            for i in range(num_q):
+                hit = position[i] >= 0
+                out[i][0, position[i, hit]] = scores[i, hit]
+            return out
         # The queries committed to a device decide where every block runs (the blocks' NumPy
         # arrays follow them): the host CPU for fixed-shape blocks by default.
         device = self._host_cpu if fixed and self.config.fixed_shape_device == "cpu" else None
@@ -302,9 +326,12 @@ class Refiner:
         if not self.store.num_docs or self.config.fixed_shape_docs < 1:
             return 0
         docs = np.arange(min(self.store.num_docs, self.config.block_docs))
+        parsed = [tuple(scoring.AlignmentStrategy.parse(st) for st in sts) for sts in strategies]
+        host = self.config.host_top1 and self.config.fixed_shape_device == "cpu"
         shapes = [
-            (tuple(scoring.AlignmentStrategy.parse(st) for st in strategy_tuple), length)
-            for strategy_tuple in strategies
+            (strategy_tuple, length)
+            for strategy_tuple in parsed
+            if not (host and strategy_tuple == TOP1)  # scored without JAX: nothing to compile
             for length in self.config.query_buckets_upto(max_query_length)
         ]
 
