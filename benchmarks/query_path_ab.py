@@ -42,6 +42,11 @@ here, verbatim in behaviour, only to be measured against:
     similarities through transposed blocks, and u^d of the selected token (Eq. 2) in the same
     pass — against ``np.maximum.reduceat`` along axis 0 and a ``[tokens, n]`` tie mask. Timed:
     ``CentroidSearcher`` queries at k = 10 and k = 100 (query encoding excluded).
+  * ``host_top1`` (``RefineConfig.host_top1``, ``centroid_search.stored_top1_scores``): top-1
+    alignment from the float store without JAX (a BLAS product and a compiled maximum per chunk
+    of store rows) — against the JAX kernel over padded length buckets, the code before it.
+    Timed: the exhaustive searcher (``mode="exhaustive"``) at k = 100, and ``Searcher.rerank``
+    of each query's ``--rerank_candidates`` best documents.
   * ``TokenStore.gather_padded``: one slice copy per document — against a fancy index over
     every row. Timed: ``Searcher.rerank`` of each query's ``--rerank_candidates`` best documents.
   * ``DocumentTable.fetch``: the wanted (shard, slot) pairs joined to the table through its
@@ -54,6 +59,7 @@ identical ones is in the output. Writes ``benchmarks/results/--output_name.{json
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import platform
@@ -258,7 +264,7 @@ BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 CHANGES = (
     "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
-    "gather_padded", "fetch",
+    "gather_padded", "fetch", "host_top1",
 )  # fmt: skip
 
 
@@ -380,6 +386,26 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
             {"change": "gather_padded", "timed": f"rerank of {FLAGS.rerank_candidates}", **row}
         )  # fmt: skip
         samples[f"{label}: rerank {FLAGS.rerank_candidates}"] = ms
+
+    if "host_top1" in FLAGS.changes:
+        exhaustive = search_lib.Searcher.load(
+            index_dir, mode="exhaustive", encoder=searcher.encoder
+        )
+
+        def host(which):
+            for r in (exhaustive.refiner, searcher.refiner):
+                r.config = dataclasses.replace(r.config, host_top1=which == "after")
+
+        def exact(q):
+            out = exhaustive.run([q], [encoded[q]], show_progress=False, k=100)
+            return _ranking(out.results[next(iter(out.results))][q])
+
+        for timed, run in (("exhaustive search, k = 100", exact), (
+            f"rerank of {FLAGS.rerank_candidates}", rerank
+        )):  # fmt: skip
+            row, ms = interleaved(qids, run, host, rounds)
+            rows.append({"change": "host_top1", "timed": timed, **row})
+            samples[f"{label}: host_top1, {timed}"] = ms
 
     table = searcher.documents
     positions = searcher.doc_positions

@@ -307,7 +307,7 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
     from aligner_jax.indexing import token_store as ts
 
     store = ts.TokenStore(index_dir)
-    uniform = store.manifest["model"].get("salience") == "none"
+    uniform = not store.has_saliences
     queries = _queries(queries_path)
     q_all = np.concatenate([q for _, q, _ in queries]).astype(np.float32)
     u_q = np.concatenate([u for _, _, u in queries]).astype(np.float32)

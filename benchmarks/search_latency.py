@@ -607,12 +607,6 @@ class ExactAligner:
         return self.searcher.run([qid], [e], show_progress=False).results["top_k:1"][qid]
 
 
-def has_saliences(store: ts.TokenStore) -> bool:
-    """Whether the store's model weights the alignment by saliences (Eq. 2); without them
-    ALIGNER's top-1 score is MaxSim's and exact MaxSim is the reference of every system."""
-    return store.manifest["model"].get("salience") != "none"
-
-
 def reference(system: str, setting: dict, salient: bool) -> str:
     """The exhaustive reference a row is judged against (``REFERENCES``)."""
     if system == "exact-aligner":
@@ -772,7 +766,7 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
         plan["aligner_jax"] = ours
     if "exact" in systems:
         plan["exact"] = [("exhaustive", {}, ExactMaxSim(store, _K.value), {})]
-    if ("exact-aligner" in systems or "aligner_jax" in plan) and has_saliences(store):
+    if ("exact-aligner" in systems or "aligner_jax" in plan) and store.has_saliences:
         plan["exact-aligner"] = [("exhaustive", {}, ExactAligner(store, _K.value), {})]
     peer_sweeps = {}
     if "fast-plaid" in systems:
@@ -903,7 +897,7 @@ def _rows(dataset_name, model, store, index_dir, split, measured, built, failed,
         name: next((m.per_query for m in measured.values() if m.system == name), None)
         for name in REFERENCES
     }
-    salient = has_saliences(store)
+    salient = store.has_saliences  # else top-1 is MaxSim, every system's reference
     rows = []
     for (system, label, threads), m in measured.items():
         per_query = m.per_query or {}

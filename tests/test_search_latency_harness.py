@@ -89,10 +89,10 @@ def test_reference_follows_the_scoring_function(tmp_path):
     assert sl.reference("xtr-warp", {}, salient=True) == "exact"
     assert sl.reference("exact-aligner", {}, salient=True) == "exact"
     store = write_store(tmp_path / "s", random_documents(3, 8), 8)
-    assert sl.has_saliences(store)
+    assert store.has_saliences
     manifest = dict(store.manifest, model={**store.manifest["model"], "salience": "none"})
     ts.write_manifest(tmp_path / "s", manifest)
-    assert not sl.has_saliences(ts.TokenStore(tmp_path / "s"))
+    assert not ts.TokenStore(tmp_path / "s").has_saliences
 
 
 def test_exact_aligner_scores_every_document_by_eq_1_2(tmp_path):

@@ -342,7 +342,7 @@ class CentroidIndex:
         if split is not None:  # process 0's tables, whatever another host's arithmetic gave
             centroids, cell_centroids, codec = split.share(centroids, cell_centroids, codec)
         kmeans_s = time.perf_counter() - start
-        salience = store.manifest["model"].get("salience") != "none"
+        salience = store.has_saliences
         scale = salience_scale(store, range(len(spans))) if salience else None
         score = _ScoreMean()
         write_segment = _write_segment if split is None else split.write_segment

@@ -353,6 +353,13 @@ class TokenStore:
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
+    def has_saliences(self) -> bool:
+        """Whether the store's model weights tokens by learned saliences (u^q, u^d of Eq. 2–5):
+        its manifest names a salience kind other than ``"none"`` (a model without stores u^d =
+        1). The one rule for every reader of the store (search, index build, export)."""
+        return self.manifest["model"].get("salience") != "none"
+
+    @property
     def num_docs(self) -> int:
         return len(self.doc_ids)
 

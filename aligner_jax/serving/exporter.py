@@ -166,7 +166,7 @@ def export_store(
     if not len(live):
         raise ConfigError(f"{store.directory}: every document is deleted; nothing to publish")
     ids = store.doc_ids
-    if store.manifest["model"].get("salience", "none") != "none":
+    if store.has_saliences:
         logging.warning(
             "the model has salience (%s): Qdrant's MaxSim ranks by Σ_i max_j q_i·d_j (ALIGNER "
             "top-1 with u = 1), not by Eq. 2's salience-weighted alignment",
