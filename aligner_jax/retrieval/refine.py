@@ -69,7 +69,7 @@ class RefineConfig:
         ``centroid_search.stored_top1_scores`` (a BLAS product and a compiled maximum per
         chunk of store rows, no padding, nothing to compile) instead of the JAX kernel: the
         same scores (up to float summation order), several times faster for exhaustive search
-        (``benchmarks/results/exact_top1.md``). False: always the kernel.
+        (``benchmarks/results/query_path_ab_host_top1.md``). False: always the kernel.
     """
 
     length_multiple: int = 32
