@@ -296,31 +296,34 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
     Writes the rankings (``{qid: [doc id, ...]}``) to ``out`` and their scores beside it
     (``exhaustive_scores_path``).
 
-    Shards are scored on one thread per BLAS thread the child was given (``OMP_NUM_THREADS``;
-    NumPy releases the GIL in its large element-wise passes, which dominate) and merged in
-    shard order, so ties keep the lower document index whatever the threads."""
+    Scored by the searcher's exact scorer (``centroid_search.stored_top1_scores``, what
+    ``Searcher.load(mode="exhaustive")`` runs on a CPU), shard by shard on one thread per BLAS
+    thread the child was given (``OMP_NUM_THREADS``; the product and the compiled maxima
+    release the GIL) and merged in shard order, so ties keep the lower document index whatever
+    the threads."""
     import concurrent.futures
 
     import threadpoolctl
 
     from aligner_jax.common import progress
     from aligner_jax.indexing import token_store as ts
+    from aligner_jax.retrieval import centroid_search
 
     store = ts.TokenStore(index_dir)
-    uniform = not store.has_saliences
-    queries = _queries(queries_path)
-    q_all = np.concatenate([q for _, q, _ in queries]).astype(np.float32)
-    u_q = np.concatenate([u for _, _, u in queries]).astype(np.float32)
-    if uniform:
-        u_q[:] = 1.0
-    bounds = np.concatenate([[0], np.cumsum([len(q) for _, q, _ in queries])])
+    salient = store.has_saliences
+    items = _queries(queries_path)
+    queries = [
+        (np.asarray(q, np.float32), np.asarray(u if salient else np.ones(len(u)), np.float32))
+        for _, q, u in items
+    ]
     workers = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    spans = store.shard_spans()
+    starts = [first_doc for _, _, first_doc in store.shard_spans()] + [store.num_docs]
 
     def shard_top(s: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each query's top k of shard ``s`` (documents, scores), best first."""
-        scores = _exhaustive_shard_scores(store, s, q_all, u_q, bounds, uniform)
-        docs = np.arange(spans[s][2], spans[s][2] + len(scores))
+        """Each query's top k of shard ``s`` (documents, scores), best first: Eq. 1–2 by the
+        searcher's own exact scorer (``stored_top1_scores``)."""
+        docs = np.arange(starts[s], starts[s + 1])
+        scores = centroid_search.stored_top1_scores(store, docs, queries, salient).T
         alive = ~store.deleted[docs]
         docs, scores = docs[alive], scores[alive]
         tops = []
@@ -345,10 +348,10 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
             bar.update(1)
     bar.close()
     rankings = {
-        qid: [store.doc_ids[int(d)] for d in best_docs[i]] for i, (qid, _, _) in enumerate(queries)
+        qid: [store.doc_ids[int(d)] for d in best_docs[i]] for i, (qid, _, _) in enumerate(items)
     }
     fileio_json(out, rankings)
-    scores = {qid: best_scores[i].tolist() for i, (qid, _, _) in enumerate(queries)}
+    scores = {qid: best_scores[i].tolist() for i, (qid, _, _) in enumerate(items)}
     fileio_json(exhaustive_scores_path(out), scores)
     print(json.dumps({"queries": len(queries), "threads": workers}))
 
@@ -356,45 +359,6 @@ def exhaustive_child(index_dir: Path, queries_path: Path, out: Path, k: int = 10
 def exhaustive_scores_path(rankings: Path) -> Path:
     """Where an exhaustive child writes the scores of its rankings (``{qid: [score, ...]}``)."""
     return rankings.with_name(rankings.stem + ".scores.json")
-
-
-def _exhaustive_shard_scores(store, s, q_all, u_q, bounds, uniform) -> np.ndarray:
-    """Eq. 1–2 scores ``[documents of shard s, queries]`` (float32), 64 documents at a time
-    (bounded temporaries, in this thread's reused buffers: a fresh 150 MB array costs more in
-    page faults than the arithmetic done in it)."""
-    from aligner_jax.common import scratch
-
-    vectors, salience, local = store.shard_arrays(s)
-    out = np.zeros((len(local) - 1, len(bounds) - 1), np.float32)
-    for d0 in range(0, len(local) - 1, 64):
-        d1 = min(d0 + 64, len(local) - 1)
-        t = int(local[d1] - local[d0])
-        v = scratch.buffer("exhaustive.v", (t, q_all.shape[1]), np.float32)
-        np.copyto(v, vectors[local[d0] : local[d1]])
-        sims = scratch.buffer("exhaustive.sims", (t, len(q_all)), np.float32)
-        np.matmul(v, q_all.T, out=sims)  # [t, query tokens]
-        lengths = np.diff(local[d0 : d1 + 1])
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, query tokens]
-        if uniform:
-            weighted = best * u_q
-            weights = np.broadcast_to(u_q, best.shape)
-        else:
-            u_d = np.asarray(salience[local[d0] : local[d1]], np.float32)
-            at_max = scratch.buffer("exhaustive.at_max", sims.shape, bool)
-            u_at = scratch.buffer("exhaustive.u_at", sims.shape, np.float32)
-            np.take(best, np.repeat(np.arange(len(lengths)), lengths), axis=0, out=u_at)
-            np.equal(sims, u_at, out=at_max)
-            u_at.fill(-np.inf)  # then u^d where the token is its document's maximum
-            np.copyto(u_at, u_d[:, None], where=at_max)
-            u_sel = np.maximum.reduceat(u_at, starts, axis=0)
-            weights = u_sel * u_q
-            weighted = weights * best
-        for i in range(len(bounds) - 1):
-            a, b = bounds[i], bounds[i + 1]
-            z = weights[:, a:b].sum(1)
-            out[d0:d1, i] = np.where(z > 0, weighted[:, a:b].sum(1) / np.maximum(z, 1e-6), 0.0)
-    return out
 
 
 def fileio_json(path: Path, obj) -> None:
