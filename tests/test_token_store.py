@@ -75,6 +75,21 @@ def test_concatenated_rows_of_documents_span_shards_and_cast_into_out(tmp_path, 
         store.concatenated("vectors", picks, np.empty((t + 1, DIM), np.float32))
 
 
+def test_consecutive_documents_are_copied_as_one_run(tmp_path, docs):
+    """Documents adjacent in the shard and in the output are one copy (an exhaustive search
+    reads every document in order); a repeat, a gap or another order starts a new run."""
+    lo, hi, to = (
+        np.array([0, 5, 9, 9, 20]),
+        np.array([5, 9, 12, 12, 21]),
+        np.array([0, 5, 9, 12, 15]),
+    )
+    assert ts.merged_runs(lo, hi, to) == [(0, 12, 0), (9, 12, 12), (20, 21, 15)]
+    assert ts.merged_runs(lo[:0], hi[:0], to[:0]) == []
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=4)
+    _check_concatenated(store, docs, np.array([22, 3, 4, 5, 6, 9, 4, 5, 7, 8]))
+    _check_concatenated(store, docs, np.arange(len(docs)))
+
+
 def test_concatenated_reads_past_a_full_map_cache_without_evicting_it(tmp_path, docs):
     """With more shards than the cache holds, the unmapped shards' rows are read from their
     files (the same values) and the maps already open stay open: no map churn per document."""
@@ -84,7 +99,7 @@ def test_concatenated_reads_past_a_full_map_cache_without_evicting_it(tmp_path, 
     held = dict(store._open)
     assert len(held) == 2
     for _ in range(2):  # the second read uses the parsed headers
-        _check_concatenated(store, docs, np.array([22, 3, 4, 9, 4, 17, 0]))
+        _check_concatenated(store, docs, np.array([22, 3, 4, 9, 4, 17, 0, 1, 2]))
         assert set(store._open) == set(held)  # reads reorder the LRU, never evict
         assert all(store._open[k] is v for k, v in held.items())
 

@@ -211,6 +211,19 @@ def _verify_sizes(directory: Path, shards: Iterable[dict]) -> None:
                 )
 
 
+def merged_runs(lo: np.ndarray, hi: np.ndarray, to: np.ndarray) -> list[tuple[int, int, int]]:
+    """Copies ``rows lo:hi → out[to:]`` (one per document), adjacent ones merged: a document
+    that starts where the previous one ended, in the source and in ``out``, extends its run —
+    consecutive documents (an exhaustive search's) are one copy per shard, not one per
+    document."""
+    if not len(lo):
+        return []
+    joins = (lo[1:] == hi[:-1]) & (to[1:] == to[:-1] + hi[:-1] - lo[:-1])
+    first = np.flatnonzero(np.concatenate([[True], ~joins]))
+    last = np.concatenate([first[1:], [len(lo)]]) - 1
+    return list(zip(lo[first].tolist(), hi[last].tolist(), to[first].tolist(), strict=True))
+
+
 class TokenStore:
     """Read-only view over a complete token store, memory-mapped shard by shard.
 
@@ -489,7 +502,7 @@ class TokenStore:
         for group in np.split(order, bounds) if len(order) else []:
             s = int(shard[group[0]])
             off = int(self._shard_token_starts[s])
-            runs = [(int(starts[i]) - off, int(ends[i]) - off, int(at[i])) for i in group]
+            runs = merged_runs(starts[group] - off, ends[group] - off, at[group])
             array = self._array(kind, s, evict=False)
             if array is None:
                 self._read_runs(kind, s, runs, out)
