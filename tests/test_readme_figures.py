@@ -78,9 +78,11 @@ def parse_printed(value: str) -> tuple[float, float]:
 
 
 def lookup(data, path: str):
-    """``a.b[2].c`` / ``rows[model=trained,bits=2].p50_ms`` / ``[2].x`` in a loaded JSON."""
-    for part in re.findall(r"(?:[^.\[\]]+|\[[^\]]*\])+", path):
+    """``a.b[2].c`` / ``rows[model=trained,bits=2].p50_ms`` / ``[2].x`` in a loaded JSON; ``\\.``
+    is a dot inside a key (``results.0\\.01.p50``)."""
+    for part in re.findall(r"(?:\\\.|[^.\[\]\\]+|\[[^\]]*\])+", path):
         name, *selectors = re.split(r"(?=\[)", part)
+        name = name.replace("\\.", ".")
         if name:
             if not isinstance(data, dict) or name not in data:
                 raise KeyError(f"no key {name!r} (of {path!r})")
