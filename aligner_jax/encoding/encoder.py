@@ -193,6 +193,8 @@ class Encoder:
             self._data_parallel = mesh.shape[partitioning.DATA_AXIS]
             self._batch_sharding = partitioning.batch_sharding(mesh)
             params = jax.device_put(params, partitioning.replicated(mesh))
+        else:  # once: NumPy leaves would be transferred again by every call (106 for MiniLM)
+            params = jax.device_put(params)
         self._params = params
         self._forward = _jitted_forward(bundle.config)
 
