@@ -1,4 +1,4 @@
-r"""Nine query-path changes measured against the code they replaced, interleaved per query.
+r"""Eleven query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -47,6 +47,11 @@ here, verbatim in behaviour, only to be measured against:
     of store rows) — against the JAX kernel over padded length buckets, the code before it.
     Timed: the exhaustive searcher (``mode="exhaustive"``) at k = 100, and ``Searcher.rerank``
     of each query's ``--rerank_candidates`` best documents.
+  * ``rescore`` (``CentroidSearchConfig.rescore_per_refine``, stop 61): stage 3's residual
+    interaction over stage 2's best 3 × ``refine_docs`` documents before they are refined, at
+    k ≥ 100 — against refining stage 2's best directly, the search before it. A stage added for
+    recall, not a faster path: the pair prices it (its rankings differ by design). Timed:
+    ``CentroidSearcher`` queries at k = 10 and k = 100.
   * ``TokenStore.gather_padded``: one slice copy per document — against a fancy index over
     every row. Timed: ``Searcher.rerank`` of each query's ``--rerank_candidates`` best documents.
   * ``DocumentTable.fetch``: the wanted (shard, slot) pairs joined to the table through its
@@ -264,7 +269,7 @@ BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 CHANGES = (
     "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
-    "gather_padded", "fetch", "host_top1",
+    "gather_padded", "fetch", "host_top1", "rescore",
 )  # fmt: skip
 
 
@@ -333,6 +338,11 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     def chunk(which):
         codec_lib.CHUNK = NEW["chunk"] if which == "after" else BEFORE_CHUNK
 
+    def rescore(which):
+        config = searcher.centroid.config
+        count = cs.RESCORE_PER_REFINE if which == "after" else 0.0
+        searcher.centroid.config = dataclasses.replace(config, rescore_per_refine=count)
+
     residual = search_lib.Searcher.load(
         index_dir,
         encoder=searcher.encoder,
@@ -353,6 +363,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         ("cluster_residuals", clustered, residual),
         ("residual_chunk", chunk, searcher),
         ("segment_max", segment_max, searcher),
+        ("rescore", rescore, searcher),
     )
     for change, use, by in changes:
         if change not in FLAGS.changes:

@@ -21,7 +21,7 @@ from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
-from aligner_jax.retrieval import probe_scores
+from aligner_jax.retrieval import gather_max, probe_scores
 from aligner_jax.retrieval import searcher as search_lib
 
 DIM = 16
@@ -703,9 +703,11 @@ def test_salience_off_scores_colbert_sum_of_maxima_on_every_path(store, index):
         search_lib.SearchConfig(salience=False, beta_q=0.5)
 
 
-def test_interaction_keeps_exactly_the_tokens_of_each_documents_best_centroids(store, index):
+def test_interaction_keeps_exactly_the_tokens_of_each_documents_best_centroids(
+    store, index, compiled
+):
     """Stage 3 marks a stored token iff its centroid is its document's best for some query
-    token of weight > 0 (brute force over the tokens' codes)."""
+    token of weight > 0 (brute force over the tokens' codes), compiled and with NumPy."""
     searcher = cs.CentroidSearcher(store, index)
     q = _query(3)
     weights = np.array([1.0, 0.0, 0.5, 0.2, 1.0], np.float32)  # token 1 does not count
@@ -854,11 +856,13 @@ def test_segment_max_selects_the_largest_value_among_the_rows_at_the_maximum(mon
 
 @pytest.fixture(params=[True, False], ids=["numba", "numpy"])
 def compiled(request, monkeypatch):
-    """Runs a test with the compiled probe scoring (``probe_scores``) and with its NumPy path."""
+    """Runs a test with the compiled passes (``probe_scores``, ``gather_max``) and with their
+    NumPy paths."""
     if request.param:
         assert probe_scores.available(), "numba is a dependency (requirements.txt)"
     else:
         monkeypatch.setattr(probe_scores, "numba", None)
+        monkeypatch.setattr(gather_max, "numba", None)
     return request.param
 
 
@@ -975,3 +979,80 @@ def test_residual_candidates_score_on_as_many_threads_as_blas_may_use(store, ind
     np.testing.assert_allclose(
         [found[2][d] for d in found[1]], list(found[1].values()), rtol=1e-6, atol=1e-6
     )
+
+
+def _planted_soft_match_store(directory, monkeypatch):
+    """A store and index where stage 2 cannot tell the best document from its distractors.
+
+    Query tokens e0..e3. 40 distractors hold e0 (and junk); the relevant document R, last,
+    holds a token at 0.98 of e0 and, for e1..e3, tokens at 0.7 (soft matches) in centroids of
+    their own, while each e_i's best centroid (one probe) holds a decoy at 0.95 that R lacks:
+    stage 2 reaches R and the distractors through e0 only and imputes the rest alike, so R
+    ranks below every distractor there; exact MaxSim puts R first (0.77 against 0.25)."""
+    dim, rng = 16, np.random.default_rng(0)
+    e = np.eye(dim, dtype=np.float32)
+    decoy = [_unit(0.95 * e[i] + 0.31 * e[4 + i]) for i in (1, 2, 3)]
+    soft = [_unit(0.7 * e[i] + 0.714 * e[8 + i]) for i in (1, 2, 3)]
+    near_e0 = _unit(e[0] + 0.2 * e[13])
+    centroids = np.stack([e[0], *decoy, *soft, e[15]])
+
+    def doc(name, rows):
+        v = _unit(np.stack(rows) + rng.normal(scale=1e-3, size=(len(rows), dim)))
+        return ts.EncodedDocument(
+            doc_id=name, vectors=v.astype(np.float16), salience=np.ones(len(v), np.float32),
+            token_ids=np.arange(5, 5 + len(v), dtype=np.int32),
+        )  # fmt: skip
+
+    docs = [doc(f"distractor{i}", [e[0], e[15], e[15]]) for i in range(40)]
+    docs += [doc(f"decoy{i}", [d, e[15]]) for i, d in enumerate(decoy)]
+    docs.append(doc("relevant", [near_e0, *soft, e[15]]))
+    store = write_store(directory, docs, dim, shard_size=9)
+    monkeypatch.setattr(
+        ci.kmeans, "fit_two_level", lambda *a, **k: (centroids, _unit(centroids.mean(0)[None]))
+    )
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8, cells=1))
+    np.testing.assert_allclose(index.centroids, centroids, atol=1e-6)
+    query = EncodedText(
+        token_ids=np.arange(5, 9, dtype=np.int32), vectors=e[:4].copy(),
+        salience=np.ones(4, np.float32),
+    )  # fmt: skip
+    return store, index, query
+
+
+def test_rescoring_stage_2s_best_refines_a_document_its_estimate_ranks_low(tmp_path, monkeypatch):
+    """With residual candidates, ``rescore_per_refine`` re-scores stage 2's best documents by
+    the residual interaction (their tokens in each one's best centroid per query token) before
+    the best ``refine_docs`` of them are refined: a document whose matches stage 2 only
+    imputed is refined and ranked first; without it, it stays below the refined distractors."""
+    store, index, q = _planted_soft_match_store(tmp_path / "idx", monkeypatch)
+    relevant = store.doc_ids.index("relevant")
+    exact = np.ravel(_float_top1(store, q))
+    assert int(np.argmax(exact)) == relevant and exact[relevant] > 0.75
+    base = cs.CentroidSearchConfig(
+        probes=1, refine_docs=3, residual_candidates=True, refine_float=0.0
+    )
+    rows = np.arange(4)
+    ranks = {}
+    for rescore in (0.0, 20.0):
+        cfg = dataclasses.replace(base, rescore_per_refine=rescore)
+        searcher = cs.CentroidSearcher(store, index, cfg)
+        (ranking,), counts = searcher.search(q.vectors, q.salience, rows, 100)
+        assert counts.candidates == store.num_docs and counts.refined == 3
+        assert counts.interaction == (3 if rescore == 0 else store.num_docs)
+        assert np.all(np.diff(ranking[1]) <= 0) and len(ranking[0]) == store.num_docs
+        ranks[rescore] = ranking[0].tolist().index(relevant) if relevant in ranking[0] else None
+    assert ranks[20.0] == 0
+    assert ranks[0.0] > 3  # below the refined distractors and ranked among the rest
+
+
+def test_rescored_documents_follow_the_requested_k():
+    """⌈rescore_per_refine · min(k / 100, 1) · refine_docs⌉, none when not above refine_docs:
+    the default re-scores 3 × the refined documents at k ≥ 100, none at k = 10."""
+    cfg = cs.CentroidSearchConfig()
+    assert cfg.rescore_per_refine == cs.RESCORE_PER_REFINE == 3.0
+    assert cfg.rescored(300, 100) == 900 and cfg.rescored(300, 1000) == 900
+    assert cfg.rescored(150, 50) == 225
+    assert cfg.rescored(54, 10) == 0 and cfg.rescored(100, 33) == 0
+    assert cs.CentroidSearchConfig(rescore_per_refine=0.0).rescored(300, 100) == 0
+    with pytest.raises(errors.ConfigError, match="rescore_per_refine"):
+        cs.CentroidSearchConfig(rescore_per_refine=-1.0)

@@ -38,7 +38,9 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
 With ``CentroidSearchConfig.residual_candidates`` (on by default where the token lists fit,
 below) stage 2 scores every token of the probed clusters with its residual, q·(c + r̂), WARP's
 candidate scoring applied to Eq. 1–2 (``residual_candidates``), and stage 3 is skipped: the
-best ``refine_docs`` by that score are refined. Every probed token is read and scored, in one
+best ``refine_docs`` by that score are refined — at k ≥ 100 after stage 3's residual
+interaction has re-scored stage 2's best ``3·refine_docs`` (``rescore_per_refine``, below).
+Every probed token is read and scored, in one
 compiled pass (``probe_scores``; the ``xtr`` scorer below shares it). It reads the probed
 clusters' tokens from centroid → token lists (WARP's cluster-ordered residuals), mapped from an
 index built with ``CentroidIndexConfig.token_lists``, else built in memory at load. Since both
@@ -109,6 +111,8 @@ MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction
 MIN_REFINE = (40, 128)  # refined documents at least: clip(⌈0.75·√N⌉, 40, 128)
 INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined document
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
+RESCORE_PER_REFINE = 3.0  # with residual candidates: stage-2 documents re-scored per refined one
+RESCORE_K = 100  # ... at k >= this; proportionally fewer below (none at k <= RESCORE_K / 3)
 REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with saliences
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
 REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
@@ -128,6 +132,24 @@ class CentroidSearchConfig:
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
     and stage 3 is skipped (see the module docstring); None: on unless its token lists would
     have to be built in memory past ``centroid_index.LISTS_IN_MEMORY_MAX`` (``for_index``).
+    ``rescore_per_refine``: with residual candidates, stage 2's best
+    ⌈rescore_per_refine · min(k / 100, 1) · refine_docs⌉ documents are re-scored by stage 3's
+    residual interaction (each one's tokens in its best centroid per query token, scored with
+    their residuals, Eq. 1–2: ``best_centroid_tokens``) and the best ``refine_docs`` of them
+    are refined (``rescored``; none when the count is not above ``refine_docs``: at k = 10 by
+    default). Stage 2 gives every query token that did not reach a document an imputed score;
+    where a model's matches are soft, those terms decide the order: on the trained 128-d model
+    grown 10× (``benchmarks/scale.py``'s distractors), a relevant document's best token for 7
+    of a query's 8 tokens lay in the query token's 113th–1,478th centroid of 32,768, and all 5
+    relevant documents of the exhaustive top 100 the search lost had been reached by stage 2
+    and ranked 352–1,895 by it, below the 300 refined. Chosen at 3 by ``tune_search.py``'s rule
+    on SciFact's train queries (200) on the trained 1× store, 4 bits: the only admissible
+    setting of 0 / 3 / 5 (top-100 overlap with exhaustive search at k = 100 0.901 / 0.953 /
+    0.958, p50 16.8 / 24.0 / 24.0 ms); at 10× no setting is admissible (0, 2, 3, 5: 0.585 /
+    0.656 / 0.693 / 0.739, p50 22.4 / 28.6 / 35.9 / 30.5 ms, settings timed one after the
+    other), and on the zero-shot 384-d 1× store it gains nothing (0.980 / 0.984 / 0.984) for
+    p50 24.4 / 46.9 / 54.0 ms (``benchmarks/results/tune_rescore_stop61/``). 0: off (stop
+    60's search).
     ``probe_docs``: None: with residual candidates ``residual_probe_docs(k)`` (2,560 at
     k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
@@ -175,6 +197,7 @@ class CentroidSearchConfig:
     residual_interaction: bool = True
     residual_per_refine: float = RESIDUAL_PER_REFINE
     residual_candidates: bool | None = None
+    rescore_per_refine: float = RESCORE_PER_REFINE
     refine_float: float | None = None
     refine_float_min: int = REFINE_FLOAT_MIN
     refine_float_max: int = REFINE_FLOAT_MAX
@@ -190,6 +213,7 @@ class CentroidSearchConfig:
         checks.integer(f"{name}.interaction_per_refine", self.interaction_per_refine, minimum=1)
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
+        checks.number(f"{name}.rescore_per_refine", self.rescore_per_refine, low=0.0)
         checks.number(f"{name}.refine_float", self.refine_float, low=0.0, allow_none=True)
         checks.integer(f"{name}.refine_float_min", self.refine_float_min, minimum=0)
         checks.integer(f"{name}.refine_float_max", self.refine_float_max, minimum=1)
@@ -244,6 +268,13 @@ class CentroidSearchConfig:
         )
         interaction = self.interaction_docs or self.interaction_per_refine * refine
         return min(probes, num_centroids), interaction, min(refine, interaction)
+
+    def rescored(self, refine_docs: int, k: int) -> int:
+        """Stage-2 documents re-scored by the residual interaction before ``refine_docs`` of
+        them are refined, for ``k`` requested: ⌈rescore_per_refine · min(k / RESCORE_K, 1) ·
+        refine_docs⌉ (none when that is not above ``refine_docs``)."""
+        m = math.ceil(self.rescore_per_refine * min(k / RESCORE_K, 1.0) * refine_docs)
+        return m if m > refine_docs else 0
 
 
 def residual_probe_docs(k: int | None) -> int:
@@ -547,10 +578,9 @@ class CentroidSearcher:
         """For every stored token of ``docs`` (concatenated in order): whether its centroid is
         its document's best for some query token of weight > 0 (every token when no weight
         is) — the tokens the residual interaction scores (``refine(..., keep=)``)."""
-        best = self._interaction(s_t, docs, weights)[1]
         rows, lengths = concatenated_ranges(self.store.offsets, docs)
-        return gather_max.tokens_at_best(
-            s_t, self.index.codes[rows], lengths, best, weights, reference=_at_best
+        return gather_max.tokens_at_own_best(
+            s_t, self.index.codes[rows], lengths, weights, reference=_at_own_best
         )
 
     def refine(
@@ -694,11 +724,21 @@ class CentroidSearcher:
         probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
-            refined = cands[_top(approx, min(refine_docs, len(cands)))]
-            others = ~np.isin(cands, refined, assume_unique=True)
-            rankings = self._ranked(q, s_t, u_q, refined, [(cands[others], approx[others])],
-                                    k, refine_fn)  # fmt: skip
-            return rankings, StageCounts(len(cands), len(refined), len(refined))
+            m = min(self.config.rescored(refine_docs, k), len(cands))
+            top = _top(approx, max(m, min(refine_docs, len(cands))))
+            first, inter = cands[top], approx[top]
+            order = np.arange(len(first))
+            if m > refine_docs:  # the residual interaction of stage 3 over stage 2's best m
+                keep = self.best_centroid_tokens(s_t, first, u_q)
+                inter = self.refine(q, s_t, first, u_q, keep=keep)
+                order = _top(inter, refine_docs)
+            refined = first[order]
+            rest = np.ones(len(first), bool)
+            rest[order] = False
+            others = ~np.isin(cands, first, assume_unique=True)
+            tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
+            rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn)
+            return rankings, StageCounts(len(cands), len(first), len(refined))
         cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
         first = cands[_top(approx, min(interaction_docs, len(cands)))]
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
@@ -821,6 +861,11 @@ def _at_best(
     live = weights > 0
     at = _at_document_rows(sims, best, lengths)[0]
     return (at if live.all() or not live.any() else at[:, live]).any(axis=1)
+
+
+def _at_own_best(sims: np.ndarray, lengths: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``_at_best`` against each document's own maxima (``best_centroid_tokens``)."""
+    return _at_best(sims, segment_max(sims, lengths), lengths, weights)
 
 
 def _at_document_rows(

@@ -66,9 +66,33 @@ def _at_best(s_t, codes, lengths, best, live, out):  # pragma: no cover - compil
             j += 1
 
 
+def _at_own_best(s_t, codes, lengths, live, out):  # pragma: no cover - compiled
+    """out[j] = whether row j's centroid scores s_t[codes[j]] reach, for some query token i
+    with live[i], their maximum over its document's rows: each document's rows are read twice,
+    the second time from cache, instead of a pass for the maxima and another for the rows."""
+    n = s_t.shape[1]
+    best = np.empty(n, np.float32)
+    j = 0
+    for d in range(lengths.shape[0]):
+        for i in range(n):
+            best[i] = -np.inf
+        for t in range(j, j + lengths[d]):
+            row = s_t[codes[t]]
+            for i in range(n):
+                best[i] = max(best[i], row[i])
+        for t in range(j, j + lengths[d]):
+            row = s_t[codes[t]]
+            hit = False
+            for i in range(n):
+                hit |= live[i] & (row[i] == best[i])
+            out[t] = hit
+        j += lengths[d]
+
+
 if numba is not None:
     _gather_max = numba.njit(cache=True, nogil=True)(_gather_max)
     _at_best = numba.njit(cache=True, nogil=True)(_at_best)
+    _at_own_best = numba.njit(cache=True, nogil=True)(_at_own_best)
 
 
 def gather_segment_max(
@@ -140,6 +164,30 @@ def tokens_at_best(
     return out
 
 
+def tokens_at_own_best(
+    s_t: np.ndarray, codes: np.ndarray, lengths: np.ndarray, weights: np.ndarray, reference=None
+) -> np.ndarray:
+    """``tokens_at_best`` against each document's own best centroid scores (the maxima of
+    ``gather_segment_max`` over the same rows), in one pass: the tokens of every document's
+    best centroids, without the ``[docs, n]`` maxima. ``reference(sims, lengths, weights)``
+    (on the gathered ``[rows, n]`` matrix) is the path used without numba."""
+    lengths = np.asarray(lengths, np.int64)
+    if numba is None:
+        return reference(np.take(s_t, np.asarray(codes, np.intp), axis=0), lengths, weights)
+    live = np.asarray(weights) > 0
+    if live.all() or not live.any():
+        live = np.ones(s_t.shape[1], bool)
+    out = np.empty(int(lengths.sum()), bool)
+    _at_own_best(
+        np.ascontiguousarray(s_t, np.float32),
+        np.ascontiguousarray(codes, np.int64),
+        lengths,
+        live,
+        out,
+    )
+    return out
+
+
 def warm_up() -> None:
     """Compiles the pass now (or loads it from numba's cache, ~0.5 s on 2 cores), so that the
     first search after ``Searcher.load`` does not pay for it. A no-op without numba."""
@@ -149,3 +197,4 @@ def warm_up() -> None:
     ids = np.zeros(1, np.int64)
     gather_segment_max(one, ids, ids + 1, add=one, at_max=one[0], reference=None)
     tokens_at_best(one, ids, ids + 1, one, np.ones(1, np.float32))
+    tokens_at_own_best(one, ids, ids + 1, np.ones(1, np.float32))
