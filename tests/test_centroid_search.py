@@ -1045,6 +1045,55 @@ def test_rescoring_stage_2s_best_refines_a_document_its_estimate_ranks_low(tmp_p
     assert ranks[0.0] > 3  # below the refined distractors and ranked among the rest
 
 
+def test_rescoring_waits_for_a_query_whose_refined_candidates_stage_2_mostly_imputed(
+    tmp_path, monkeypatch
+):
+    """``rescore_below_reach``: the re-scoring runs only when the share of the query's weight
+    that stage 2 reached in its would-be refined documents is below it. Here they are
+    distractors reached by 1 of 4 query tokens (0.25)."""
+    store, index, q = _planted_soft_match_store(tmp_path / "idx", monkeypatch)
+    relevant = store.doc_ids.index("relevant")
+    base = cs.CentroidSearchConfig(
+        probes=1, refine_docs=3, residual_candidates=True, refine_float=0.0, rescore_per_refine=20
+    )
+    searcher = cs.CentroidSearcher(store, index, base)
+    s_t = np.ascontiguousarray(index.centroids @ q.vectors.T)
+    distractors = np.array([store.doc_ids.index(f"distractor{i}") for i in range(3)])
+    share = searcher.reached_share(s_t, np.arange(4), 1, distractors, q.salience)
+    assert share == pytest.approx(0.25)
+    both = np.append(distractors[:1], relevant)  # the relevant one is reached by e0 too
+    assert searcher.reached_share(s_t, np.arange(4), 1, both, q.salience) == pytest.approx(0.25)
+    assert searcher.reached_share(s_t, np.arange(4), 2, both, q.salience) == pytest.approx(0.625)
+    for reach, rescored in ((0.3, True), (0.2, False), (1.0, True), (0.0, False)):
+        cfg = dataclasses.replace(base, rescore_below_reach=reach)
+        searcher = cs.CentroidSearcher(store, index, cfg)
+        (ranking,), counts = searcher.search(q.vectors, q.salience, np.arange(4), 100)
+        assert counts.interaction == (store.num_docs if rescored else 3), reach
+        assert (ranking[0][0] == relevant) == rescored, reach
+
+
+def test_reached_share_counts_the_query_tokens_whose_probed_clusters_hold_a_document_token(
+    store, index
+):
+    """Brute force over the documents' codes: token i reaches a document when one of its
+    tokens' centroids is among i's ``probes`` best; weighted by u^q, mean over documents."""
+    searcher = cs.CentroidSearcher(store, index)
+    q = _query(9, n=6)
+    rows = np.array([0, 2, 3, 5])
+    s_t = np.ascontiguousarray(index.centroids @ q.vectors.T)
+    docs = np.array([3, 11, 40, 7, 25])
+    for probes in (1, 3, 8):
+        top = np.argsort(-s_t.T[rows], axis=1)[:, :probes]
+        w = q.salience[rows]
+        expected = []
+        for d in docs:
+            codes = set(np.asarray(index.codes[store.offsets[d] : store.offsets[d + 1]]).tolist())
+            hit = np.array([bool(codes & set(t.tolist())) for t in top])
+            expected.append(hit @ w / w.sum())
+        got = searcher.reached_share(s_t, rows, probes, docs, q.salience)
+        assert got == pytest.approx(np.mean(expected), abs=1e-6)
+
+
 def test_rescored_documents_follow_the_requested_k():
     """⌈rescore_per_refine · min(k / 100, 1) · refine_docs⌉, none when not above refine_docs:
     the default re-scores 3 × the refined documents at k ≥ 100, none at k = 10."""
@@ -1056,3 +1105,5 @@ def test_rescored_documents_follow_the_requested_k():
     assert cs.CentroidSearchConfig(rescore_per_refine=0.0).rescored(300, 100) == 0
     with pytest.raises(errors.ConfigError, match="rescore_per_refine"):
         cs.CentroidSearchConfig(rescore_per_refine=-1.0)
+    with pytest.raises(errors.ConfigError, match="rescore_below_reach"):
+        cs.CentroidSearchConfig(rescore_below_reach=1.5)

@@ -113,6 +113,7 @@ INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined documen
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
 RESCORE_PER_REFINE = 3.0  # with residual candidates: stage-2 documents re-scored per refined one
 RESCORE_K = 100  # ... at k >= this; proportionally fewer below (none at k <= RESCORE_K / 3)
+RESCORE_BELOW_REACH = 1.0  # ... for queries whose refined candidates stage 2 reached below this
 REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with saliences
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
 REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
@@ -198,6 +199,7 @@ class CentroidSearchConfig:
     residual_per_refine: float = RESIDUAL_PER_REFINE
     residual_candidates: bool | None = None
     rescore_per_refine: float = RESCORE_PER_REFINE
+    rescore_below_reach: float = RESCORE_BELOW_REACH
     refine_float: float | None = None
     refine_float_min: int = REFINE_FLOAT_MIN
     refine_float_max: int = REFINE_FLOAT_MAX
@@ -214,6 +216,7 @@ class CentroidSearchConfig:
         checks.number(f"{name}.refine_per_k", self.refine_per_k, low=0.0)
         checks.number(f"{name}.residual_per_refine", self.residual_per_refine, low=1.0)
         checks.number(f"{name}.rescore_per_refine", self.rescore_per_refine, low=0.0)
+        checks.number(f"{name}.rescore_below_reach", self.rescore_below_reach, 0.0, 1.0)
         checks.number(f"{name}.refine_float", self.refine_float, low=0.0, allow_none=True)
         checks.integer(f"{name}.refine_float_min", self.refine_float_min, minimum=0)
         checks.integer(f"{name}.refine_float_max", self.refine_float_max, minimum=1)
@@ -572,6 +575,22 @@ class CentroidSearcher:
         best = self._best_codes(s_t, docs)
         return (best @ weights) / max(float(weights.sum()), 1e-12), best
 
+    def reached_share(
+        self, s_t: np.ndarray, probe_rows: np.ndarray, probes: int, docs: np.ndarray, u_q
+    ) -> float:
+        """The share of the probing query tokens' weight that stage 2 reached in ``docs``, mean
+        over the documents: a document is reached by query token i when its best centroid
+        score for i is at least i's ``probes``-th best (one of its probed clusters holds a token
+        of the document); the other terms of its stage-2 score were imputed."""
+        w = np.asarray(u_q, np.float32)[probe_rows]
+        if not len(docs) or not w.sum():
+            return 1.0
+        s = s_t.T[probe_rows]  # [n', C]
+        p = min(probes, s.shape[1])
+        floor = np.take_along_axis(s, top_columns(s, p), axis=1).min(axis=1)  # the p-th best
+        best = self._best_codes(s_t, docs)[:, probe_rows]  # [docs, n']
+        return float(((best >= floor) @ w).mean() / w.sum())
+
     def best_centroid_tokens(
         self, s_t: np.ndarray, docs: np.ndarray, weights: np.ndarray
     ) -> np.ndarray:
@@ -728,30 +747,29 @@ class CentroidSearcher:
             top = _top(approx, max(m, min(refine_docs, len(cands))))
             first, inter = cands[top], approx[top]
             order = np.arange(len(first))
+            if m > refine_docs and self.config.rescore_below_reach < 1.0:
+                reach = self.reached_share(s_t, probe_rows, probes, first[:refine_docs], u_q)
+                if reach >= self.config.rescore_below_reach:
+                    m, first, inter = 0, first[:refine_docs], inter[:refine_docs]
+                    order = order[:refine_docs]
             if m > refine_docs:  # the residual interaction of stage 3 over stage 2's best m
                 keep = self.best_centroid_tokens(s_t, first, u_q)
                 inter = self.refine(q, s_t, first, u_q, keep=keep)
                 order = _top(inter, refine_docs)
-            refined = first[order]
-            rest = np.ones(len(first), bool)
-            rest[order] = False
-            others = ~np.isin(cands, first, assume_unique=True)
-            tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
-            rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn)
-            return rankings, StageCounts(len(cands), len(first), len(refined))
-        cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
-        first = cands[_top(approx, min(interaction_docs, len(cands)))]
-        if self.config.residual_interaction:  # the best by centroid scores, by residuals
-            m = math.ceil(self.config.residual_per_refine * refine_docs)
-            inter, best_centroids = self._interaction(s_t, first, u_q)
-            best = _top(inter, m)
-            shifted = self.refine(q, s_t, first[best], u_q, best_centroids=best_centroids[best])
-            # the others keep their order, below every re-scored document
-            inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
-            inter[best] = shifted
         else:
-            inter = self.interaction(s_t, first, u_q)
-        order = _top(inter, min(refine_docs, len(first)))
+            cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
+            first = cands[_top(approx, min(interaction_docs, len(cands)))]
+            if self.config.residual_interaction:  # the best by centroid scores, by residuals
+                m = math.ceil(self.config.residual_per_refine * refine_docs)
+                inter, best_centroids = self._interaction(s_t, first, u_q)
+                best = _top(inter, m)
+                shifted = self.refine(q, s_t, first[best], u_q, best_centroids=best_centroids[best])
+                # the others keep their order, below every re-scored document
+                inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
+                inter[best] = shifted
+            else:
+                inter = self.interaction(s_t, first, u_q)
+            order = _top(inter, min(refine_docs, len(first)))
         refined = first[order]
         rest = np.ones(len(first), bool)
         rest[order] = False
