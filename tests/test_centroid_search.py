@@ -1099,6 +1099,7 @@ def test_rescored_documents_follow_the_requested_k():
     the default re-scores 3 × the refined documents at k ≥ 100, none at k = 10."""
     cfg = cs.CentroidSearchConfig()
     assert cfg.rescore_per_refine == cs.RESCORE_PER_REFINE == 3.0
+    assert cfg.rescore_below_reach == cs.RESCORE_BELOW_REACH == 0.7
     assert cfg.rescored(300, 100) == 900 and cfg.rescored(300, 1000) == 900
     assert cfg.rescored(150, 50) == 225
     assert cfg.rescored(54, 10) == 0 and cfg.rescored(100, 33) == 0

@@ -113,7 +113,7 @@ INTERACTION_PER_REFINE = 4  # centroid-interaction documents per refined documen
 RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refined document
 RESCORE_PER_REFINE = 3.0  # with residual candidates: stage-2 documents re-scored per refined one
 RESCORE_K = 100  # ... at k >= this; proportionally fewer below (none at k <= RESCORE_K / 3)
-RESCORE_BELOW_REACH = 1.0  # ... for queries whose refined candidates stage 2 reached below this
+RESCORE_BELOW_REACH = 0.7  # ... for queries whose refined candidates stage 2 reached below this
 REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with saliences
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
 REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
@@ -151,6 +151,15 @@ class CentroidSearchConfig:
     other), and on the zero-shot 384-d 1× store it gains nothing (0.980 / 0.984 / 0.984) for
     p50 24.4 / 46.9 / 54.0 ms (``benchmarks/results/tune_rescore_stop61/``). 0: off (stop
     60's search).
+    ``rescore_below_reach``: ... only for a query whose would-be refined documents (stage 2's
+    best ``refine_docs``) stage 2 reached, on average, for less than this share of the probing
+    query tokens' weight (``reached_share``; the rest of their scores was imputed); 1: every
+    query. Chosen at 0.7 by the same rule (train queries, ``tune_rescore_stop61/reach/``):
+    the smallest of 0 / 0.5 / 0.6 / 0.7 / 1 that keeps the trained 1× store admissible
+    (top-100 overlap 0.901 / 0.939 / 0.949 / 0.952 / 0.953); the zero-shot 1× store is
+    admissible at each, and at 10× 0.5 and above re-score every query (0.692–0.693 against
+    0.585). Per train query the share is 0.16–0.34 at trained 10×, 0.42–0.70 at trained 1× and
+    0.54–0.74 zero-shot (10th–90th percentile): at 0.7 most zero-shot queries re-score too.
     ``probe_docs``: None: with residual candidates ``residual_probe_docs(k)`` (2,560 at
     k ≥ 100, halved for each tenfold fewer documents requested, at least 640), ``PROBE_DOCS``
     without.
