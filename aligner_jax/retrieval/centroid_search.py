@@ -38,8 +38,9 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
 With ``CentroidSearchConfig.residual_candidates`` (on by default where the token lists fit,
 below) stage 2 scores every token of the probed clusters with its residual, q·(c + r̂), WARP's
 candidate scoring applied to Eq. 1–2 (``residual_candidates``), and stage 3 is skipped: the
-best ``refine_docs`` by that score are refined — at k ≥ 100 after stage 3's residual
-interaction has re-scored stage 2's best ``3·refine_docs`` (``rescore_per_refine``, below).
+best ``refine_docs`` by that score are refined — at k ≥ 100, for a query whose would-be refined
+documents stage 2 mostly imputed, after stage 3's residual interaction has re-scored stage 2's
+best ``3·refine_docs`` (``rescore_per_refine``, ``rescore_below_reach``, below).
 Every probed token is read and scored, in one
 compiled pass (``probe_scores``; the ``xtr`` scorer below shares it). It reads the probed
 clusters' tokens from centroid → token lists (WARP's cluster-ordered residuals), mapped from an
