@@ -755,13 +755,12 @@ class CentroidSearcher:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
             m = min(self.config.rescored(refine_docs, k), len(cands))
             top = _top(approx, max(m, min(refine_docs, len(cands))))
+            below = self.config.rescore_below_reach
+            if m > refine_docs and below < 1.0:  # only where stage 2 mostly imputed
+                reached = self.reached_share(s_t, probe_rows, probes, cands[top[:refine_docs]], u_q)
+                m, top = (m, top) if reached < below else (0, top[:refine_docs])
             first, inter = cands[top], approx[top]
             order = np.arange(len(first))
-            if m > refine_docs and self.config.rescore_below_reach < 1.0:
-                reach = self.reached_share(s_t, probe_rows, probes, first[:refine_docs], u_q)
-                if reach >= self.config.rescore_below_reach:
-                    m, first, inter = 0, first[:refine_docs], inter[:refine_docs]
-                    order = order[:refine_docs]
             if m > refine_docs:  # the residual interaction of stage 3 over stage 2's best m
                 keep = self.best_centroid_tokens(s_t, first, u_q)
                 inter = self.refine(q, s_t, first, u_q, keep=keep)
