@@ -423,13 +423,14 @@ def test_e2e_latency_benchmark_runs_the_device_mode_without_compiling_after_load
 def test_e2e_latency_benchmark_takes_search_rules_from_gin_and_records_them(index_dir, tmp_path):
     """``benchmarks/e2e_latency.py --gin.CentroidSearchConfig.*``: the fast mode searches with
     those rules (an operating point chosen elsewhere), records them, compiles nothing after
-    load; a misspelt field is one line naming it."""
+    load, the rerank of the rounds after the first on its own row; a misspelt field is one
+    line naming it."""
     out = tmp_path / "e2e"
     common = [
         REPO / "benchmarks" / "e2e_latency.py",
         f"--index_dir={index_dir}",
         f"--dataset_dir={index_dir.parent / 'toy'}",
-        "--rounds=1",
+        "--rounds=2",
         "--rerank_candidates=5",
         f"--output_name={out}",
     ]
@@ -444,15 +445,19 @@ def test_e2e_latency_benchmark_takes_search_rules_from_gin_and_records_them(inde
     assert report["search_config"]["residual_candidates"] is True
     assert report["search_config"]["probe_docs"] == 7
     assert report["measured"]["compilations_after_load"] == 0
-    assert report["measured"]["end_to_end"]["n"] == len(TOY_QUERIES)
+    measured = report["measured"]
+    assert measured["end_to_end"]["n"] == measured["rerank"]["n"] == 2 * len(TOY_QUERIES)
+    assert measured["rerank_after_first_round"]["n"] == len(TOY_QUERIES)
+    assert measured["rerank_after_first_round"]["max_ms"] <= measured["rerank"]["max_ms"]
     # every timed query falls in one length bucket, whose bounds hold its length
     by_length = report["measured"]["by_query_tokens"]
-    assert sum(b["samples"] for b in by_length.values()) == len(TOY_QUERIES)
+    assert sum(b["samples"] for b in by_length.values()) == 2 * len(TOY_QUERIES)
     assert all(b["search"]["n"] == b["samples"] for b in by_length.values())
     tokens = report["measured"]["query_tokens"]
     spans = [tuple(map(int, key.split("-"))) for key in by_length]
     assert min(lo for lo, _ in spans) <= tokens["p50_ms"] <= max(hi for _, hi in spans)
-    assert "By query length" in out.with_suffix(".md").read_text()
+    md = out.with_suffix(".md").read_text()
+    assert "By query length" in md and "| rerank, the rounds after the first" in md
     r = run_python(*common, "--gin.CentroidSearchConfig.probe_dcs=7")
     assert r.returncode != 0 and "probe_dcs" in r.stderr
     assert "e2e_latency.py: error: gin configuration error" in r.stderr
