@@ -499,7 +499,7 @@ def plot(rows: list[dict], path: Path) -> None:
     tokens = [r["tokens"] for r in rows] or [1]
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
-        ax.set_xlim(min(tokens) / 1.6, max(tokens) * 1.6)  # one scale alone: still readable ticks
+        ax.set_xlim(min(tokens) / 3.2, max(tokens) * 3.2)  # a decade at least: 1-2-5 ticks
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
         ax.set_title(title, fontsize=10)
