@@ -1108,3 +1108,28 @@ def test_rescored_documents_follow_the_requested_k():
         cs.CentroidSearchConfig(rescore_per_refine=-1.0)
     with pytest.raises(errors.ConfigError, match="rescore_below_reach"):
         cs.CentroidSearchConfig(rescore_below_reach=1.5)
+
+
+def test_token_lists_hold_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
+    """The token lists are filled one block at a time and each block is let go once written:
+    a block still referenced while the next one fills doubled the build's peak memory at
+    100M tokens (two 256 MiB blocks; stop 63)."""
+    import weakref
+
+    store = write_store(tmp_path / "idx", random_documents(90, 16, seed=5, max_len=30), 16, 9)
+    config = ci.CentroidIndexConfig(num_centroids=16, cells=4, token_lists=True)
+    width = ci.CentroidIndex.build(store, config).codec.bytes_per_token
+    monkeypatch.setattr(lists_lib, "TOKEN_BLOCK_BYTES", 20 * (width + 4))
+    fill = lists_lib._token_block
+    earlier, alive_at_calls = [], []
+
+    def tracked(*args, **kwargs):
+        alive_at_calls.append(sum(ref() is not None for ref in earlier))
+        block = fill(*args, **kwargs)
+        earlier.extend(weakref.ref(array) for array in block)
+        return block
+
+    monkeypatch.setattr(lists_lib, "_token_block", tracked)
+    ci.CentroidIndex.build(store, config)
+    assert len(alive_at_calls) > 3  # many blocks
+    assert alive_at_calls == [0] * len(alive_at_calls)

@@ -99,3 +99,28 @@ def test_release_pages_drops_a_maps_pages_from_rss_and_keeps_its_bytes(tmp_path)
     assert mapped_rss_kib(mapped) < 100
     np.testing.assert_array_equal(mapped, values)  # read back from the page cache
     assert not fileio.release_pages(values)  # not a map: nothing to release
+
+
+def test_npy_stream_writes_rows_without_copying_them(tmp_path):
+    """A streamed ``.npy`` holds what was written (np.load, sha256) and writing a block does
+    not copy it: the token lists of a 100M-token build write 256 MiB blocks, and a copy per
+    block set the build's peak memory (stop 63: 1.16 GiB at 10× SciFact with token lists)."""
+    import tracemalloc
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    blocks = [rng.integers(0, 255, (1 << 17, 64), dtype=np.uint8) for _ in range(2)]
+    path = tmp_path / "rows.npy"
+    tracemalloc.start()
+    try:
+        with fileio.NpyStream(path, (2 << 17, 64), np.uint8) as stream:
+            tracemalloc.reset_peak()
+            for block in blocks:
+                stream.write(block)
+            _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < blocks[0].nbytes // 4, peak  # a copy of a block would be 8 MiB
+    np.testing.assert_array_equal(np.load(path), np.concatenate(blocks))
+    assert fileio.sha256_tracked(path) == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -145,7 +145,7 @@ class NpyStream:
         np.lib.format.write_array_header_1_0(header, fields | {"shape": self.shape})
         self._put(header.data)
 
-    def _put(self, data: bytes) -> None:
+    def _put(self, data: bytes | memoryview) -> None:
         try:
             self._file.write(data)
         except OSError as e:
@@ -158,7 +158,7 @@ class NpyStream:
         rows = np.ascontiguousarray(rows, self.dtype)
         if rows.shape[1:] != self.shape[1:] or self._rows + len(rows) > self.shape[0]:
             raise ValueError(f"{self.path}: rows of shape {rows.shape} do not fit {self.shape}")
-        self._put(rows.tobytes())
+        self._put(memoryview(rows.reshape(-1).view(np.uint8)))  # the rows' own bytes, no copy
         self._rows += len(rows)
 
     def close(self) -> str:

@@ -299,6 +299,7 @@ def write_token_lists(
             docs, packed = _token_block(store, codes, residuals, shards, beta_d, offsets, lo, hi)
             doc_file.write(docs)
             residual_file.write(packed)
+            del docs, packed  # else they live while the next block fills: two blocks in memory
     fileio.atomic_save_npy(out / f"{tables['tok_offsets']}.npy", offsets)
     return tables
 
