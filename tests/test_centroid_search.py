@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import weakref
 
 import numpy as np
 import pytest
@@ -1114,8 +1115,6 @@ def test_token_lists_hold_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
     """The token lists are filled one block at a time and each block is let go once written:
     a block still referenced while the next one fills doubled the build's peak memory at
     100M tokens (two 256 MiB blocks; stop 63)."""
-    import weakref
-
     store = write_store(tmp_path / "idx", random_documents(90, 16, seed=5, max_len=30), 16, 9)
     config = ci.CentroidIndexConfig(num_centroids=16, cells=4, token_lists=True)
     width = ci.CentroidIndex.build(store, config).codec.bytes_per_token

@@ -104,7 +104,7 @@ def test_release_pages_drops_a_maps_pages_from_rss_and_keeps_its_bytes(tmp_path)
 def test_npy_stream_writes_rows_without_copying_them(tmp_path):
     """A streamed ``.npy`` holds what was written (np.load, sha256) and writing a block does
     not copy it: the token lists of a 100M-token build write 256 MiB blocks, and a copy per
-    block set the build's peak memory (stop 63: 1.16 GiB at 10× SciFact with token lists)."""
+    block set the build's peak memory (stop 63: 1.11 GiB at 10× SciFact with token lists)."""
     import tracemalloc
 
     import numpy as np
