@@ -38,6 +38,7 @@ setuptools.setup(
         "bm25s>=0.2",
         "PyStemmer",
         "numpy>=2.0",
+        "scipy>=1.10",
         "numba>=0.61",
         "matplotlib",
         "tqdm",

@@ -3,6 +3,7 @@ public store writer, 2-bit residuals (issue 23)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -590,3 +591,69 @@ def test_segmented_reads_rows_by_index_slice_or_mask_alike():
             if isinstance(rows, slice) and len(parts) > 1:
                 continue  # several segments: span() reads ranges
             np.testing.assert_array_equal(seg[rows], whole[rows])
+
+
+def test_document_means_are_unit_means_and_zero_for_empty_documents():
+    """``document_means``: each run of rows summed in float32 and scaled to unit length
+    (float16), zeros for a document without tokens, wherever it lies among the others; the
+    sums of consecutive chunks of the rows (``document_sums`` with their start) add up to the
+    sums of the whole."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(9, 4)).astype(np.float16)
+    offsets = np.array([0, 0, 3, 3, 4, 9, 9])  # documents of 0, 3, 0, 1, 5 and 0 tokens
+    got = ci.document_means(vectors, offsets)
+    assert got.dtype == np.float16 and got.shape == (6, 4)
+    for d in range(6):
+        rows = np.asarray(vectors[offsets[d] : offsets[d + 1]], np.float32)
+        if not len(rows):
+            np.testing.assert_array_equal(got[d], 0.0)
+            continue
+        want = rows.sum(axis=0)
+        np.testing.assert_allclose(
+            got[d].astype(np.float32), want / np.linalg.norm(want), atol=1e-3
+        )
+    # summed chunk by chunk (as the build does), documents across a chunk's edge included
+    whole = ci.document_sums(vectors.astype(np.float32), offsets)
+    for cut in (2, 4, 6):
+        parts = ci.document_sums(vectors[:cut].astype(np.float32), offsets) + ci.document_sums(
+            vectors[cut:].astype(np.float32), offsets, start=cut
+        )
+        np.testing.assert_allclose(parts, whole, atol=1e-6)
+
+
+def _means_of(store: ts.TokenStore) -> np.ndarray:
+    vectors = np.asarray(store.vectors(), np.float32)
+    sums = np.stack(
+        [
+            vectors[a:b].sum(axis=0)
+            for a, b in zip(store.offsets[:-1], store.offsets[1:], strict=True)
+        ]
+    )
+    return sums / np.linalg.norm(sums, axis=1, keepdims=True)
+
+
+def test_the_index_holds_each_documents_mean_vector_and_an_add_appends_them(tmp_path):
+    """A 4-bit build writes one mean vector per document (a file per segment, read as one
+    array in store order); ``--add`` writes the added documents' in its segment; a 2-bit
+    build writes none unless asked (``CentroidIndexConfig.doc_means``)."""
+    from aligner_jax.indexing import indexer, updates
+
+    docs = index_utils.random_documents(50, 16, seed=4)
+    store = index_utils.write_store(tmp_path / "a", docs[:30], 16, shard_size=7)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8, cells=2))
+    assert index.meta["doc_means"] and "segment-00001.means" in index.meta["files"]
+    np.testing.assert_allclose(np.asarray(index.means, np.float32), _means_of(store), atol=1e-3)
+    with indexer.writer_lock(store.directory):
+        updates.add_encoded(store.directory, iter(docs[30:]))
+    grown = ts.TokenStore(store.directory)
+    added = ci.CentroidIndex.load(grown)
+    assert len(added.meta["segments"]) == 2 and len(added.means) == 50 == grown.num_docs
+    np.testing.assert_allclose(np.asarray(added.means, np.float32), _means_of(grown), atol=1e-3)
+    compact = ci.CentroidIndexConfig(num_centroids=8, cells=2, residual_bits=2)
+    assert ci.CentroidIndex.build(store, compact, commit=False).means is None
+    asked = dataclasses.replace(compact, doc_means=True)
+    np.testing.assert_allclose(
+        np.asarray(ci.CentroidIndex.build(grown, asked, commit=False).means, np.float32),
+        _means_of(grown),
+        atol=1e-3,
+    )

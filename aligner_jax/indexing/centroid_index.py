@@ -15,6 +15,8 @@ rebuilding anything:
   ``search_index/segment-G.salience.npy``     uint8 ``[T_G]`` u^d (models with saliences), in
                                               steps of the segment's ``salience_scale`` (its
                                               largest u^d / 255; 0 stays exactly 0)
+  ``search_index/segment-G.means.npy``        float16 ``[N_G, D]`` each document's mean token
+                                              vector, unit length (``doc_means``)
   ``search_index/lists-G-S.*.npy``           the inverted file (centroid → documents owning
                                               one of its tokens kept by β^d pruning) and the
                                               document → distinct centroid lists of store
@@ -61,6 +63,7 @@ from pathlib import Path
 
 import gin
 import numpy as np
+import scipy.sparse
 from absl import logging
 
 from aligner_jax.common import checks, errors, fileio, progress
@@ -140,6 +143,12 @@ class CentroidIndexConfig:
         top-10 overlap with exhaustive search 0.881 → 0.968, R@100 88 → 94 (exhaustive 94),
         p50 at k = 100 32.8 → 26.5 ms, for 200 → 396 B per token on disk
         (``benchmarks/results/scale_stop59``).
+      doc_means: also write each document's mean token vector, normalised (float16, 2·D bytes
+        per document: 2.1 per token on the trained 128-d SciFact store, 3.2 on the zero-shot
+        384-d one), which stage 2 of ``retrieval.centroid_search`` adds to its estimate
+        (``CentroidSearchConfig.mean_weight``). None (the default, ``writes_doc_means``):
+        written unless the residuals take 2 bits (the compact index: 39 → 41 B per token at
+        128-d).
       seed: k-means initialisation and sampling.
     """
 
@@ -154,6 +163,7 @@ class CentroidIndexConfig:
     beta_d: float = 1.0
     doc_lists_max_fraction: float = 0.75
     token_lists: bool | None = None
+    doc_means: bool | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -169,6 +179,11 @@ class CentroidIndexConfig:
             raise ConfigError(
                 f"{checks.flag(name + '.token_lists', self.token_lists)}: expected True, False "
                 "or None (written where a search could not hold them in memory)"
+            )
+        if self.doc_means is not None and not isinstance(self.doc_means, bool):
+            raise ConfigError(
+                f"{checks.flag(name + '.doc_means', self.doc_means)}: expected True, False "
+                "or None (written unless the residuals take 2 bits)"
             )
         for field in ("kmeans_iterations", "sample_per_centroid", "max_centroid_product"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
@@ -265,6 +280,7 @@ class CentroidIndex:
         self.codes = arrays["codes"]  # Segmented [T]: every token, store order
         self.residuals = arrays["residuals"]  # Segmented [T, W]
         self.salience = arrays.get("salience")  # Segmented [T] (float32 when read), or None
+        self.means = arrays.get("means")  # Segmented [N, D] float16 (``doc_means``), or None
         # the inverted file and the document → distinct centroid lists (``inverted_lists``)
         self.lists = arrays["lists"]
 
@@ -345,10 +361,11 @@ class CentroidIndex:
         salience = store.has_saliences
         scale = salience_scale(store, range(len(spans))) if salience else None
         score = _ScoreMean()
+        means = writes_doc_means(config)
         write_segment = _write_segment if split is None else split.write_segment
         segment = write_segment(
             store, range(len(spans)), f"segment-{gen:05d}", centroids, cell_centroids, codec, out,
-            scale, score,
+            scale, score, means,
         )  # fmt: skip
         if segment is None:  # a process of a ``split`` job other than 0: its part is written
             return None
@@ -363,6 +380,7 @@ class CentroidIndex:
             "tables": tables,
             "config": dataclasses.asdict(config),
             "token_lists": lists,  # config's rule decided at this build (updates follow it)
+            "doc_means": means,  # the same
             "num_centroids": len(centroids),
             "num_cells": len(cell_centroids),
             "dim": store.dim,
@@ -412,7 +430,7 @@ class CentroidIndex:
         gen = meta["generation"]
         names = list(meta["tables"].values()) + lists_lib.group_files(meta)
         for g in meta["segments"]:
-            names += [f"{g['name']}.{kind}" for kind in _segment_kinds(meta)]
+            names += [f"{g['name']}.{kind}" for kind in _segment_kinds(meta) + _doc_kinds(meta)]
         meta["files"] = {n: _file_entry(out / f"{n}.npy") for n in names}
         meta_path = out / f"{SUBDIR}-{gen:05d}.json"
         fileio.atomic_write_json(meta_path, meta)
@@ -479,6 +497,7 @@ class CentroidIndex:
                     self.directory,
                     salience_scale(store, new) if meta["salience"] else None,
                     score,
+                    meta.get("doc_means", False),
                 )  # fmt: skip
             )
             record.update(
@@ -631,6 +650,8 @@ class CentroidIndex:
             arrays[kind] = Segmented(
                 [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales
             )
+        for kind in _doc_kinds(meta):  # one row per document, segments in store order
+            arrays[kind] = Segmented([mapped(f"{g['name']}.{kind}") for g in meta["segments"]])
         return cls(out, meta, arrays)
 
 
@@ -660,7 +681,40 @@ def _segment_rows(out: Path, meta: dict, kind: str = "codes") -> Segmented:
 
 
 def _segment_kinds(meta: dict) -> tuple[str, ...]:
+    """A segment's files with one row per token."""
     return ("codes", "residuals", "salience") if meta.get("salience") else ("codes", "residuals")
+
+
+def _doc_kinds(meta: dict) -> tuple[str, ...]:
+    """A segment's files with one row per document."""
+    return ("means",) if meta.get("doc_means") else ()
+
+
+def document_sums(vectors: np.ndarray, offsets: np.ndarray, start: int = 0) -> np.ndarray:
+    """The sum of each document's rows among ``vectors [t, D]`` (float32), which are the rows
+    ``start .. start + t`` of a run of documents whose rows are ``offsets[i]:offsets[i + 1]``
+    (``[N + 1]``, from 0): ``[N, D]``, 0 where a document has no row there. One product with a
+    sparse indicator matrix (a document's rows are consecutive), 10× faster than
+    ``np.add.reduceat`` along the rows."""
+    t = len(vectors)
+    indptr = np.clip(np.asarray(offsets, np.int64), start, start + t) - start
+    indicator = scipy.sparse.csr_matrix(
+        (np.ones(t, np.float32), np.arange(t), indptr), shape=(len(indptr) - 1, t)
+    )
+    return np.asarray(indicator @ vectors, np.float32)
+
+
+def unit_rows(sums: np.ndarray) -> np.ndarray:
+    """``sums`` scaled to unit length per row (rows of zeros stay 0), float16."""
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    return (sums / np.maximum(norms, 1e-12)).astype(np.float16)
+
+
+def document_means(vectors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each document's mean token vector, scaled to unit length, float16 ``[N, D]``: the
+    documents of ``vectors [T, D]`` are the row runs ``offsets[i]:offsets[i + 1]``; a document
+    without tokens gets zeros. Sums in float32 (``document_sums``)."""
+    return unit_rows(document_sums(np.asarray(vectors, np.float32), offsets))
 
 
 def _file_entry(path: Path) -> dict:
@@ -701,14 +755,17 @@ def quantize_salience(salience: np.ndarray, scale: float) -> np.ndarray:
 
 
 def _write_segment(
-    store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score
-) -> dict:
+    store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score,
+    means: bool = False,
+) -> dict:  # fmt: skip
     """Codes, packed residuals (and saliences, quantised in steps of ``salience_scale``; None:
-    none stored) of the tokens of store ``shards`` (consecutive indices), streamed shard by
-    shard into ``out/<name>.*.npy``; returns the segment entry."""
+    none stored; with ``means``, each document's mean vector, ``document_means``) of the tokens
+    of store ``shards`` (consecutive indices), streamed shard by shard into
+    ``out/<name>.*.npy``; returns the segment entry."""
     spans = store.shard_spans()
     shards = list(shards)
     tokens = sum(spans[i][0]["num_tokens"] for i in shards)
+    docs = sum(spans[i][0]["num_docs"] for i in shards)
     streams = {
         "codes": fileio.NpyStream(
             out / f"{name}.codes.npy", (tokens,), kmeans.code_dtype(len(centroids))
@@ -719,14 +776,21 @@ def _write_segment(
     }
     if salience_scale is not None:
         streams["salience"] = fileio.NpyStream(out / f"{name}.salience.npy", (tokens,), np.uint8)
+    if means:
+        streams["means"] = fileio.NpyStream(
+            out / f"{name}.means.npy", (docs, store.dim), np.float16
+        )
     with contextlib.ExitStack() as stack:
         for stream in streams.values():
             stack.enter_context(stream)
         bar = progress.Progress(tokens, "search index: compress tokens", "token")
         for i in shards:
-            vectors, sal, _ = store.shard_arrays(i)
+            vectors, sal, local = store.shard_arrays(i)
+            sums = np.zeros((len(local) - 1, store.dim), np.float32) if means else None
             for lo in range(0, len(vectors), CHUNK):
                 v = np.asarray(vectors[lo : lo + CHUNK], np.float32)
+                if means:  # ``document_means``, chunk by chunk
+                    sums += document_sums(v, local, lo)
                 c, best = kmeans.assign_two_level(v, centroids, cells)
                 score.add(best)
                 streams["codes"].write(c)
@@ -734,7 +798,9 @@ def _write_segment(
                 bar.update(len(v))
             if salience_scale is not None:
                 streams["salience"].write(quantize_salience(sal, salience_scale))
-            del vectors, sal  # unmapped: one shard at a time
+            if means:
+                streams["means"].write(unit_rows(sums))
+            del vectors, sal, local  # unmapped: one shard at a time
         bar.close()
     return segment_entry(name, [spans[i][0]["name"] for i in shards], tokens, salience_scale)
 
@@ -758,6 +824,12 @@ def token_lists_bytes(kept_tokens: int, dim: int, bits: int) -> int:
     """Bytes of the centroid → token lists of ``kept_tokens`` tokens: a document (4 bytes) and
     a packed residual each."""
     return kept_tokens * (4 + codec_lib.packed_bytes(dim, bits))
+
+
+def writes_doc_means(config: CentroidIndexConfig) -> bool:
+    """Whether a build writes the documents' mean vectors: as set, or (``doc_means=None``)
+    unless the residuals take 2 bits (see ``CentroidIndexConfig``)."""
+    return config.residual_bits > 2 if config.doc_means is None else config.doc_means
 
 
 def writes_token_lists(config: CentroidIndexConfig, kept_tokens: int, dim: int) -> bool:

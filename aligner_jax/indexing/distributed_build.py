@@ -112,8 +112,9 @@ class ProcessSplit:
         return f"{name}.part-{rank}-of-{self.count}"
 
     def write_segment(
-        self, store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score
-    ) -> dict | None:
+        self, store, shards, name: str, centroids, cells, codec, out: Path, salience_scale, score,
+        means: bool = False,
+    ) -> dict | None:  # fmt: skip
         """``centroid_index._write_segment`` split: this process compresses its shards into its
         part; after a barrier process 0 merges the parts into ``name`` in store order (and
         ``score`` with the chunks' score sums in the one-process order) and returns the
@@ -122,7 +123,9 @@ class ProcessSplit:
         mine = [i for i in shards if i % self.count == self.rank]
         part = self.part_name(name, self.rank)
         chunks = _ChunkScores()
-        ci._write_segment(store, mine, part, centroids, cells, codec, out, salience_scale, chunks)
+        ci._write_segment(
+            store, mine, part, centroids, cells, codec, out, salience_scale, chunks, means
+        )
         fileio.atomic_write_json(out / f"{part}.scores.json", chunks.sums)
         logging.info(
             "search index: process %d of %d compressed %d of %d shards (%d tokens) into %s",
@@ -131,41 +134,48 @@ class ProcessSplit:
         self.barrier(f"{name}: every part compressed")
         if not self.leader:
             return None
-        return self._merge(store, shards, name, out, salience_scale, score)
+        return self._merge(store, shards, name, out, salience_scale, score, means)
 
-    def _merge(self, store, shards, name: str, out: Path, salience_scale, score) -> dict:
+    def _merge(self, store, shards, name: str, out: Path, salience_scale, score, means) -> dict:
         spans = store.shard_spans()
-        kinds = ci._segment_kinds({"salience": salience_scale is not None})
+        meta = {"salience": salience_scale is not None, "doc_means": means}
+        token_kinds, doc_kinds = ci._segment_kinds(meta), ci._doc_kinds(meta)
+        kinds = token_kinds + doc_kinds
         sizes = {i: spans[i][0]["num_tokens"] for i in shards}
+        doc_sizes = {i: spans[i][0]["num_docs"] for i in shards}
         parts, cursor, sums = {}, {}, {}
         for rank in range(self.count):
             part = self.part_name(name, rank)
             parts[rank] = {k: np.load(out / f"{part}.{k}.npy", mmap_mode="r") for k in kinds}
             sums[rank] = json.loads((out / f"{part}.scores.json").read_text())
-            cursor[rank] = [0, 0]  # next row, next chunk of the part
-        tokens = sum(sizes.values())
+            cursor[rank] = [0, 0, 0]  # next token row, next chunk, next document row of the part
+        tokens, docs = sum(sizes.values()), sum(doc_sizes.values())
         first = parts[0]
         with contextlib.ExitStack() as stack:
             streams = {
                 k: stack.enter_context(
                     fileio.NpyStream(
-                        out / f"{name}.{k}.npy", (tokens,) + first[k].shape[1:], first[k].dtype
+                        out / f"{name}.{k}.npy",
+                        (docs if k in doc_kinds else tokens,) + first[k].shape[1:],
+                        first[k].dtype,
                     )
                 )
                 for k in kinds
             }
             for i in shards:
                 rank = i % self.count
-                row, chunk = cursor[rank]
-                for k in kinds:
+                row, chunk, doc_row = cursor[rank]
+                for k in token_kinds:
                     streams[k].write(parts[rank][k][row : row + sizes[i]])
+                for k in doc_kinds:
+                    streams[k].write(parts[rank][k][doc_row : doc_row + doc_sizes[i]])
                 seen = 0
                 while seen < sizes[i]:  # the shard's chunks, replayed in the one-process order
                     total, count = sums[rank][chunk]
                     score.total += total
                     score.count += count
                     seen, chunk = seen + count, chunk + 1
-                cursor[rank] = [row + sizes[i], chunk]
+                cursor[rank] = [row + sizes[i], chunk, doc_row + doc_sizes[i]]
         del parts, first
         for rank in range(self.count):
             part = self.part_name(name, rank)
