@@ -1,4 +1,4 @@
-r"""Eleven query-path changes measured against the code they replaced, interleaved per query.
+r"""Twelve query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -52,6 +52,11 @@ here, verbatim in behaviour, only to be measured against:
     k ≥ 100 — against refining stage 2's best directly, the search before it. A stage added for
     recall, not a faster path: the pair prices it (its rankings differ by design). Timed:
     ``CentroidSearcher`` queries at k = 10 and k = 100.
+  * ``means`` (``CentroidSearchConfig.mean_weight``, stop 64): stage 2's best 3,000 documents
+    scored also by their mean vector (q̄·m_d, ``CentroidSearcher.with_means``) — against stage
+    2's estimate alone, the search before it. For quality at scale, not speed: the pair prices
+    it (rankings may differ). Timed: ``CentroidSearcher`` queries at k = 10 and k = 100 (an
+    index built with ``CentroidIndexConfig.doc_means``).
   * ``TokenStore.gather_padded``: one slice copy per document — against a fancy index over
     every row. Timed: ``Searcher.rerank`` of each query's ``--rerank_candidates`` best documents.
   * ``DocumentTable.fetch``: the wanted (shard, slot) pairs joined to the table through its
@@ -269,7 +274,7 @@ BEFORE_CHUNK = 16384  # codec.CHUNK before
 
 CHANGES = (
     "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
-    "gather_padded", "fetch", "host_top1", "rescore",
+    "gather_padded", "fetch", "host_top1", "rescore", "means",
 )  # fmt: skip
 
 
@@ -343,6 +348,11 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         count = cs.RESCORE_PER_REFINE if which == "after" else 0.0
         searcher.centroid.config = dataclasses.replace(config, rescore_per_refine=count)
 
+    def means(which):
+        config = searcher.centroid.config
+        weight = cs.MEAN_WEIGHT if which == "after" else 0.0
+        searcher.centroid.config = dataclasses.replace(config, mean_weight=weight)
+
     residual = search_lib.Searcher.load(
         index_dir,
         encoder=searcher.encoder,
@@ -364,6 +374,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         ("residual_chunk", chunk, searcher),
         ("segment_max", segment_max, searcher),
         ("rescore", rescore, searcher),
+        ("means", means, searcher),
     )
     for change, use, by in changes:
         if change not in FLAGS.changes:

@@ -376,6 +376,12 @@ def test_config_ranges_are_checked():
         cs.CentroidSearchConfig(probes=0)
     with pytest.raises(errors.ConfigError, match="residual_bits"):
         ci.CentroidIndexConfig(residual_bits=3)
+    with pytest.raises(errors.ConfigError, match="CentroidSearchConfig.mean_weight"):
+        cs.CentroidSearchConfig(mean_weight=-0.1)
+    with pytest.raises(errors.ConfigError, match="CentroidSearchConfig.mean_docs"):
+        cs.CentroidSearchConfig(mean_docs=0)
+    with pytest.raises(errors.ConfigError, match="CentroidIndexConfig.doc_means"):
+        ci.CentroidIndexConfig(doc_means="yes")
     # probes follow the built index's list lengths (a query token reaches ~640 documents),
     # between 2 and 32; refinement follows k (3 refined per requested) above a floor in √N
     resolved = cs.CentroidSearchConfig().resolved
@@ -1024,13 +1030,14 @@ def test_rescoring_stage_2s_best_refines_a_document_its_estimate_ranks_low(tmp_p
     """With residual candidates, ``rescore_per_refine`` re-scores stage 2's best documents by
     the residual interaction (their tokens in each one's best centroid per query token) before
     the best ``refine_docs`` of them are refined: a document whose matches stage 2 only
-    imputed is refined and ranked first; without it, it stays below the refined distractors."""
+    imputed is refined and ranked first; without it, it stays below the refined distractors
+    (the documents' mean vectors off: with them, stage 2 alone ranks it first, below)."""
     store, index, q = _planted_soft_match_store(tmp_path / "idx", monkeypatch)
     relevant = store.doc_ids.index("relevant")
     exact = np.ravel(_float_top1(store, q))
     assert int(np.argmax(exact)) == relevant and exact[relevant] > 0.75
     base = cs.CentroidSearchConfig(
-        probes=1, refine_docs=3, residual_candidates=True, refine_float=0.0
+        probes=1, refine_docs=3, residual_candidates=True, refine_float=0.0, mean_weight=0.0
     )
     rows = np.arange(4)
     ranks = {}
@@ -1044,6 +1051,11 @@ def test_rescoring_stage_2s_best_refines_a_document_its_estimate_ranks_low(tmp_p
         ranks[rescore] = ranking[0].tolist().index(relevant) if relevant in ranking[0] else None
     assert ranks[20.0] == 0
     assert ranks[0.0] > 3  # below the refined distractors and ranked among the rest
+    # the documents' mean vectors (stage 2's estimate + mean_weight · q̄·m_d) tell it apart too
+    means = dataclasses.replace(base, rescore_per_refine=0.0, mean_weight=cs.MEAN_WEIGHT)
+    searcher = cs.CentroidSearcher(store, index, means)
+    (ranking,), counts = searcher.search(q.vectors, q.salience, rows, 100)
+    assert counts.interaction == 3 and ranking[0][0] == relevant
 
 
 def test_rescoring_waits_for_a_query_whose_refined_candidates_stage_2_mostly_imputed(
@@ -1051,11 +1063,17 @@ def test_rescoring_waits_for_a_query_whose_refined_candidates_stage_2_mostly_imp
 ):
     """``rescore_below_reach``: the re-scoring runs only when the share of the query's weight
     that stage 2 reached in its would-be refined documents is below it. Here they are
-    distractors reached by 1 of 4 query tokens (0.25)."""
+    distractors reached by 1 of 4 query tokens (0.25; the documents' mean vectors off, which
+    would put the relevant one among them)."""
     store, index, q = _planted_soft_match_store(tmp_path / "idx", monkeypatch)
     relevant = store.doc_ids.index("relevant")
     base = cs.CentroidSearchConfig(
-        probes=1, refine_docs=3, residual_candidates=True, refine_float=0.0, rescore_per_refine=20
+        probes=1,
+        refine_docs=3,
+        residual_candidates=True,
+        refine_float=0.0,
+        rescore_per_refine=20,
+        mean_weight=0.0,
     )
     searcher = cs.CentroidSearcher(store, index, base)
     s_t = np.ascontiguousarray(index.centroids @ q.vectors.T)
@@ -1132,3 +1150,49 @@ def test_token_lists_hold_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
     ci.CentroidIndex.build(store, config)
     assert len(alive_at_calls) > 3  # many blocks
     assert alive_at_calls == [0] * len(alive_at_calls)
+
+
+def test_stage_two_adds_the_documents_mean_vector_term_to_its_best(store, index):
+    """``with_means``: stage 2's best ``mean_docs`` documents get ``mean_weight`` · q̄·m_d (q̄
+    the u^q-weighted mean of the probing query tokens, m_d the index's document mean), the
+    others the least of those terms (they stay below); weight 0, or an index built without the
+    means, leaves the estimate as it is, and a search then ranks as before."""
+    assert index.means is not None and len(index.means) == store.num_docs
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(mean_docs=5))
+    assert searcher.config.mean_weight == cs.MEAN_WEIGHT == 0.2
+    q = _query(31, n=4)
+    rows = np.array([0, 2, 3])
+    rng = np.random.default_rng(0)
+    cands = rng.permutation(store.num_docs)[:12]
+    approx = rng.normal(size=12).astype(np.float32)
+    got = searcher.with_means(q.vectors, q.salience, rows, cands, approx)
+    w = q.salience[rows]
+    q_bar = (w @ q.vectors[rows]) / w.sum()
+    dense = np.asarray(index.means[cands], np.float32) @ q_bar
+    top = np.argsort(-approx)[:5]
+    others = np.setdiff1d(np.arange(12), top)
+    want = approx + 0.2 * dense[top].min()
+    want[top] = approx[top] + 0.2 * dense[top]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert got[others].max() <= got[top].min()
+    assert not np.allclose(got[top] - approx[top], got[top][0] - approx[top][0])  # per document
+    off = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(mean_weight=0.0))
+    np.testing.assert_array_equal(
+        off.with_means(q.vectors, q.salience, rows, cands, approx), approx
+    )
+    bare = ci.CentroidIndex.build(
+        store, ci.CentroidIndexConfig(residual_bits=8, doc_means=False), commit=False
+    )
+    assert bare.means is None and not bare.meta["doc_means"]
+    plain = cs.CentroidSearcher(store, bare, cs.CentroidSearchConfig(probes=2))
+    np.testing.assert_array_equal(
+        plain.with_means(q.vectors, q.salience, rows, cands, approx), approx
+    )
+    weightless = cs.CentroidSearcher(
+        store, index, cs.CentroidSearchConfig(probes=2, mean_weight=0.0)
+    )
+    for seed in range(3):
+        qq = _query(40 + seed, n=5)
+        (a,), _ = plain.search(qq.vectors, qq.salience, np.arange(5), 10)
+        (b,), _ = weightless.search(qq.vectors, qq.salience, np.arange(5), 10)
+        np.testing.assert_array_equal(a[0], b[0])

@@ -67,6 +67,13 @@ score (WARPSELECT's missing-similarity estimate: what a token of an unprobed clu
 its residual). Every document reached by some token is ranked; one vectorised step per query
 token, never per document or stored token.
 
+Stage 2's estimate of its best documents (``mean_docs``, 3,000) also counts how close each
+document as a whole lies to the query: ``mean_weight`` (0.2) · q̄·m_d, the u^q-weighted mean
+query token against the document's mean token vector (``with_means``; an index built with
+``CentroidIndexConfig.doc_means``, the default above 2 bits). Most terms of a document's
+estimate are imputed where a model's matches are soft, and the imputed value is the same for
+every document a token did not reach; this single-vector term tells those documents apart.
+
 The ranking lists the refined documents by their score, then the other interaction documents,
 then the other candidates, each block by its own estimate, shifted below the block before it
 (so that any evaluator that sorts by score keeps this order).
@@ -96,7 +103,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import blas, checks, scratch
+from aligner_jax.common import blas, checks, half, scratch
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import token_store as ts
@@ -119,6 +126,8 @@ REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with s
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
 REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
 IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
+MEAN_WEIGHT = 0.2  # weight of the documents' mean vectors in stage 2's estimate (tune_search.py)
+MEAN_DOCS = 3000  # stage 2's best documents that get it
 
 
 @gin.configurable
@@ -195,6 +204,26 @@ class CentroidSearchConfig:
     (``benchmarks/query_styles.py``, stop 53). Chosen at 2 on that benchmark's label-free
     query sets (3 cost the CISI index overlap at k = 10); the XTR scorer keeps WARPSELECT's
     imputation (XTR Eq. 4).
+    ``mean_weight``: stage 2's best ``mean_docs`` documents get mean_weight · q̄·m_d added to
+    their estimate (``with_means``: q̄ the u^q-weighted mean of the probing query tokens, m_d
+    the document's mean token vector, which an index built with
+    ``CentroidIndexConfig.doc_means`` holds; without them, or at 0, stage 2 is as before).
+    Chosen at 0.2 on SciFact's train queries: on the trained 128-d store grown 10×
+    (``scale.py``'s distractors; 100 train queries, every candidate given the term) 0 / 0.1 /
+    0.2 / 0.3 gave a k = 100 search's top-100 overlap with exhaustive search 0.687 / 0.716 /
+    0.725 / 0.720 and a k = 10 search's top-10 overlap 0.799 / 0.829 / 0.847 / 0.846; with
+    the term on stage 2's best 3,000 only (200 train queries) 0.693 → 0.714 and 0.831 → 0.865
+    at 0.2, the trained 1× store 0.952 → 0.963 and 0.952 → 0.959, the zero-shot 384-d 1×
+    store unchanged (0.983 → 0.983, 0.983 → 0.984); ``tune_search.py`` on the 200 train queries
+    (``benchmarks/results/tune_means_stop64/``): 10× 0.693 / 0.715 / 0.714 / 0.703 and
+    0.831 / 0.859 / 0.865 / 0.863 for 0 / 0.1 / 0.2 / 0.3. Its written rule (the cheapest
+    admissible setting) picks 0 at 1×, where both pass, and none at 10×; 0.2 is for the grown
+    stores, as ``rescore_per_refine`` is. At 124.5M tokens (the trained store grown 195×, test
+    queries) a k = 10 search's top-10 overlap rose 0.421 → 0.506, R@100 83.5 → 85.5
+    (exhaustive 95.5), at 10× R@100 95.0 → 97.0 (exhaustive 97.0); the zero-shot store grown
+    10×: 0.901 → 0.963 (``benchmarks/results/scale_stop64/``). Its price, interleaved per
+    query on SciFact: +0.8 ms p50 at k = 10 (trained), +2.3 ms (zero-shot, 384-d rows)
+    (``query_path_ab_means``). 0: stop 63's search.
     """
 
     probes: int | None = None
@@ -215,6 +244,8 @@ class CentroidSearchConfig:
     refine_float_max: int = REFINE_FLOAT_MAX
     query_tokens_ref: int | None = None
     impute_depth: float = IMPUTE_DEPTH
+    mean_weight: float = MEAN_WEIGHT
+    mean_docs: int = MEAN_DOCS
 
     def __post_init__(self):
         name = type(self).__name__
@@ -231,6 +262,8 @@ class CentroidSearchConfig:
         checks.integer(f"{name}.refine_float_min", self.refine_float_min, minimum=0)
         checks.integer(f"{name}.refine_float_max", self.refine_float_max, minimum=1)
         checks.number(f"{name}.impute_depth", self.impute_depth, low=1.0)
+        checks.number(f"{name}.mean_weight", self.mean_weight, low=0.0)
+        checks.integer(f"{name}.mean_docs", self.mean_docs, minimum=1)
         checks.integer(
             f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
         )
@@ -542,6 +575,36 @@ class CentroidSearcher:
         keep = (self.alive if alive is None else alive)[cands]
         return cands[keep], approx[keep]
 
+    def with_means(
+        self, q: np.ndarray, weights: np.ndarray, probe_rows: np.ndarray, cands, approx
+    ) -> np.ndarray:
+        """Stage 2's estimate ``approx`` of ``cands`` with ``mean_weight`` · q̄·m_d added to its
+        best ``mean_docs``: q̄ = Σ_i w_i q_i / Σ w over the probing query tokens, m_d the
+        document's mean token vector (``CentroidIndexConfig.doc_means``); the others get the
+        least of those terms, so they stay below. Unchanged for an index without the means.
+
+        Stage 2 scores a query token that did not reach a document by one value for every such
+        document; with soft matches most of a document's terms are imputed (``reached_share``)
+        and that order decides which documents the later stages see. q̄·m_d = Σ_i w_i q_i·m_d /
+        Σ w tells how close the document as a whole lies to every query token, a
+        single-vector score of the kind dense retrieval uses, for one gather of D values per
+        document. On the trained 128-d store grown 10× (``benchmarks/scale.py``'s distractors),
+        the share of the exhaustive top 10 among stage 2's best 128 rose 0.854 → 0.881 with
+        0.2, among its best 300 for the top 100 0.572 → 0.620 (100 train queries)."""
+        weight = self.config.mean_weight
+        if not weight or self.index.means is None or not len(cands):
+            return approx
+        w = np.asarray(weights[probe_rows], np.float32)
+        q_bar = (w @ np.asarray(q[probe_rows], np.float32)) / max(float(w.sum()), 1e-12)
+        m = min(self.config.mean_docs, len(cands))
+        top = np.argpartition(-approx, m - 1)[:m] if m < len(cands) else np.arange(m)
+        rows = self.index.means[cands[top]]  # float16; NumPy's cast of it is 3× slower
+        means = half.to_float32(rows, scratch.buffer("with_means.rows", rows.shape, np.float32))
+        dense = means @ q_bar
+        out = approx + np.float32(weight * float(dense.min()))
+        out[top] = approx[top] + np.float32(weight) * dense
+        return out
+
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-thread scratch of stage 2 (best score, accumulated score, reached), one entry
         per document, allocated once; stage 2 leaves them zeroed where it touched them."""
@@ -753,6 +816,7 @@ class CentroidSearcher:
         probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
             cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
+            approx = self.with_means(q, u_q, probe_rows, cands, approx)
             m = min(self.config.rescored(refine_docs, k), len(cands))
             top = _top(approx, max(m, min(refine_docs, len(cands))))
             below = self.config.rescore_below_reach
@@ -767,6 +831,7 @@ class CentroidSearcher:
                 order = _top(inter, refine_docs)
         else:
             cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
+            approx = self.with_means(q, u_q, probe_rows, cands, approx)
             first = cands[_top(approx, min(interaction_docs, len(cands)))]
             if self.config.residual_interaction:  # the best by centroid scores, by residuals
                 m = math.ceil(self.config.residual_per_refine * refine_docs)
