@@ -441,6 +441,9 @@ def quality_cells(r: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    """The rows' table; a "measured" column (when, with which search) where a row names it
+    (rows gathered from several runs, as ``benchmarks/results/scale.json``)."""
+    dated = any("measured" in r for r in rows)
     lines = [
         "# Scale: SciFact grown with distractor documents (issue 23)",
         "",
@@ -458,8 +461,9 @@ def markdown(rows: list[dict]) -> str:
         "| model | dim | bits | scale | search rules | tokens | build s | build peak RSS GiB | "
         "index B/token | load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | "
         "p50 / p99 ms, k = 10 | top-10 overlap | top-10 overlap, k = 10 | distractors in exh. "
-        "top 10 | top-10 overlap, own docs | nDCG@10 (exh.) | R@100 (exh.) | load avg |",
-        "|" + "---|" * 21,
+        "top 10 | top-10 overlap, own docs | nDCG@10 (exh.) | R@100 (exh.) | load avg |"
+        + (" measured |" if dated else ""),
+        "|" + "---|" * (21 + dated),
     ]
     for r in sorted(rows, key=row_key):
         k10 = "not measured"
@@ -471,11 +475,14 @@ def markdown(rows: list[dict]) -> str:
             f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
             f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
             f"{k10} | {quality_cells(r)} | {r['machine_load']:.1f} |"
+            + (f" {r.get('measured', '')} |" if dated else "")
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    from matplotlib import ticker
+
     from aligner_jax.evaluation import plotting
 
     plt = plotting.pyplot()
@@ -506,6 +513,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         plotting.plain_log_axis(ax.xaxis)
+        if max(tokens) / min(tokens) > 100:  # 1-2-5 labels of 6-digit counts would overlap
+            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0,)))
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
     for ax in axes[:2]:  # latencies span decades; the RSS panel keeps matplotlib's labels
         plotting.plain_log_axis(ax.yaxis)
     handles, labels = axes[0].get_legend_handles_labels()

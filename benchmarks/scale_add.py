@@ -104,9 +104,10 @@ def markdown(rows: list[dict]) -> str:
         "",
         "| store | tokens before | added docs / tokens | add s | of which index update s | "
         "add peak RSS GiB | full build s | add / build | list groups | p50 / p99 ms after | "
-        "exhaustive after = merged rebuild | top-10 overlap | nDCG@10 (exh.) | R@100 (exh.) | "
+        "exhaustive after = merged rebuild | top-10 overlap | top-10 overlap, k = 10 | "
+        "distractors in exh. top 10 | top-10 overlap, own docs | nDCG@10 (exh.) | R@100 (exh.) | "
         "load avg |",
-        "|" + "---|" * 15,
+        "|" + "---|" * 18,
     ]
     for r in rows:
         check = r.get("exhaustive_equals_rebuild")

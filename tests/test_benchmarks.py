@@ -304,6 +304,22 @@ def test_scale_results_go_to_an_output_dir_that_does_not_exist_yet(tmp_path):
     assert f"| {row['model']} |" in (out / "scale.md").read_text()
 
 
+def test_scale_rows_gathered_from_several_runs_say_when_each_was_measured():
+    """Rows that name when they were measured (``benchmarks/results/scale.json`` gathers the
+    latest of several runs) get a "measured" column, one cell per column in every line; rows
+    without it keep the table as it was."""
+    from benchmarks import scale
+
+    row = json.loads((REPO / "benchmarks/results/scale.json").read_text())["rows"][0]
+    plain = {k: v for k, v in row.items() if k != "measured"}
+    assert "measured" not in scale.markdown([plain])
+    dated = [{**plain, "measured": "stop 64"}, {**plain, "scale": 3.0}]
+    lines = [x for x in scale.markdown(dated).splitlines() if x.startswith("|")]
+    assert lines[0].endswith("| measured |")
+    assert [line.endswith("| stop 64 |") for line in lines[2:]].count(True) == 1
+    assert len({line.count("|") for line in lines}) == 1
+
+
 def test_scale_rows_with_other_search_rules_sit_beside_the_default_rows(tmp_path):
     """A row measured with ``--search_config`` overrides does not replace the default row of
     the same store and bits; the table names each row's rules."""
@@ -374,7 +390,10 @@ def test_scale_add_appends_to_a_grown_store_and_checks_it_against_a_rebuild(tmp_
     assert row["list_groups"] == 2 and row["add_fraction_of_build"] == row["add_s"] / 10
     assert row["exhaustive_equals_rebuild"] is True
     assert row["queries_with_added_docs_in_top100"] == 2 and 0 <= row["top10_overlap"] <= 1
-    assert "| trained x3 |" in (out / "scale_add.md").read_text()
+    table = (out / "scale_add.md").read_text()
+    assert "| trained x3 |" in table
+    header, rule, line = [t for t in table.splitlines() if t.startswith("|")]
+    assert header.count("|") == rule.count("|") == line.count("|")  # one cell per column
     assert (out / "scale_add.png").stat().st_size > 1000
 
 
