@@ -10,7 +10,7 @@ then k-means inside each cell; a point goes to its best cell, then to the best c
 cell. Assigning T tokens to C centroids then costs T·(cells + C/cells)·D instead of T·C·D (at
 C = 2^15 and 128 cells, 85× less): what makes the build of a 100M-token index hours, not days.
 The price is that a point near a cell boundary may miss its globally nearest centroid
-(measured in ``benchmarks/results/scale.md``).
+(measured in ``benchmarks/results/scale_stop25_29/scale.md``).
 
 Split across processes (``parallel``, a :class:`Serial` or ``distributed_build.ProcessSplit``):
 the independent pieces of work — the assignment's fixed-shape chunks, the fit inside each cell
