@@ -490,7 +490,7 @@ def plot(samples: dict, path: pathlib.Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("ms per query (dot: p50, line to p99)")
     ax.invert_yaxis()
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the rows
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

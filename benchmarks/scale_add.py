@@ -136,7 +136,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("seconds (log)")
     ax.set_title("cost of an --add against a full build", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     plotting.save(fig, path)
 
