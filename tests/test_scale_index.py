@@ -594,14 +594,14 @@ def test_segmented_reads_rows_by_index_slice_or_mask_alike():
 
 
 def test_document_means_are_unit_means_and_zero_for_empty_documents():
-    """``document_means``: each run of rows summed in float32 and scaled to unit length
-    (float16), zeros for a document without tokens, wherever it lies among the others; the
-    sums of consecutive chunks of the rows (``document_sums`` with their start) add up to the
-    sums of the whole."""
+    """``document_sums`` then ``unit_rows`` (what the build stores): each run of rows summed
+    in float32 and scaled to unit length (float16), zeros for a document without tokens,
+    wherever it lies among the others; the sums of consecutive chunks of the rows
+    (``document_sums`` with their start) add up to the sums of the whole."""
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(9, 4)).astype(np.float16)
     offsets = np.array([0, 0, 3, 3, 4, 9, 9])  # documents of 0, 3, 0, 1, 5 and 0 tokens
-    got = ci.document_means(vectors, offsets)
+    got = ci.unit_rows(ci.document_sums(vectors.astype(np.float32), offsets))
     assert got.dtype == np.float16 and got.shape == (6, 4)
     for d in range(6):
         rows = np.asarray(vectors[offsets[d] : offsets[d + 1]], np.float32)

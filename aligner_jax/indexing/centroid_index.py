@@ -705,16 +705,10 @@ def document_sums(vectors: np.ndarray, offsets: np.ndarray, start: int = 0) -> n
 
 
 def unit_rows(sums: np.ndarray) -> np.ndarray:
-    """``sums`` scaled to unit length per row (rows of zeros stay 0), float16."""
+    """``sums`` scaled to unit length per row (rows of zeros stay 0), float16: of
+    ``document_sums``, each document's mean token vector as the index stores it."""
     norms = np.linalg.norm(sums, axis=1, keepdims=True)
     return (sums / np.maximum(norms, 1e-12)).astype(np.float16)
-
-
-def document_means(vectors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Each document's mean token vector, scaled to unit length, float16 ``[N, D]``: the
-    documents of ``vectors [T, D]`` are the row runs ``offsets[i]:offsets[i + 1]``; a document
-    without tokens gets zeros. Sums in float32 (``document_sums``)."""
-    return unit_rows(document_sums(np.asarray(vectors, np.float32), offsets))
 
 
 def _file_entry(path: Path) -> dict:
@@ -759,7 +753,7 @@ def _write_segment(
     means: bool = False,
 ) -> dict:  # fmt: skip
     """Codes, packed residuals (and saliences, quantised in steps of ``salience_scale``; None:
-    none stored; with ``means``, each document's mean vector, ``document_means``) of the tokens
+    none stored; with ``means``, each document's normalised mean vector, ``unit_rows``) of the tokens
     of store ``shards`` (consecutive indices), streamed shard by shard into
     ``out/<name>.*.npy``; returns the segment entry."""
     spans = store.shard_spans()
@@ -789,7 +783,7 @@ def _write_segment(
             sums = np.zeros((len(local) - 1, store.dim), np.float32) if means else None
             for lo in range(0, len(vectors), CHUNK):
                 v = np.asarray(vectors[lo : lo + CHUNK], np.float32)
-                if means:  # ``document_means``, chunk by chunk
+                if means:  # each document's sum, chunk by chunk
                     sums += document_sums(v, local, lo)
                 c, best = kmeans.assign_two_level(v, centroids, cells)
                 score.add(best)
