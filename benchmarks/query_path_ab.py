@@ -57,6 +57,15 @@ here, verbatim in behaviour, only to be measured against:
     2's estimate alone, the search before it. For quality at scale, not speed: the pair prices
     it (rankings may differ). Timed: ``CentroidSearcher`` queries at k = 10 and k = 100 (an
     index built with ``CentroidIndexConfig.doc_means``).
+  * ``fill`` (``CentroidSearchConfig.fill_docs``, stop 65): stage 2's best documents count,
+    for each query token that did not reach them, their best centroid score instead of the
+    imputed one (``CentroidSearcher.with_centroid_terms``) — against the imputed terms, the
+    search before it. For quality at scale: the pair prices it (rankings may differ). Timed:
+    ``CentroidSearcher`` queries at k = 10 and k = 100.
+  * ``reach`` (``centroid_search.reach_factor``, stop 65): past 51,830 documents a query
+    token reaches √(N / 51,830) times as many documents (more probes) — against the fixed
+    reach before it. For recall at scale: the pair prices it (rankings differ). Timed:
+    ``CentroidSearcher`` queries at k = 10 and k = 100 (on a store that large).
   * ``TokenStore.gather_padded``: one slice copy per document — against a fancy index over
     every row. Timed: ``Searcher.rerank`` of each query's ``--rerank_candidates`` best documents.
   * ``DocumentTable.fetch``: the wanted (shard, slot) pairs joined to the table through its
@@ -268,13 +277,15 @@ NEW = {
     "chunk": codec_lib.CHUNK,
     "accumulate": probe_scores._accumulate,
     "tokens_at_best": gather_max.tokens_at_best,
+    "reach_factor": cs.reach_factor,
 }
 BEFORE_CHUNK = 16384  # codec.CHUNK before
+FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, else 3,000)
 
 
 CHANGES = (
     "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
-    "gather_padded", "fetch", "host_top1", "rescore", "means",
+    "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
 
@@ -353,6 +364,16 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         weight = cs.MEAN_WEIGHT if which == "after" else 0.0
         searcher.centroid.config = dataclasses.replace(config, mean_weight=weight)
 
+    def fill(which):
+        config = searcher.centroid.config
+        docs = FILL_DOCS if which == "after" else 0
+        searcher.centroid.config = dataclasses.replace(config, fill_docs=docs)
+
+    def reach(which):
+        cs.reach_factor = NEW["reach_factor"] if which == "after" else lambda num_docs: 1.0
+        centroid = searcher.centroid
+        centroid.probes, centroid.interaction_docs, centroid.refine_docs = centroid.counts()
+
     residual = search_lib.Searcher.load(
         index_dir,
         encoder=searcher.encoder,
@@ -375,6 +396,8 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         ("segment_max", segment_max, searcher),
         ("rescore", rescore, searcher),
         ("means", means, searcher),
+        ("fill", fill, searcher),
+        ("reach", reach, searcher),
     )
     for change, use, by in changes:
         if change not in FLAGS.changes:

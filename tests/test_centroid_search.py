@@ -470,6 +470,26 @@ def test_residual_probe_docs_follow_the_requested_k(store, index, monkeypatch):
     assert narrow.candidates < wide.candidates
 
 
+def test_the_automatic_reach_grows_with_the_square_root_of_a_large_collection():
+    """Past ``REACH_DOCS`` documents a query token reaches √(N / REACH_DOCS) times as many
+    documents (the probes follow, up to ``MAX_PROBES``); smaller collections and a given
+    ``probe_docs`` or ``probes`` are unchanged."""
+    assert cs.reach_factor(5183) == cs.reach_factor(cs.REACH_DOCS) == 1.0
+    assert cs.reach_factor(4 * cs.REACH_DOCS) == pytest.approx(2.0)
+    on = cs.CentroidSearchConfig(residual_candidates=True)
+    ref = cs.REACH_DOCS
+    assert on.resolved(ref, 65536, 1280.0, k=100)[0] == 2
+    assert on.resolved(4 * ref, 65536, 1280.0, k=100)[0] == 4
+    assert on.resolved(16 * ref, 65536, 1280.0, k=100)[0] == 8
+    assert on.resolved(16 * ref, 65536, 1280.0, k=10)[0] == 4
+    assert on.resolved(10_000 * ref, 65536, 1280.0, k=100)[0] == cs.MAX_PROBES
+    off = cs.CentroidSearchConfig(residual_candidates=False)
+    assert off.resolved(4 * ref, 65536, 160.0)[0] == 8  # 640 · 2 documents
+    given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=2560)
+    assert given.resolved(16 * ref, 65536, 1280.0, k=100)[0] == 2
+    assert cs.CentroidSearchConfig(probes=3).resolved(16 * ref, 65536, 1280.0)[0] == 3
+
+
 def test_short_queries_reach_as_many_documents_as_a_reference_query(store, index, monkeypatch):
     """``query_tokens_ref``: a query of n < ref probing tokens reaches ref / n times as many
     documents per token (the probes of a ref-token query in all), up to ``MAX_PROBES``; longer
@@ -1056,6 +1076,11 @@ def test_rescoring_stage_2s_best_refines_a_document_its_estimate_ranks_low(tmp_p
     searcher = cs.CentroidSearcher(store, index, means)
     (ranking,), counts = searcher.search(q.vectors, q.salience, rows, 100)
     assert counts.interaction == 3 and ranking[0][0] == relevant
+    # and so do its best centroid scores in place of the imputed terms (``fill_docs``)
+    filled = dataclasses.replace(base, rescore_per_refine=0.0, fill_docs=store.num_docs)
+    searcher = cs.CentroidSearcher(store, index, filled)
+    (ranking,), counts = searcher.search(q.vectors, q.salience, rows, 100)
+    assert counts.interaction == 3 and ranking[0][0] == relevant
 
 
 def test_rescoring_waits_for_a_query_whose_refined_candidates_stage_2_mostly_imputed(
@@ -1150,6 +1175,40 @@ def test_token_lists_hold_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
     ci.CentroidIndex.build(store, config)
     assert len(alive_at_calls) > 3  # many blocks
     assert alive_at_calls == [0] * len(alive_at_calls)
+
+
+def test_stage_two_gives_its_best_their_centroid_scores_where_it_imputed(store, index):
+    """``with_centroid_terms``: for stage 2's best ``fill_docs`` documents, each query token
+    whose probed clusters hold none of a document's tokens (its best centroid score for the
+    token below the token's ``probes``-th best) counts that best centroid score instead of
+    the imputed one; the others get the least change (they stay below); 0 leaves the estimate
+    as it is."""
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(fill_docs=6))
+    q = _query(33, n=5)
+    rows, probes = np.array([0, 1, 3, 4]), 2
+    s_t = np.ascontiguousarray(index.centroids @ q.vectors.T)
+    probe = cs.probed(s_t.T[rows], probes, searcher.config.impute_depth)
+    rng = np.random.default_rng(1)
+    cands = rng.permutation(store.num_docs)[:15]
+    approx = rng.normal(size=15).astype(np.float32)
+    got = searcher.with_centroid_terms(s_t, rows, probe, q.salience, cands, approx)
+    w = q.salience[rows]
+    top = np.argsort(-approx)[:6]
+    delta = np.zeros(15)
+    floor, imputed = probe[1][:, -1], probe[2]
+    for j in top:  # the reference: every stored token's centroid, scored one by one
+        codes = index.codes[store.offsets[cands[j]] : store.offsets[cands[j] + 1]]
+        best = s_t[np.asarray(codes)][:, rows].max(axis=0)
+        delta[j] = np.sum(w * np.where(best < floor, best - imputed, 0.0)) / w.sum()
+    assert np.count_nonzero(delta[top]) >= 3 and np.ptp(delta[top]) > 1e-3
+    want = approx + delta[top].min()
+    want[top] = approx[top] + delta[top]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert got[np.setdiff1d(np.arange(15), top)].max() <= got[top].min()
+    off = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(fill_docs=0))
+    np.testing.assert_array_equal(
+        off.with_centroid_terms(s_t, rows, probe, q.salience, cands, approx), approx
+    )
 
 
 def test_stage_two_adds_the_documents_mean_vector_term_to_its_best(store, index):

@@ -79,7 +79,9 @@ then the other candidates, each block by its own estimate, shifted below the blo
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults follow the index actually built, so that the work per query stays nearly flat as the
-corpus grows: ``probes = clip(round(P / L), 2, 32)`` for L the mean number of documents in an
+corpus grows up to 51,830 documents and grows with √N past it (``reach_factor``: at 124.5M
+tokens two probes left 37 % of the exhaustive top 100 unreached): ``probes = clip(round(P ·
+max(1, √(N / 51,830)) / L), 2, 32)`` for N documents, L the mean number of documents in an
 inverted list and P = 2,560 with residual candidates at k ≥ 100 (chosen on SciFact 10×'s train
 queries: R@100 86.0 at 640), halved for each tenfold fewer requested documents (1,280 at k = 10,
 ``residual_probe_docs``), 640 without (a query token reaches about 640 documents: 8 probes on SciFact
@@ -113,6 +115,8 @@ from aligner_jax.retrieval import gather_max, probe_scores, residual_max
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates, k >= 100 (tune_search.py, 10x)
 RESIDUAL_PROBE_K = 100  # below this k, RESIDUAL_PROBE_DOCS halves per tenfold fewer documents
+REACH_DOCS = 51_830  # documents of the store those reaches were chosen on (SciFact grown 10x);
+# a larger collection's automatic reach grows with sqrt(N / REACH_DOCS) (``reach_factor``)
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
 MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
@@ -128,6 +132,7 @@ REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best
 IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
 MEAN_WEIGHT = 0.2  # weight of the documents' mean vectors in stage 2's estimate (tune_search.py)
 MEAN_DOCS = 3000  # stage 2's best documents that get it
+FILL_DOCS = 0  # stage 2's best documents whose imputed terms become centroid scores (tuning)
 
 
 @gin.configurable
@@ -136,7 +141,9 @@ class CentroidSearchConfig:
     """Candidate counts of the four stages. Absolute counts (``probes``, ``interaction_docs``,
     ``refine_docs``) override the scale-free rules, which follow the index actually built:
 
-      probes = clip(round(probe_docs / L), 2, MAX_PROBES)   (L: mean documents per inverted list)
+      probes = clip(round(probe_docs · f(N) / L), 2, MAX_PROBES)   (L: mean documents per
+               inverted list; f(N) = max(1, √(N / 51,830)) for an automatic probe_docs,
+               ``reach_factor``)
       refine = max(clip(⌈0.75·√N⌉, 40, 128), min(⌈refine_per_k · k⌉, 512))   (N docs, k asked)
       interaction = interaction_per_refine · refine
 
@@ -224,6 +231,17 @@ class CentroidSearchConfig:
     10×: 0.901 → 0.963 (``benchmarks/results/scale_stop64/``). Its price, interleaved per
     query on SciFact: +0.8 ms p50 at k = 10 (trained), +2.3 ms (zero-shot, 384-d rows)
     (``query_path_ab_means``). 0: stop 63's search.
+    ``fill_docs``: stage 2's best ``fill_docs`` documents count, for each probing query token
+    that reached none of their tokens, their own best centroid score for it instead of the
+    imputed one (``with_centroid_terms``: PLAID's centroid interaction on the terms WARP's
+    candidate scoring imputes). 0 (the default): off. On SciFact's train queries (200) on the
+    trained 128-d store grown 10× (``scale.py``'s distractors, the mean term on), 0 / 1,000 /
+    3,000 gave a k = 10 search's top-10 overlap with exhaustive search 0.865 / 0.877 / 0.885
+    and a k = 100 search's top-100 overlap 0.714 / 0.701 / 0.742, for p50 9.8 / 12.3 / 16.2 ms
+    at k = 10: refining 300 documents instead of 128 gave the same 0.885 for +1.6 ms
+    (``benchmarks/results/tune_stop65/``). Where the k = 100 search loses the exhaustive
+    top 100 there (100 train queries): 1.6 % of it was never reached, 2 % was in stage 2's best
+    900 and 9.6 % in its best 3,000, 16.7 % ranked below its 3,000th.
     """
 
     probes: int | None = None
@@ -246,6 +264,7 @@ class CentroidSearchConfig:
     impute_depth: float = IMPUTE_DEPTH
     mean_weight: float = MEAN_WEIGHT
     mean_docs: int = MEAN_DOCS
+    fill_docs: int = FILL_DOCS
 
     def __post_init__(self):
         name = type(self).__name__
@@ -264,6 +283,7 @@ class CentroidSearchConfig:
         checks.number(f"{name}.impute_depth", self.impute_depth, low=1.0)
         checks.number(f"{name}.mean_weight", self.mean_weight, low=0.0)
         checks.integer(f"{name}.mean_docs", self.mean_docs, minimum=1)
+        checks.integer(f"{name}.fill_docs", self.fill_docs, minimum=0)
         checks.integer(
             f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
         )
@@ -304,6 +324,8 @@ class CentroidSearchConfig:
         known; ``query_tokens_ref``); an automatic ``probe_docs`` counts as ``PROBE_DOCS``
         unless residual candidates are on (``for_index`` decides them)."""
         reach = self.documents_per_probe(k or None)
+        if not self.probe_docs:
+            reach = reach * reach_factor(num_docs)
         if self.query_tokens_ref and 0 < n < self.query_tokens_ref:
             reach = reach * self.query_tokens_ref / n
         probes = self.probes or int(np.clip(round(reach / max(list_docs, 1e-9)), 2, MAX_PROBES))
@@ -321,6 +343,28 @@ class CentroidSearchConfig:
         refine_docs⌉ (none when that is not above ``refine_docs``)."""
         m = math.ceil(self.rescore_per_refine * min(k / RESCORE_K, 1.0) * refine_docs)
         return m if m > refine_docs else 0
+
+
+def reach_factor(num_docs: int) -> float:
+    """How many times the automatic documents-per-token reach (``residual_probe_docs``,
+    ``PROBE_DOCS``) a collection of ``num_docs`` documents gets: max(1, √(N / REACH_DOCS)).
+
+    The reaches were chosen on stores of at most ``REACH_DOCS`` documents. A fixed reach is a
+    shrinking share of a growing collection, and past the centroid cap (65,536 at 128-d, from
+    16.8M tokens) the lists lengthen with the corpus, so that the probes fall to 2: on the
+    trained 128-d store grown 195× (1.01M documents, 124.5M tokens; ``benchmarks/scale.py``'s
+    distractors, test queries, a diagnosis) the k = 100 search never reached 37 % of the
+    exhaustive top 100 and 5 of the 11 relevant documents it lost, with 2 probes; 8 probes
+    raised its R@100 85.5 → 91.0 (exhaustive search 95.5) and its top-10 overlap 0.546 →
+    0.668, for p50 43.3 → 55.9 ms. Chosen on SciFact's train queries on the store grown 30×
+    (155k documents, 19.2M tokens; ``benchmarks/results/tune_stop65/``): reaching 2,560 /
+    5,120 / 10,240 documents gave a k = 10 search's top-10 overlap with exhaustive search 0.697
+    / 0.810 / 0.836 and a k = 100 search's top-100 overlap 0.444 / 0.529 / 0.604 (no setting
+    meets the written rule's 0.95) for p50 14.5 / 18.5 / 21.3 ms at k = 10 and 34.9 / 37.4 /
+    41.6 ms at k = 100; √(N / REACH_DOCS) = 1.73 there (4,434 at k = 100), between the first
+    two. The work per query grows with √N past REACH_DOCS documents instead of staying flat:
+    the price of the recall."""
+    return max(1.0, math.sqrt(num_docs / REACH_DOCS))
 
 
 def residual_probe_docs(k: int | None) -> int:
@@ -518,7 +562,14 @@ class CentroidSearcher:
         return self._reached(w, imputed, alive)
 
     def residual_candidates(
-        self, q: np.ndarray, s: np.ndarray, probe_rows: np.ndarray, weights, alive=None, probes=None
+        self,
+        q: np.ndarray,
+        s: np.ndarray,
+        probe_rows: np.ndarray,
+        weights,
+        alive=None,
+        probes=None,
+        probe=None,
     ):
         """Stage 2 with residuals (WARP §3's candidate scoring for Eq. 1–2): each kept query
         token's probed clusters are read token by token (centroid → β^d-kept tokens), every
@@ -526,8 +577,9 @@ class CentroidSearcher:
         best such token, else the token's imputed score (``probed``, ``impute_depth``).
 
         Centroid scores alone cannot tell apart documents whose tokens share centroids (near
-        duplicates; ``benchmarks/scale.py``'s distractors): these scores can."""
-        top, top_scores, imputed = probed(
+        duplicates; ``benchmarks/scale.py``'s distractors): these scores can. ``probe``: the
+        probed clusters, their scores and the imputed scores, if ``probed`` gave them already."""
+        top, top_scores, imputed = probe or probed(
             s[probe_rows], probes or self.probes, self.config.impute_depth
         )
         qk = np.asarray(q[probe_rows], np.float32)
@@ -603,6 +655,33 @@ class CentroidSearcher:
         dense = means @ q_bar
         out = approx + np.float32(weight * float(dense.min()))
         out[top] = approx[top] + np.float32(weight) * dense
+        return out
+
+    def with_centroid_terms(
+        self, s_t: np.ndarray, probe_rows: np.ndarray, probe: tuple, weights, cands, approx
+    ) -> np.ndarray:
+        """Stage 2's estimate ``approx`` of ``cands`` with, for its best ``fill_docs``, each
+        imputed term replaced by the document's best centroid score for that query token
+        (PLAID's centroid interaction, applied to the terms stage 2 did not reach); the others
+        get the least change, so they stay below. 0: unchanged.
+
+        A query token reaches a document when one of its ``probes`` best clusters holds a
+        token of it, i.e. when the document's best centroid score for it is at least the
+        token's ``probes``-th best (``reached_share``); stage 2 gives every other document one
+        imputed value (``probe``: ``probed``'s clusters, their scores and the imputed scores).
+        The document's own best centroid score, read from its distinct centroid ids
+        (``_best_codes``), says how near its nearest token lies."""
+        m = min(self.config.fill_docs, len(cands))
+        w = np.asarray(weights, np.float32)[probe_rows]
+        if not m or not w.sum():
+            return approx
+        _, top_scores, imputed = probe
+        floor = top_scores[:, -1]  # the probes-th best: a reached document scores at least this
+        top = np.argpartition(-approx, m - 1)[:m] if m < len(cands) else np.arange(m)
+        best = self._best_codes(s_t, cands[top])[:, probe_rows]  # [m, n']
+        delta = (np.where(best < floor, best - imputed, 0.0) @ w) / float(w.sum())
+        out = approx + np.float32(delta.min())
+        out[top] = approx[top] + delta.astype(np.float32)
         return out
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -815,7 +894,9 @@ class CentroidSearcher:
         s = s_t.T
         probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
-            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes)
+            probe = probed(s[probe_rows], probes, self.config.impute_depth)
+            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes, probe)
+            approx = self.with_centroid_terms(s_t, probe_rows, probe, u_q, cands, approx)
             approx = self.with_means(q, u_q, probe_rows, cands, approx)
             m = min(self.config.rescored(refine_docs, k), len(cands))
             top = _top(approx, max(m, min(refine_docs, len(cands))))
