@@ -484,6 +484,21 @@ def segment_max(
     return out if sel is None else (out, sel)
 
 
+def _best(scores: np.ndarray, m: int) -> np.ndarray:
+    """Indices of the ``m`` largest scores (all when there are fewer), in no order."""
+    if m < len(scores):
+        return np.argpartition(-scores, m - 1)[:m]
+    return np.arange(len(scores))
+
+
+def _added_to_best(approx: np.ndarray, top: np.ndarray, term: np.ndarray) -> np.ndarray:
+    """``approx`` with ``term`` (one value per index of ``top``) added at ``top`` and the least
+    of it everywhere else, so that the documents outside ``top`` stay below them."""
+    out = approx + term.min()
+    out[top] = approx[top] + term
+    return out
+
+
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest scores, best first (ties: lower index first)."""
     if k < len(scores):
@@ -648,14 +663,10 @@ class CentroidSearcher:
             return approx
         w = np.asarray(weights[probe_rows], np.float32)
         q_bar = (w @ np.asarray(q[probe_rows], np.float32)) / max(float(w.sum()), 1e-12)
-        m = min(self.config.mean_docs, len(cands))
-        top = np.argpartition(-approx, m - 1)[:m] if m < len(cands) else np.arange(m)
+        top = _best(approx, self.config.mean_docs)
         rows = self.index.means[cands[top]]  # float16; NumPy's cast of it is 3× slower
         means = half.to_float32(rows, scratch.buffer("with_means.rows", rows.shape, np.float32))
-        dense = means @ q_bar
-        out = approx + np.float32(weight * float(dense.min()))
-        out[top] = approx[top] + np.float32(weight) * dense
-        return out
+        return _added_to_best(approx, top, np.float32(weight) * (means @ q_bar))
 
     def with_centroid_terms(
         self, s_t: np.ndarray, probe_rows: np.ndarray, probe: tuple, weights, cands, approx
@@ -677,12 +688,10 @@ class CentroidSearcher:
             return approx
         _, top_scores, imputed = probe
         floor = top_scores[:, -1]  # the probes-th best: a reached document scores at least this
-        top = np.argpartition(-approx, m - 1)[:m] if m < len(cands) else np.arange(m)
+        top = _best(approx, m)
         best = self._best_codes(s_t, cands[top])[:, probe_rows]  # [m, n']
         delta = (np.where(best < floor, best - imputed, 0.0) @ w) / float(w.sum())
-        out = approx + np.float32(delta.min())
-        out[top] = approx[top] + delta.astype(np.float32)
-        return out
+        return _added_to_best(approx, top, delta.astype(np.float32))
 
     def _buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-thread scratch of stage 2 (best score, accumulated score, reached), one entry
