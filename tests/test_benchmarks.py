@@ -249,6 +249,29 @@ def test_a_child_reports_its_own_peak_rss_with_or_without_gnu_time(tmp_path, mon
     assert 0.44 < result["peak_rss_gib"] < 2.0  # 480 MB touched, not this process's peak
 
 
+def test_demo_cost_splits_the_demo_wall_time_into_its_phases(tmp_path):
+    from benchmarks import demo_cost
+
+    timing = {"encode_corpus_s": 30.0, "index_build_s": 45.5, "index_reused": False,
+              "search_ms_per_query_p50": 21.0}  # fmt: skip
+    metrics = {"timing": timing, "num_docs": 12, "num_tokens": 345,
+               "metrics": {"ndcg@10": 0.7, "recall@100": 0.9}}  # fmt: skip
+    child = {"wall_s": 100.0, "peak_rss_gib": 1.5}
+    load = ((1.234, 1, 1), (2.0, 2, 2))
+    r = demo_cost.report(metrics, child, ["make", "demo"], load, "data")
+    assert list(r["phases_s"].values()) == [30.0, 45.5, 24.5]  # the rest of the wall time
+    assert sum(r["phases_s"].values()) == pytest.approx(r["wall_s"])
+    assert (r["wall_s"], r["peak_rss_gib"], r["num_tokens"]) == (100.0, 1.5, 345)
+    assert r["load_avg_before"] == [1.23, 1, 1]
+    md = demo_cost.markdown(r)
+    assert "Wall time 100 s, peak RSS 1.50 GiB" in md and "| index build | 45.5 |" in md
+    demo_cost.plot(r, tmp_path / "cost.png")
+    assert (tmp_path / "cost.png").stat().st_size > 1000
+    # a demo that reused an index did not pay for encoding and building: refused
+    with pytest.raises(ValueError, match="reused an existing index"):
+        demo_cost.phases({**timing, "index_reused": True}, 100.0)
+
+
 def _random_store(directory, num_docs: int, shard_size: int, seed: int):
     """A 16-d store of random unit vectors (5–29 tokens per document, ids d0..), written with
     the public writer, with an ``encoder.json`` as the benchmarks copy it."""
