@@ -101,9 +101,10 @@ def plot(r: dict, path: Path) -> None:
 
 def write(result: dict, stem: Path) -> None:
     """``stem``.md and .png from ``result`` (the JSON), and the Markdown printed."""
-    fileio.atomic_write_text(stem.with_suffix(".md"), markdown(result))
+    text = markdown(result)
+    fileio.atomic_write_text(stem.with_suffix(".md"), text)
     plot(result, stem.with_suffix(".png"))
-    print(markdown(result))
+    print(text)
 
 
 def define_flags() -> None:
