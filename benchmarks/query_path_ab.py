@@ -1,4 +1,4 @@
-r"""Twelve query-path changes measured against the code they replaced, interleaved per query.
+r"""Sixteen query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -18,6 +18,17 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``store_reads`` (``TokenStore.concatenated``, stop 68): a store of more shards than its
+    map cache holds read without ``merged_runs`` for a lone document of a shard and through
+    a bare descriptor (``os.open``, its path kept) — against NumPy run merging for every shard
+    and a Python file object per read, the code before it. Timed: ``CentroidSearcher``
+    queries at the defaults (the float refinement reads the store) at k = 10 and k = 100, on a
+    store of over 96 shards (SciFact grown 100×).
+  * ``probe_split`` (``retrieval/probe_scores.py``, stop 68): stage 2's compiled pass scoring
+    each probed cluster's rows into a buffer first, then folding them into their documents'
+    maxima — against scoring and folding each row in one loop, the code before it. Timed:
+    ``CentroidSearcher`` queries at the defaults at k = 10 and k = 100 (query encoding
+    excluded).
   * ``probe_int16`` (``retrieval/probe_scores.py``): stage 2's compiled pass with the plane
     weights rounded to int16 and each row's sum in int32 (it vectorises) — against the same pass
     in float32 (scalar), the code before it, given the same rounded weights. Timed:
@@ -79,6 +90,7 @@ identical ones is in the output. Writes ``benchmarks/results/--output_name.{json
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pathlib
 import platform
@@ -95,7 +107,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import threadpoolctl  # noqa: E402
 
-from aligner_jax.common import cli, fileio, scratch  # noqa: E402
+from aligner_jax.common import cli, fileio, half, scratch  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.indexing import centroid_index as ci  # noqa: E402
 from aligner_jax.indexing import codec as codec_lib  # noqa: E402
@@ -187,7 +199,7 @@ if probe_scores.numba is not None:
 
 def float_accumulate(
     where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
-    imputed, floor, acc, seen, touched,
+    imputed, floor, acc, seen, touched, sums=None,
 ):  # fmt: skip
     """``probe_scores._accumulate`` before: the float32 pass, on the int16 weights times their
     scale (the rounded weights: the same sums up to float rounding)."""
@@ -196,6 +208,70 @@ def float_accumulate(
         where, top_scores, starts, lengths, packed, docs, float_planes, constant, bits, weights,
         imputed, floor, acc, seen, touched,
     )  # fmt: skip
+
+
+def _joint_row_score(row, w, bits):  # pragma: no cover - compiled
+    """``probe_scores``' row sum before stop 68, verbatim: Σ_p Σ_b w[p, b] · level_{p, b} of
+    one packed row in int32 with int16 weights, each level cast from an int32."""
+    s = np.int32(0)
+    if bits == 4:
+        w0, w1 = w[0], w[1]
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s = np.int32(s + np.int32(np.int32(w0[b]) * (v & 15)))
+            s = np.int32(s + np.int32(np.int32(w1[b]) * (v >> 4)))
+    elif bits == 2:
+        w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
+        for b in range(len(row)):
+            v = np.int32(row[b])
+            s = np.int32(s + np.int32(np.int32(w0[b]) * (v & 3)))
+            s = np.int32(s + np.int32(np.int32(w1[b]) * ((v >> 2) & 3)))
+            s = np.int32(s + np.int32(np.int32(w2[b]) * ((v >> 4) & 3)))
+            s = np.int32(s + np.int32(np.int32(w3[b]) * (v >> 6)))
+    else:
+        w0 = w[0]
+        for b in range(len(row)):
+            s = np.int32(s + np.int32(np.int32(w0[b]) * np.int32(row[b])))
+    return s
+
+
+def _joint_accumulate(
+    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
+    imputed, floor, acc, seen, touched, sums=None,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``probe_scores._accumulate`` before stop 68: each row scored and folded into its
+    document's best in one loop (``sums`` unused)."""
+    n, p = where.shape
+    for i in range(n):
+        m = 0
+        w = planes[i]
+        step = scale[i]
+        for a in range(p):
+            c = where[i, a]
+            base = top_scores[i, a] + constant[i]
+            for r in range(starts[c], starts[c] + lengths[c]):
+                value = base + step * np.float32(_joint_row_score(packed[r], w, bits))
+                d = docs[r]
+                if floor[d] == -np.inf:
+                    touched[m] = d
+                    m += 1
+                if value > floor[d]:
+                    floor[d] = value
+        for t in range(m):
+            d = touched[t]
+            acc[d] += weights[i] * (floor[d] - imputed[i])
+            seen[d] = True
+            floor[d] = -np.inf
+
+
+if probe_scores.numba is not None:
+    _joint_row_score = probe_scores.numba.njit(inline="always", nogil=True, fastmath=_FLOAT_FLAGS)(
+        _joint_row_score
+    )
+    _joint_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
+        _joint_accumulate
+    )
+joint_accumulate = _joint_accumulate
 
 
 def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
@@ -257,6 +333,56 @@ def fancy_gather_padded(self, doc_indices, length):
     return vectors, mask, salience, token_ids
 
 
+def opened_concatenated(self, kind, doc_indices, out):
+    """``TokenStore.concatenated`` before stop 68: every shard's documents merged into runs
+    with NumPy (``merged_runs``), even a single document's, and the unmapped shards read by
+    ``opened_read_runs``."""
+    doc_indices = np.asarray(doc_indices, dtype=np.int64)
+    starts = self.offsets[doc_indices]
+    ends = self.offsets[doc_indices + 1]
+    at = np.concatenate([[0], np.cumsum(ends - starts)])
+    if at[-1] != len(out):
+        raise ValueError(f"concatenated: the documents hold {at[-1]} rows, out has {len(out)}")
+    shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
+    order = np.argsort(shard, kind="stable")
+    bounds = np.flatnonzero(np.diff(shard[order])) + 1
+    target = out
+    if kind in ts.HALF_KINDS and out.dtype == np.float32:
+        out = scratch.buffer(f"store.concatenated.{kind}", out.shape, ts.VECTOR_DTYPE)
+    for group in np.split(order, bounds) if len(order) else []:
+        s = int(shard[group[0]])
+        off = int(self._shard_token_starts[s])
+        runs = ts.merged_runs(starts[group] - off, ends[group] - off, at[group])
+        array = self._array(kind, s, evict=False)
+        if array is None:
+            opened_read_runs(self, kind, s, runs, out)
+            continue
+        array = array.view(np.ndarray)
+        for lo, hi, to in runs:
+            out[to : to + hi - lo] = array[lo:hi]
+    return target if out is target else half.to_float32(out, target)
+
+
+def opened_read_runs(self, kind, s, runs, out):
+    """``TokenStore._read_runs`` before stop 68: the file opened as a Python file object per
+    call, its path built each time (its header cached apart from the current code's)."""
+    meta = self._shards[s]["files"][kind]
+    path = self.directory / meta["path"]
+    headers = self.__dict__.setdefault("_ab_headers", {})
+    with open(path, "rb") as f:
+        header = headers.get((kind, s))
+        if header is None:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else None
+            shape, _, dtype = (read or np.lib.format.read_array_header_2_0)(f)
+            row = tuple(shape[1:])
+            header = headers[(kind, s)] = (f.tell(), dtype, row, dtype.itemsize * math.prod(row))
+        start, dtype, row, row_bytes = header
+        for lo, hi, to in runs:
+            data = os.pread(f.fileno(), (hi - lo) * row_bytes, start + lo * row_bytes)
+            out[to : to + hi - lo] = np.frombuffer(data, dtype).reshape((hi - lo, *row))
+
+
 def scan_fetch_sql(num_pairs: int) -> str:
     """``documents.fetch_sql`` before: a row-value IN over the pairs (a table scan)."""
     marks = ", ".join("(?, ?)" for _ in range(num_pairs))
@@ -273,6 +399,7 @@ NEW = {
     "probe_numba": probe_scores.numba,
     "gather": ts.TokenStore.gather_padded,
     "fetch_sql": documents_lib.fetch_sql,
+    "concatenated": ts.TokenStore.concatenated,
     "score_probed": cs.CentroidSearcher._score_probed,
     "chunk": codec_lib.CHUNK,
     "accumulate": probe_scores._accumulate,
@@ -284,7 +411,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "at_best", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -343,6 +470,13 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     def integer(which):
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else float_accumulate
 
+    def reads(which):
+        after = which == "after"
+        ts.TokenStore.concatenated = NEW["concatenated"] if after else opened_concatenated
+
+    def split(which):
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else joint_accumulate
+
     def probed(which):
         probe_scores.numba = NEW["probe_numba"] if which == "after" else None
 
@@ -388,6 +522,8 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     )
     changes = (
         ("at_best", at_best, centroid_path),
+        ("store_reads", reads, searcher),  # the float refinement's reads (models with u^d)
+        ("probe_split", split, searcher),  # residual candidates, the default where lists fit
         ("probe_int16", integer, searcher),  # residual candidates, the default where lists fit
         ("gather_max", fused, searcher),
         ("probe_scores", probed, residual),

@@ -489,6 +489,13 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         store.gather_padded(picks, 32), ab.fancy_gather_padded(store, picks, 32), strict=True
     ):
         np.testing.assert_array_equal(new, old)
+    store.MAX_OPEN_ARRAYS = 1  # the other shards are read from their files
+    rows = int(sum(store.offsets[p + 1] - store.offsets[p] for p in picks))
+    for kind, shape in (("vectors", (rows, 8)), ("salience", (rows,))):
+        new = store.concatenated(kind, picks, np.empty(shape, np.float32))
+        old = ab.opened_concatenated(store, kind, picks, np.empty(shape, np.float32))
+        np.testing.assert_array_equal(new, old)
+    del store.MAX_OPEN_ARRAYS  # the class's cap again
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 30, 50)
     values = rng.integers(0, 4, (lengths.sum(), 5)).astype(np.float32)  # ties
@@ -535,6 +542,14 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         probe_scores._accumulate = ab.NEW["accumulate"]
     np.testing.assert_array_equal(before[0], new[0])
     np.testing.assert_allclose(before[1], new[1], rtol=1e-5, atol=1e-6)
+    # stage 2's one-loop int16 pass (before stop 68): the same integer sums, the same scores
+    try:
+        probe_scores._accumulate = ab.joint_accumulate
+        joint = searcher._score_probed(q, w, top, top_scores, imputed, None)
+    finally:
+        probe_scores._accumulate = ab.NEW["accumulate"]
+    np.testing.assert_array_equal(joint[0], new[0])
+    np.testing.assert_array_equal(joint[1], new[1])
     # the residual interaction's token choice, gathered then compared as before
     from aligner_jax.retrieval import gather_max
 

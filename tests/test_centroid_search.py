@@ -1136,6 +1136,8 @@ def test_reached_share_counts_the_query_tokens_whose_probed_clusters_hold_a_docu
             expected.append(hit @ w / w.sum())
         got = searcher.reached_share(s_t, rows, probes, docs, q.salience)
         assert got == pytest.approx(np.mean(expected), abs=1e-6)
+        probe = cs.probed(s_t.T[rows], probes, 2.0)  # what the search passes: the same share
+        assert searcher.reached_share(s_t, rows, probes, docs, q.salience, probe) == got
 
 
 def test_rescored_documents_follow_the_requested_k():

@@ -494,15 +494,21 @@ class TokenStore:
             raise ValueError(f"concatenated: the documents hold {at[-1]} rows, out has {len(out)}")
         shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         order = np.argsort(shard, kind="stable")
-        bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        bounds = [0, *(np.flatnonzero(np.diff(shard[order])) + 1).tolist(), len(order)]
         target = out
         if kind in HALF_KINDS and out.dtype == np.float32:
             # rows copied as they are stored, then cast at once (NumPy's cast is 6x slower)
             out = scratch.buffer(f"store.concatenated.{kind}", out.shape, VECTOR_DTYPE)
-        for group in np.split(order, bounds) if len(order) else []:
-            s = int(shard[group[0]])
+        sorted_shards = shard[order].tolist()
+        for first, last in zip(bounds[:-1], bounds[1:], strict=True) if len(order) else []:
+            s = sorted_shards[first]
             off = int(self._shard_token_starts[s])
-            runs = merged_runs(starts[group] - off, ends[group] - off, at[group])
+            if last - first == 1:  # one document (a search's usual case): no merging to do
+                d = int(order[first])
+                runs = [(int(starts[d]) - off, int(ends[d]) - off, int(at[d]))]
+            else:
+                group = order[first:last]
+                runs = merged_runs(starts[group] - off, ends[group] - off, at[group])
             array = self._array(kind, s, evict=False)
             if array is None:
                 self._read_runs(kind, s, runs, out)
@@ -514,13 +520,12 @@ class TokenStore:
 
     def _read_runs(self, kind: str, s: int, runs: list, out: np.ndarray) -> None:
         """Copies rows ``lo:hi`` of shard ``s``'s ``kind`` array to ``out[to:]`` for each
-        ``(lo, hi, to)`` of ``runs``, read with ``os.pread`` from its ``.npy`` file (header
-        parsed once per file and kept)."""
-        meta = self._shards[s]["files"][kind]
-        path = self.directory / meta["path"]
-        with open(path, "rb") as f:
-            header = self._headers.get((kind, s))
-            if header is None:
+        ``(lo, hi, to)`` of ``runs``, read with ``os.pread`` from its ``.npy`` file (its path
+        and header parsed once per file and kept)."""
+        header = self._headers.get((kind, s))
+        if header is None:
+            path = str(self.directory / self._shards[s]["files"][kind]["path"])
+            with open(path, "rb") as f:
                 major, _ = np.lib.format.read_magic(f)
                 read = np.lib.format.read_array_header_1_0 if major == 1 else None
                 shape, fortran, dtype = (read or np.lib.format.read_array_header_2_0)(f)
@@ -528,11 +533,15 @@ class TokenStore:
                     raise errors.IndexIntegrityError(f"{path}: a Fortran-ordered array")
                 row = tuple(shape[1:])
                 row_bytes = dtype.itemsize * math.prod(row)
-                header = self._headers[(kind, s)] = (f.tell(), dtype, row, row_bytes)
-            start, dtype, row, row_bytes = header
+                header = self._headers[(kind, s)] = (path, f.tell(), dtype, row, row_bytes)
+        path, start, dtype, row, row_bytes = header
+        fd = os.open(path, os.O_RDONLY)  # a bare descriptor: a Python file object costs more
+        try:
             for lo, hi, to in runs:
-                data = os.pread(f.fileno(), (hi - lo) * row_bytes, start + lo * row_bytes)
+                data = os.pread(fd, (hi - lo) * row_bytes, start + lo * row_bytes)
                 out[to : to + hi - lo] = np.frombuffer(data, dtype).reshape((hi - lo, *row))
+        finally:
+            os.close(fd)
 
     def _document_runs(self, kinds: tuple[str, ...], doc_indices: np.ndarray):
         """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A

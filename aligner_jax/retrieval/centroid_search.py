@@ -737,18 +737,29 @@ class CentroidSearcher:
         return (best @ weights) / max(float(weights.sum()), 1e-12), best
 
     def reached_share(
-        self, s_t: np.ndarray, probe_rows: np.ndarray, probes: int, docs: np.ndarray, u_q
+        self,
+        s_t: np.ndarray,
+        probe_rows: np.ndarray,
+        probes: int,
+        docs: np.ndarray,
+        u_q,
+        probe: tuple | None = None,
     ) -> float:
         """The share of the probing query tokens' weight that stage 2 reached in ``docs``, mean
         over the documents: a document is reached by query token i when its best centroid
         score for i is at least i's ``probes``-th best (one of its probed clusters holds a token
-        of the document); the other terms of its stage-2 score were imputed."""
+        of the document); the other terms of its stage-2 score were imputed. ``probe``: the
+        probed clusters, their scores (best first) and the imputed scores, if ``probed`` gave
+        them already (the ``probes``-th best is then read, not selected again)."""
         w = np.asarray(u_q, np.float32)[probe_rows]
         if not len(docs) or not w.sum():
             return 1.0
-        s = s_t.T[probe_rows]  # [n', C]
-        p = min(probes, s.shape[1])
-        floor = np.take_along_axis(s, top_columns(s, p), axis=1).min(axis=1)  # the p-th best
+        if probe is not None:
+            floor = probe[1][:, -1]  # the probes-th best, probed's last column
+        else:
+            s = s_t.T[probe_rows]  # [n', C]
+            p = min(probes, s.shape[1])
+            floor = np.take_along_axis(s, top_columns(s, p), axis=1).min(axis=1)  # the p-th best
         best = self._best_codes(s_t, docs)[:, probe_rows]  # [docs, n']
         return float(((best >= floor) @ w).mean() / w.sum())
 
@@ -911,7 +922,8 @@ class CentroidSearcher:
             top = _top(approx, max(m, min(refine_docs, len(cands))))
             below = self.config.rescore_below_reach
             if m > refine_docs and below < 1.0:  # only where stage 2 mostly imputed
-                reached = self.reached_share(s_t, probe_rows, probes, cands[top[:refine_docs]], u_q)
+                docs = cands[top[:refine_docs]]
+                reached = self.reached_share(s_t, probe_rows, probes, docs, u_q, probe)
                 m, top = (m, top) if reached < below else (0, top[:refine_docs])
             first, inter = cands[top], approx[top]
             order = np.arange(len(first))
