@@ -494,12 +494,13 @@ class TokenStore:
             raise ValueError(f"concatenated: the documents hold {at[-1]} rows, out has {len(out)}")
         shard = np.searchsorted(self._shard_doc_starts, doc_indices, side="right") - 1
         order = np.argsort(shard, kind="stable")
-        bounds = [0, *(np.flatnonzero(np.diff(shard[order])) + 1).tolist(), len(order)]
+        sorted_shards = shard[order]
+        bounds = [0, *(np.flatnonzero(np.diff(sorted_shards)) + 1).tolist(), len(order)]
+        sorted_shards = sorted_shards.tolist()
         target = out
         if kind in HALF_KINDS and out.dtype == np.float32:
             # rows copied as they are stored, then cast at once (NumPy's cast is 6x slower)
             out = scratch.buffer(f"store.concatenated.{kind}", out.shape, VECTOR_DTYPE)
-        sorted_shards = shard[order].tolist()
         for first, last in zip(bounds[:-1], bounds[1:], strict=True) if len(order) else []:
             s = sorted_shards[first]
             off = int(self._shard_token_starts[s])
