@@ -1,4 +1,4 @@
-r"""Sixteen query-path changes measured against the code they replaced, interleaved per query.
+r"""Seventeen query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -18,6 +18,12 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``select`` (``centroid_search._best``/``_top``, ``CentroidSearcher.search``, stop 69): the
+    m best of stage 2's scores selected among those above a threshold estimated from a strided
+    sample, and the reached documents outside stage 3 set apart only when the ranking reaches
+    them (fewer documents in stage 3 than k) — against a partition of every score and that
+    tail built for every query, the code before it. Timed: ``CentroidSearcher`` queries at the
+    defaults at k = 10 and k = 100 (query encoding excluded).
   * ``store_reads`` (``TokenStore.concatenated``, stop 68): a store of more shards than its
     map cache holds read without ``merged_runs`` for a lone document of a shard and through
     a bare descriptor (``os.open``, its path kept) — against NumPy run merging for every shard
@@ -392,6 +398,89 @@ def scan_fetch_sql(num_pairs: int) -> str:
     )
 
 
+def partition_best(scores: np.ndarray, m: int) -> np.ndarray:
+    """``centroid_search._best`` before stop 69: a partition of every score."""
+    if m < len(scores):
+        return np.argpartition(-scores, m - 1)[:m]
+    return np.arange(len(scores))
+
+
+def partition_top(scores: np.ndarray, k: int) -> np.ndarray:
+    """``centroid_search._top`` before stop 69."""
+    if k < len(scores):
+        part = np.argpartition(-scores, k - 1)[:k]
+    else:
+        part = np.arange(len(scores))
+    return part[np.argsort(-scores[part], kind="stable")]
+
+
+def eager_tail_search(
+    self,
+    q: np.ndarray,
+    u_q: np.ndarray,
+    probe_rows: np.ndarray,
+    k: int,
+    refine_fn=None,
+    allowed: np.ndarray | None = None,
+) -> tuple:
+    """``CentroidSearcher.search`` before stop 69: the stage-2 tail (reached documents not in
+    stage 3) built for every query, whether or not the ranking reaches it."""
+    alive = self.alive if allowed is None else self.alive & allowed
+    q = np.asarray(q, np.float32)
+    u_q = np.asarray(u_q, np.float32)
+    live = u_q > 0
+    if live.any() and not live.all():
+        # a query token of weight 0 changes no score (Eq. 2: it adds 0 to both sums):
+        # it is not probed, gathered or refined (a trained model zeroes about 1 in 5)
+        rows = np.flatnonzero(live)
+        probe_rows = np.searchsorted(rows, probe_rows[live[probe_rows]])
+        q, u_q = q[rows], u_q[rows]
+    s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
+    np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
+    s = s_t.T
+    probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
+    if self.config.residual_candidates:
+        probe = cs.probed(s[probe_rows], probes, self.config.impute_depth)
+        cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes, probe)
+        approx = self.with_centroid_terms(s_t, probe_rows, probe, u_q, cands, approx)
+        approx = self.with_means(q, u_q, probe_rows, cands, approx)
+        m = min(self.config.rescored(refine_docs, k), len(cands))
+        top = cs._top(approx, max(m, min(refine_docs, len(cands))))
+        below = self.config.rescore_below_reach
+        if m > refine_docs and below < 1.0:  # only where stage 2 mostly imputed
+            docs = cands[top[:refine_docs]]
+            reached = self.reached_share(s_t, probe_rows, probes, docs, u_q, probe)
+            m, top = (m, top) if reached < below else (0, top[:refine_docs])
+        first, inter = cands[top], approx[top]
+        order = np.arange(len(first))
+        if m > refine_docs:  # the residual interaction of stage 3 over stage 2's best m
+            keep = self.best_centroid_tokens(s_t, first, u_q)
+            inter = self.refine(q, s_t, first, u_q, keep=keep)
+            order = cs._top(inter, refine_docs)
+    else:
+        cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
+        approx = self.with_means(q, u_q, probe_rows, cands, approx)
+        first = cands[cs._top(approx, min(interaction_docs, len(cands)))]
+        if self.config.residual_interaction:  # the best by centroid scores, by residuals
+            m = math.ceil(self.config.residual_per_refine * refine_docs)
+            inter, best_centroids = self._interaction(s_t, first, u_q)
+            best = cs._top(inter, m)
+            shifted = self.refine(q, s_t, first[best], u_q, best_centroids=best_centroids[best])
+            # the others keep their order, below every re-scored document
+            inter = inter - inter.max() + (shifted.min() if len(shifted) else 0.0) - 1.0
+            inter[best] = shifted
+        else:
+            inter = self.interaction(s_t, first, u_q)
+        order = cs._top(inter, min(refine_docs, len(first)))
+    refined = first[order]
+    rest = np.ones(len(first), bool)
+    rest[order] = False
+    others = ~np.isin(cands, first, assume_unique=True)
+    tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
+    rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn)
+    return rankings, cs.StageCounts(len(cands), len(first), len(refined))
+
+
 # the current code, put back after each "before" run
 NEW = {
     "segment_max": cs.segment_max,
@@ -405,13 +494,16 @@ NEW = {
     "accumulate": probe_scores._accumulate,
     "tokens_at_best": gather_max.tokens_at_best,
     "reach_factor": cs.reach_factor,
+    "best": cs._best,
+    "top": cs._top,
+    "search": cs.CentroidSearcher.search,
 }
 BEFORE_CHUNK = 16384  # codec.CHUNK before
 FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, else 3,000)
 
 
 CHANGES = (
-    "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -474,6 +566,12 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         after = which == "after"
         ts.TokenStore.concatenated = NEW["concatenated"] if after else opened_concatenated
 
+    def select(which):
+        after = which == "after"
+        cs._best = NEW["best"] if after else partition_best
+        cs._top = NEW["top"] if after else partition_top
+        cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
+
     def split(which):
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else joint_accumulate
 
@@ -521,6 +619,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         centroid_config=cs.CentroidSearchConfig(residual_candidates=False),
     )
     changes = (
+        ("select", select, searcher),  # stage 2's selections and tail, every search path
         ("at_best", at_best, centroid_path),
         ("store_reads", reads, searcher),  # the float refinement's reads (models with u^d)
         ("probe_split", split, searcher),  # residual candidates, the default where lists fit

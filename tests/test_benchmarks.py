@@ -555,6 +555,19 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         want = gather_max.tokens_at_best(s_t, codes, lengths, best, weights, reference=cs._at_best)
         got = ab.gathered_tokens_at_best(s_t, codes, lengths, best, weights)
         np.testing.assert_array_equal(got, want)
+    # stage 2's selections and tail (before stop 69): the same rankings at every k, the tail
+    # reached (k beyond stage 3's documents) and not
+    scores = rng.standard_normal(9000).astype(np.float32)
+    for m in (5, 100, 1200):
+        np.testing.assert_array_equal(ab.partition_top(scores, m), cs._top(scores, m))
+        assert set(ab.partition_best(scores, m).tolist()) == set(cs._best(scores, m).tolist())
+    u_q = np.array([1.0, 0.5, 2.0], np.float32)
+    for k in (3, 10, 40):
+        new = searcher.search(q, u_q, np.arange(3), k)
+        old = ab.eager_tail_search(searcher, q, u_q, np.arange(3), k)
+        np.testing.assert_array_equal(old[0][0][0], new[0][0][0])
+        np.testing.assert_array_equal(old[0][0][1], new[0][0][1])
+        assert old[1] == new[1]
 
 
 def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):

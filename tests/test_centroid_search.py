@@ -791,6 +791,40 @@ def test_top_columns_selects_each_rows_largest_entries(columns):
             np.testing.assert_array_equal(got, expected)
 
 
+def test_best_selects_the_largest_scores_by_threshold_and_falls_back_on_a_bad_sample():
+    """``_best`` returns m distinct indices holding the m largest scores — through the sampled
+    threshold (many scores, few wanted), and through the full partition when the sample's
+    threshold lets fewer than m through: here the strided sample holds only large scores, so
+    its threshold passes 383 of the 1,000 wanted. Of the scores tied at the m-th, the lowest
+    indices are taken (not the partition's choice). ``_top`` orders them, best first."""
+    rng = np.random.default_rng(3)
+    n = 10_000
+    cases = [
+        (rng.normal(size=n).astype(np.float32), (1, 10, 128, 1000, 1250)),
+        (rng.integers(0, 40, size=n).astype(np.float32), (10, 300)),  # ties at the m-th
+        (np.where(rng.random(n) < 0.9, -np.inf, rng.normal(size=n)).astype(np.float32), (50,)),
+    ]
+    step = n // cs.SELECT_SAMPLE
+    rigged = np.full(n, 0.5, np.float32) + rng.random(n).astype(np.float32) * 1e-3
+    rigged[::step] = 1.0 + np.arange(len(rigged[::step]), dtype=np.float32) * 1e-4
+    cases.append((rigged, (1000,)))
+    for scores, ms in cases:
+        for m in ms:
+            best = cs._best(scores, m)
+            assert len(best) == m == len(set(best.tolist()))
+            expected = -np.sort(-scores)[:m]
+            np.testing.assert_array_equal(-np.sort(-scores[best]), expected)
+            top = cs._top(scores, m)
+            np.testing.assert_array_equal(scores[top], expected)
+            # ties at the m-th score go to the lowest indices, and the indices ascend
+            np.testing.assert_array_equal(best, np.sort(np.argsort(-scores, kind="stable")[:m]))
+            np.testing.assert_array_equal(top, np.argsort(-scores, kind="stable")[:m])
+    np.testing.assert_array_equal(np.sort(cs._best(rigged, 1000)), np.arange(6000, n, 4))
+    np.testing.assert_array_equal(cs._best(np.ones(5, np.float32), 9), np.arange(5))
+    with_nan = np.array([0.5, np.nan, 0.9, np.nan, 0.1, 0.7], np.float32)
+    np.testing.assert_array_equal(np.sort(cs._best(with_nan, 3)), [0, 2, 5])
+
+
 def test_residual_interaction_is_a_lower_bound_equal_to_refinement_on_every_token(store, index):
     """Scoring only the kept tokens with residuals never exceeds full refinement (max over a
     subset; uniform saliences), equals it with every token kept, and the search that uses it
