@@ -514,9 +514,9 @@ def _best(scores: np.ndarray, m: int) -> np.ndarray:
             kept = None
     part = scores if kept is None else scores[kept]
     mth = np.partition(part, len(part) - m)[len(part) - m]  # the m-th largest
-    chosen = part > mth
-    chosen[np.flatnonzero(part == mth)[: m - int(chosen.sum())]] = True
-    chosen = np.flatnonzero(chosen)
+    taken = part > mth  # then the first of the ties at the m-th, as many as are missing
+    taken[np.flatnonzero(part == mth)[: m - int(taken.sum())]] = True
+    chosen = np.flatnonzero(taken)
     if len(chosen) < m:  # NaN scores (sorted above every number): as before, never chosen
         return np.argpartition(-scores, m - 1)[:m]
     return chosen if kept is None else kept[chosen]
