@@ -1,4 +1,4 @@
-r"""Seventeen query-path changes measured against the code they replaced, interleaved per query.
+r"""Eighteen query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -18,6 +18,12 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``probe_select`` (``retrieval/probe_select.py``, ``centroid_search.probed``, stop 70):
+    each query token's probed centroids and imputed score selected in one compiled pass over
+    Sᵀ ``[C, n]`` in memory order — against copying the query tokens' rows of S out of Sᵀ and
+    selecting from them with block maxima and partitions (``top_columns``), the code before
+    it (the NumPy path it keeps without numba). Timed: ``CentroidSearcher`` queries at the
+    defaults at k = 10 and k = 100 (query encoding excluded).
   * ``select`` (``centroid_search._best``/``_top``, ``CentroidSearcher.search``, stop 69): the
     m best of stage 2's scores selected among those above a threshold estimated from a strided
     sample, and the reached documents outside stage 3 set apart only when the ranking reaches
@@ -121,7 +127,7 @@ from aligner_jax.indexing import documents as documents_lib  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
 from aligner_jax.indexing.inverted_lists import concatenated_ranges  # noqa: E402
 from aligner_jax.retrieval import centroid_search as cs  # noqa: E402
-from aligner_jax.retrieval import gather_max, probe_scores  # noqa: E402
+from aligner_jax.retrieval import gather_max, probe_scores, probe_select  # noqa: E402
 from aligner_jax.retrieval import searcher as search_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -436,12 +442,11 @@ def eager_tail_search(
         probe_rows = np.searchsorted(rows, probe_rows[live[probe_rows]])
         q, u_q = q[rows], u_q[rows]
     s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
-    np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
-    s = s_t.T
+    np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ (stage 2's selection as today's)
     probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
     if self.config.residual_candidates:
-        probe = cs.probed(s[probe_rows], probes, self.config.impute_depth)
-        cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes, probe)
+        probe = cs.probed(s_t, probes, self.config.impute_depth, probe_rows)
+        cands, approx = self.residual_candidates(q, s_t, probe_rows, u_q, alive, probes, probe)
         approx = self.with_centroid_terms(s_t, probe_rows, probe, u_q, cands, approx)
         approx = self.with_means(q, u_q, probe_rows, cands, approx)
         m = min(self.config.rescored(refine_docs, k), len(cands))
@@ -458,7 +463,7 @@ def eager_tail_search(
             inter = self.refine(q, s_t, first, u_q, keep=keep)
             order = cs._top(inter, refine_docs)
     else:
-        cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
+        cands, approx = self.candidates(s_t, probe_rows, u_q, alive, probes)
         approx = self.with_means(q, u_q, probe_rows, cands, approx)
         first = cands[cs._top(approx, min(interaction_docs, len(cands)))]
         if self.config.residual_interaction:  # the best by centroid scores, by residuals
@@ -486,6 +491,7 @@ NEW = {
     "segment_max": cs.segment_max,
     "numba": gather_max.numba,
     "probe_numba": probe_scores.numba,
+    "select_numba": probe_select.numba,
     "gather": ts.TokenStore.gather_padded,
     "fetch_sql": documents_lib.fetch_sql,
     "concatenated": ts.TokenStore.concatenated,
@@ -503,7 +509,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -572,6 +578,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
 
+    def scan(which):
+        probe_select.numba = NEW["select_numba"] if which == "after" else None
+
     def split(which):
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else joint_accumulate
 
@@ -619,6 +628,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         centroid_config=cs.CentroidSearchConfig(residual_candidates=False),
     )
     changes = (
+        ("probe_select", scan, searcher),  # the probed centroids, every search path
         ("select", select, searcher),  # stage 2's selections and tail, every search path
         ("at_best", at_best, centroid_path),
         ("store_reads", reads, searcher),  # the float refinement's reads (models with u^d)

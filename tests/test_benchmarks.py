@@ -524,7 +524,7 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2, num_centroids=6))
     searcher = cs.CentroidSearcher(store, index)
     q = rng.standard_normal((3, 8)).astype(np.float32)
-    top, top_scores, imputed = cs.probed(q @ index.centroids.T, 2)
+    top, top_scores, imputed = cs.probed(index.centroids @ q.T, 2)
     w = np.array([1.0, 0.5, 2.0], np.float32)
     new = searcher._score_probed(q, w, top, top_scores, imputed, None)
     old = ab.gathered_score_probed(searcher, q, w, top, top_scores, imputed, None)

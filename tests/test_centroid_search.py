@@ -22,7 +22,7 @@ from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import kmeans
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
-from aligner_jax.retrieval import gather_max, probe_scores
+from aligner_jax.retrieval import gather_max, probe_scores, probe_select
 from aligner_jax.retrieval import searcher as search_lib
 
 DIM = 16
@@ -791,6 +791,42 @@ def test_top_columns_selects_each_rows_largest_entries(columns):
             np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("centroids", [5, 64, 3000])
+def test_probed_selects_each_tokens_best_centroids_from_the_transposed_scores(centroids):
+    """``probed`` on Sᵀ ``[C, n]`` (the layout the search computes): for each query token of
+    ``rows`` (a subset, out of order), its p best centroids best first, their scores and the
+    ⌈depth·(p + 1)⌉-th best as the imputed score — the reference being a stable sort of the
+    token's whole row of S, so that ties (integer-valued scores) go to the lower centroid.
+    The NumPy path (no numba) selects the same scores. NaN and −∞ are never probed: the
+    compiled pass hands such a token to the NumPy path."""
+    rng = np.random.default_rng(centroids)
+    for s_t in (
+        rng.normal(size=(centroids, 9)).astype(np.float32),
+        rng.integers(0, 6, size=(centroids, 9)).astype(np.float32),
+    ):
+        rows = np.array([7, 0, 3, 8])
+        for p, depth in ((1, 1.0), (3, 2.0), (centroids, 1.0), (2, 50.0)):
+            width = min(max(math.ceil(depth * (p + 1)), p + 1), centroids)
+            top, scores, imputed = cs.probed(s_t, p, depth, rows)
+            order = np.argsort(-s_t.T[rows], axis=1, kind="stable")[:, :width]
+            p_ = min(p, centroids)
+            np.testing.assert_array_equal(top, order[:, :p_])
+            np.testing.assert_array_equal(scores, np.take_along_axis(s_t.T[rows], top, 1))
+            last = np.take_along_axis(s_t.T[rows], order[:, -1:], 1)[:, 0]
+            np.testing.assert_array_equal(imputed, last if width > p else last - 1.0)
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(probe_select, "numba", None)  # the NumPy path
+                _, numpy_scores, numpy_imputed = cs.probed(s_t, p, depth, rows)
+            np.testing.assert_array_equal(numpy_scores, scores)
+            np.testing.assert_array_equal(numpy_imputed, imputed)
+    s_t = rng.normal(size=(centroids, 3)).astype(np.float32)
+    s_t[1:, 1] = np.nan  # token 1 has one real score: its other "best" must not be NaN
+    s_t[0, 2] = -np.inf
+    assert probe_select.select(s_t, np.array([1]), 2) is None
+    top, scores, _ = cs.probed(s_t, 1, 1.0, np.array([0, 2]))
+    assert top[1, 0] != 0 and np.isfinite(scores).all()
+
+
 def test_best_selects_the_largest_scores_by_threshold_and_falls_back_on_a_bad_sample():
     """``_best`` returns m distinct indices holding the m largest scores — through the sampled
     threshold (many scores, few wanted), and through the full partition when the sample's
@@ -923,13 +959,14 @@ def compiled(request, monkeypatch):
         assert probe_scores.available(), "numba is a dependency (requirements.txt)"
     else:
         monkeypatch.setattr(probe_scores, "numba", None)
+        monkeypatch.setattr(probe_select, "numba", None)
         monkeypatch.setattr(gather_max, "numba", None)
     return request.param
 
 
 def _residual_candidates(searcher, q, rows):
-    s = q.vectors @ searcher.index.centroids.T
-    cands, approx = searcher.residual_candidates(q.vectors, s, rows, q.salience)
+    s_t = searcher.index.centroids @ q.vectors.T
+    cands, approx = searcher.residual_candidates(q.vectors, s_t, rows, q.salience)
     return dict(zip(cands.tolist(), approx.tolist(), strict=True))
 
 
@@ -985,8 +1022,8 @@ def test_residual_candidates_skip_deleted_documents_and_leave_the_scratch_as_fou
     dead = sorted(first)[:3]
     alive = np.ones(store.num_docs, bool)
     alive[dead] = False
-    s = q.vectors @ index.centroids.T
-    cands, approx = searcher.residual_candidates(q.vectors, s, np.arange(5), q.salience, alive)
+    s_t = index.centroids @ q.vectors.T
+    cands, approx = searcher.residual_candidates(q.vectors, s_t, np.arange(5), q.salience, alive)
     assert set(cands.tolist()) == set(first) - set(dead)
     for d, x in zip(cands.tolist(), approx.tolist(), strict=True):
         assert x == pytest.approx(first[d], abs=1e-6)
@@ -1170,7 +1207,7 @@ def test_reached_share_counts_the_query_tokens_whose_probed_clusters_hold_a_docu
             expected.append(hit @ w / w.sum())
         got = searcher.reached_share(s_t, rows, probes, docs, q.salience)
         assert got == pytest.approx(np.mean(expected), abs=1e-6)
-        probe = cs.probed(s_t.T[rows], probes, 2.0)  # what the search passes: the same share
+        probe = cs.probed(s_t, probes, 2.0, rows)  # what the search passes: the same share
         assert searcher.reached_share(s_t, rows, probes, docs, q.salience, probe) == got
 
 
@@ -1223,7 +1260,7 @@ def test_stage_two_gives_its_best_their_centroid_scores_where_it_imputed(store, 
     q = _query(33, n=5)
     rows, probes = np.array([0, 1, 3, 4]), 2
     s_t = np.ascontiguousarray(index.centroids @ q.vectors.T)
-    probe = cs.probed(s_t.T[rows], probes, searcher.config.impute_depth)
+    probe = cs.probed(s_t, probes, searcher.config.impute_depth, rows)
     rng = np.random.default_rng(1)
     cands = rng.permutation(store.num_docs)[:15]
     approx = rng.normal(size=15).astype(np.float32)

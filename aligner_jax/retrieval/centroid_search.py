@@ -110,7 +110,7 @@ from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import inverted_lists as lists_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.indexing.inverted_lists import TokenLists, concatenated_ranges
-from aligner_jax.retrieval import gather_max, probe_scores, residual_max
+from aligner_jax.retrieval import gather_max, probe_scores, probe_select, residual_max
 
 PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_search.py)
 RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates, k >= 100 (tune_search.py, 10x)
@@ -415,15 +415,28 @@ def top_columns(s: np.ndarray, w: int) -> np.ndarray:
     return np.take_along_axis(cols, np.argpartition(-values, w - 1, axis=1)[:, :w], axis=1)
 
 
-def probed(s: np.ndarray, p: int, depth: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each row of ``s [n, C]``'s ``p`` best columns, best first, their scores, and the row's
-    imputed score: its ⌈depth·(p + 1)⌉-th best column's (depth 1: the first column not probed,
+def probed(
+    s_t: np.ndarray, p: int, depth: float = 1.0, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each query token ``rows[i]`` (default: every one) of Sᵀ ``s_t [C, n]``: its ``p``
+    best centroids, best first (ties: the lower centroid first), their scores, and the token's
+    imputed score: its ⌈depth·(p + 1)⌉-th best centroid's (depth 1: the first one not probed,
     WARPSELECT; ``CentroidSearchConfig.impute_depth``), or its last probed one − 1 when every
-    column is probed."""
-    width = min(max(math.ceil(depth * (p + 1)), p + 1), s.shape[1])
-    top = top_columns(s, width)
-    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
-    scores = np.take_along_axis(s, top, axis=1)
+    centroid is probed.
+
+    One compiled pass over Sᵀ in memory order (``probe_select``); without numba, or for a
+    token with fewer such scores above −∞, a selection from the copied rows of S
+    (``top_columns``; ties there in the partition's order)."""
+    rows = np.arange(s_t.shape[1]) if rows is None else np.asarray(rows)
+    width = min(max(math.ceil(depth * (p + 1)), p + 1), s_t.shape[0])
+    chosen = probe_select.select(s_t, rows, width) if probe_select.available() else None
+    if chosen is not None:
+        top, scores = chosen
+    else:
+        s = s_t.T[rows]  # [n', C]
+        top = top_columns(s, width)
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(s, top, 1), axis=1), 1)
+        scores = np.take_along_axis(s, top, axis=1)
     imputed = scores[:, -1] if width > p else scores[:, -1] - 1.0
     return top[:, :p], scores[:, :p], imputed
 
@@ -581,7 +594,7 @@ class CentroidSearcher:
 
     # -- stages ----------------------------------------------------------------------------------
     def candidates(
-        self, s: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None, probes=None
+        self, s_t: np.ndarray, probe_rows: np.ndarray, weights: np.ndarray, alive=None, probes=None
     ):
         """Stage 2: (candidate docs, approximate scores) from the probed inverted lists (``probes``
         per query token; default ``self.probes``); only documents with ``alive[doc]`` (default:
@@ -593,7 +606,7 @@ class CentroidSearcher:
         per distinct index) in per-thread scratch arrays that are reset where touched. The work
         is the number of list entries read, never a sort of them or an array per candidate."""
         top, top_scores, imputed = probed(
-            s[probe_rows], probes or self.probes, self.config.impute_depth
+            s_t, probes or self.probes, self.config.impute_depth, probe_rows
         )
         w = np.asarray(weights[probe_rows], np.float32)
         best, acc, seen = self._buffers()
@@ -607,7 +620,7 @@ class CentroidSearcher:
     def residual_candidates(
         self,
         q: np.ndarray,
-        s: np.ndarray,
+        s_t: np.ndarray,
         probe_rows: np.ndarray,
         weights,
         alive=None,
@@ -623,7 +636,7 @@ class CentroidSearcher:
         duplicates; ``benchmarks/scale.py``'s distractors): these scores can. ``probe``: the
         probed clusters, their scores and the imputed scores, if ``probed`` gave them already."""
         top, top_scores, imputed = probe or probed(
-            s[probe_rows], probes or self.probes, self.config.impute_depth
+            s_t, probes or self.probes, self.config.impute_depth, probe_rows
         )
         qk = np.asarray(q[probe_rows], np.float32)
         w = np.asarray(weights[probe_rows], np.float32)
@@ -785,9 +798,7 @@ class CentroidSearcher:
         if probe is not None:
             floor = probe[1][:, -1]  # the probes-th best, probed's last column
         else:
-            s = s_t.T[probe_rows]  # [n', C]
-            p = min(probes, s.shape[1])
-            floor = np.take_along_axis(s, top_columns(s, p), axis=1).min(axis=1)  # the p-th best
+            floor = probed(s_t, min(probes, s_t.shape[0]), rows=probe_rows)[1][:, -1]
         best = self._best_codes(s_t, docs)[:, probe_rows]  # [docs, n']
         return float(((best >= floor) @ w).mean() / w.sum())
 
@@ -900,7 +911,7 @@ class CentroidSearcher:
         WARP-style (see the module docstring): ((document indices, scores) best first, number of
         live documents reached)."""
         q = np.asarray(q, np.float32)[probe_rows]
-        top, top_scores, missing = probed(q @ self.index.centroids.T, self.xtr_probes)
+        top, top_scores, missing = probed(self.index.centroids @ q.T, self.xtr_probes)
         # f_XTR′ (Eq. 4): each token's best hit in a document, else its imputed score; the mean
         cands, total = self._score_probed(
             q, np.ones(len(q), np.float32), top, top_scores, missing, None
@@ -938,12 +949,11 @@ class CentroidSearcher:
             probe_rows = np.searchsorted(rows, probe_rows[live[probe_rows]])
             q, u_q = q[rows], u_q[rows]
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
-        np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ; stage 2 reads S = s_tᵀ (a view)
-        s = s_t.T
+        np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ, centroid-major
         probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
-            probe = probed(s[probe_rows], probes, self.config.impute_depth)
-            cands, approx = self.residual_candidates(q, s, probe_rows, u_q, alive, probes, probe)
+            probe = probed(s_t, probes, self.config.impute_depth, probe_rows)
+            cands, approx = self.residual_candidates(q, s_t, probe_rows, u_q, alive, probes, probe)
             approx = self.with_centroid_terms(s_t, probe_rows, probe, u_q, cands, approx)
             approx = self.with_means(q, u_q, probe_rows, cands, approx)
             m = min(self.config.rescored(refine_docs, k), len(cands))
@@ -960,7 +970,7 @@ class CentroidSearcher:
                 inter = self.refine(q, s_t, first, u_q, keep=keep)
                 order = _top(inter, refine_docs)
         else:
-            cands, approx = self.candidates(s, probe_rows, u_q, alive, probes)
+            cands, approx = self.candidates(s_t, probe_rows, u_q, alive, probes)
             approx = self.with_means(q, u_q, probe_rows, cands, approx)
             first = cands[_top(approx, min(interaction_docs, len(cands)))]
             if self.config.residual_interaction:  # the best by centroid scores, by residuals

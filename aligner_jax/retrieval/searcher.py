@@ -44,7 +44,13 @@ from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.retrieval import centroid_search as cs
-from aligner_jax.retrieval import gather_max, probe_scores, residual_max, sharded_search
+from aligner_jax.retrieval import (
+    gather_max,
+    probe_scores,
+    probe_select,
+    residual_max,
+    sharded_search,
+)
 from aligner_jax.retrieval import refine as refine_lib
 
 REFINE_MODES = ("full", "xtr")
@@ -383,6 +389,7 @@ class Searcher:
         if searcher.centroid is not None:
             gather_max.warm_up()
             residual_max.warm_up()
+            probe_select.warm_up()
             if searcher.centroid.config.residual_candidates or searcher.config.refine == "xtr":
                 probe_scores.warm_up()
                 searcher.centroid.token_lists()  # built now, not by the first query
