@@ -1,4 +1,4 @@
-r"""Eighteen query-path changes measured against the code they replaced, interleaved per query.
+r"""Nineteen query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -18,6 +18,12 @@ here, verbatim in behaviour, only to be measured against:
     sum and per-document maxima in one compiled pass — against its NumPy path (``np.take``, the
     sum, ``segment_max``), the code before it. Timed: ``CentroidSearcher`` queries at k = 10
     and k = 100 (query encoding excluded).
+  * ``select_ties`` (``centroid_search._best``, stop 70): only the scores strictly above the
+    sampled threshold partitioned, and none when the m-th largest is the threshold itself
+    (the scores above it and the first of those equal to it) — against partitioning every
+    score that reaches the threshold, ties at it included (stop 69's ``_best``, kept here as
+    ``inclusive_best``). Timed: ``CentroidSearcher`` queries at the defaults at k = 10 and
+    k = 100 (query encoding excluded).
   * ``probe_select`` (``retrieval/probe_select.py``, ``centroid_search.probed``, stop 70):
     each query token's probed centroids and imputed score selected in one compiled pass over
     Sᵀ ``[C, n]`` in memory order — against copying the query tokens' rows of S out of Sᵀ and
@@ -411,6 +417,30 @@ def partition_best(scores: np.ndarray, m: int) -> np.ndarray:
     return np.arange(len(scores))
 
 
+def inclusive_best(scores: np.ndarray, m: int) -> np.ndarray:
+    """``centroid_search._best`` of stop 69, verbatim: every score that reaches the sampled
+    threshold partitioned, ties at the threshold included."""
+    n = len(scores)
+    if m >= n:
+        return np.arange(n)
+    kept = None
+    if n >= cs.SELECT_PREFILTER_MIN and m * 8 <= n:
+        sample = scores[:: max(n // cs.SELECT_SAMPLE, 1)]
+        j = min(len(sample), math.ceil(1.5 * m * len(sample) / n) + 8)
+        threshold = np.partition(sample, len(sample) - j)[len(sample) - j]
+        kept = np.flatnonzero(scores >= threshold)
+        if len(kept) < m:
+            kept = None
+    part = scores if kept is None else scores[kept]
+    mth = np.partition(part, len(part) - m)[len(part) - m]  # the m-th largest
+    taken = part > mth  # then the first of the ties at the m-th, as many as are missing
+    taken[np.flatnonzero(part == mth)[: m - int(taken.sum())]] = True
+    chosen = np.flatnonzero(taken)
+    if len(chosen) < m:  # NaN scores (sorted above every number): as before, never chosen
+        return np.argpartition(-scores, m - 1)[:m]
+    return chosen if kept is None else kept[chosen]
+
+
 def partition_top(scores: np.ndarray, k: int) -> np.ndarray:
     """``centroid_search._top`` before stop 69."""
     if k < len(scores):
@@ -509,7 +539,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -578,6 +608,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
 
+    def ties(which):
+        cs._best = NEW["best"] if which == "after" else inclusive_best
+
     def scan(which):
         probe_select.numba = NEW["select_numba"] if which == "after" else None
 
@@ -628,6 +661,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         centroid_config=cs.CentroidSearchConfig(residual_candidates=False),
     )
     changes = (
+        ("select_ties", ties, searcher),  # stage 2's selections, every search path
         ("probe_select", scan, searcher),  # the probed centroids, every search path
         ("select", select, searcher),  # stage 2's selections and tail, every search path
         ("at_best", at_best, centroid_path),

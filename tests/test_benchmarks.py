@@ -561,6 +561,11 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     for m in (5, 100, 1200):
         np.testing.assert_array_equal(ab.partition_top(scores, m), cs._top(scores, m))
         assert set(ab.partition_best(scores, m).tolist()) == set(cs._best(scores, m).tolist())
+    # stop 69's threshold selection (ties at the threshold partitioned): the same indices
+    tied = rng.integers(0, 3, size=9000).astype(np.float32)
+    for values in (scores, tied):
+        for m in (5, 100, 1100):
+            np.testing.assert_array_equal(ab.inclusive_best(values, m), cs._best(values, m))
     u_q = np.array([1.0, 0.5, 2.0], np.float32)
     for k in (3, 10, 40):
         new = searcher.search(q, u_q, np.arange(3), k)

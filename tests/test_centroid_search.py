@@ -832,12 +832,15 @@ def test_best_selects_the_largest_scores_by_threshold_and_falls_back_on_a_bad_sa
     threshold (many scores, few wanted), and through the full partition when the sample's
     threshold lets fewer than m through: here the strided sample holds only large scores, so
     its threshold passes 383 of the 1,000 wanted. Of the scores tied at the m-th, the lowest
-    indices are taken (not the partition's choice). ``_top`` orders them, best first."""
+    indices are taken (not the partition's choice), also when the m-th is the threshold
+    itself and no partition runs. ``_top`` orders them, best first."""
     rng = np.random.default_rng(3)
     n = 10_000
     cases = [
         (rng.normal(size=n).astype(np.float32), (1, 10, 128, 1000, 1250)),
         (rng.integers(0, 40, size=n).astype(np.float32), (10, 300)),  # ties at the m-th
+        # the threshold itself tied (a third of the sample is 2): no score above it
+        (rng.integers(0, 3, size=n).astype(np.float32), (300, 1250)),
         (np.where(rng.random(n) < 0.9, -np.inf, rng.normal(size=n)).astype(np.float32), (50,)),
     ]
     step = n // cs.SELECT_SAMPLE

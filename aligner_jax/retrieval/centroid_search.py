@@ -513,7 +513,13 @@ def _best(scores: np.ndarray, m: int) -> np.ndarray:
 
     Ties at the m-th score are common at scale (stage 2 gives documents reached only through
     copies of one token one score: on that store the 3,000th best was shared by up to 54,000
-    documents for 17 of 50 queries); they are broken by index, not by the partition's order."""
+    documents for 17 of 50 queries); they are broken by index, not by the partition's order.
+    Those ties often sit at the threshold itself (a sample of a tied score draws its threshold
+    there), so only the scores strictly above it are partitioned: when m of them pass, they
+    hold the m largest and every tie at the m-th; when fewer do but m reach it, the m-th
+    largest is the threshold, and the scores above it plus the first of those equal to it are
+    the answer, with no partition (stage 2's best 3,000 on SciFact grown 100×: up to 62,000
+    scores reached the threshold, a mean 1.4 ms per query went to partitioning them)."""
     n = len(scores)
     if m >= n:
         return np.arange(n)
@@ -522,9 +528,13 @@ def _best(scores: np.ndarray, m: int) -> np.ndarray:
         sample = scores[:: max(n // SELECT_SAMPLE, 1)]
         j = min(len(sample), math.ceil(1.5 * m * len(sample) / n) + 8)
         threshold = np.partition(sample, len(sample) - j)[len(sample) - j]
-        kept = np.flatnonzero(scores >= threshold)
-        if len(kept) < m:
-            kept = None
+        above = np.flatnonzero(scores > threshold)
+        if len(above) >= m:
+            kept = above
+        else:
+            equal = np.flatnonzero(scores == threshold)[: m - len(above)]
+            if len(above) + len(equal) == m:  # the m-th largest is the threshold
+                return np.sort(np.concatenate([above, equal]))
     part = scores if kept is None else scores[kept]
     mth = np.partition(part, len(part) - m)[len(part) - m]  # the m-th largest
     taken = part > mth  # then the first of the ties at the m-th, as many as are missing
