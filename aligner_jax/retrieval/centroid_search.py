@@ -808,7 +808,7 @@ class CentroidSearcher:
         if probe is not None:
             floor = probe[1][:, -1]  # the probes-th best, probed's last column
         else:
-            floor = probed(s_t, min(probes, s_t.shape[0]), rows=probe_rows)[1][:, -1]
+            floor = probed(s_t, probes, rows=probe_rows)[1][:, -1]  # the probes-th best (or last)
         best = self._best_codes(s_t, docs)[:, probe_rows]  # [docs, n']
         return float(((best >= floor) @ w).mean() / w.sum())
 
