@@ -575,6 +575,39 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         assert old[1] == new[1]
 
 
+def test_scale_ratio_interleaves_scales_per_query_and_bounds_the_ratio(monkeypatch):
+    """``scale_ratio``: every query runs on every searcher in each pass, the first of them
+    rotating query by query; only the timed passes are kept; the bootstrap interval of the
+    p50 ratio holds the ratio of the per-query medians, and is a point for constant times."""
+    import scale_ratio
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name, ms):
+            self.name, self.ms = name, ms
+
+        def search(self, q, u, rows, k):
+            calls.append((self.name, len(q), k))
+
+    queries = [(str(i), np.zeros((i + 1, 4), np.float32), np.ones(i + 1)) for i in range(3)]
+    clock = iter(np.arange(0.0, 100.0, 0.001))
+    monkeypatch.setattr(scale_ratio.time, "perf_counter", lambda: next(clock))
+    ms = scale_ratio.interleaved(queries, {"1": Fake("1", 0), "100": Fake("100", 0)}, 7, 2)
+    assert len(calls) == 3 * 3 * 2 and {c[2] for c in calls} == {7}
+    firsts = [calls[i][0] for i in range(0, len(calls), 2)]
+    assert firsts[:3] == ["1", "100", "1"] and firsts[3:6] == ["100", "1", "100"]
+    assert [c[1] for c in calls[:2]] == [1, 1]  # both searchers get the same query
+    assert ms["1"].shape == (3, 2) and np.allclose(ms["1"], 1.0)  # one tick of the clock each
+    rng = np.random.default_rng(0)
+    base = rng.uniform(4, 6, (50, 2))
+    other = 3 * base + rng.normal(0, 0.1, (50, 2))
+    lo, hi = scale_ratio.ratio_interval(base, other, 500)
+    assert lo < np.median(np.median(other, 1)) / np.median(np.median(base, 1)) < hi
+    assert 2.8 < lo < hi < 3.2
+    assert scale_ratio.ratio_interval(np.ones((9, 2)), np.full((9, 2), 2.5), 50) == [2.5, 2.5]
+
+
 def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):
     """``scale.quality`` says how much of the gap to exhaustive search the distractors make:
     their share of the exhaustive top 10, and the top-10 overlap over the collection's own
