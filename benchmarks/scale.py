@@ -239,22 +239,33 @@ def k10_path(rankings: Path) -> Path:
     return rankings.with_name(rankings.stem + "_k10.json")
 
 
-def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
-    """(child) Loads the index, searches every query twice at ``k`` (the second round timed,
-    its rankings saved), then once more at k = 10 (timed: the latency of a top-10 search;
-    its rankings saved beside, ``k10_path``)."""
+def load_searcher(index_dir: Path, config: dict | None = None):
+    """The project's ``CentroidSearcher`` over a store and its search index, ``config`` the
+    ``CentroidSearchConfig`` fields overridden; the token lists mapped, or built in memory, at
+    load (as ``Searcher.load`` does)."""
     from aligner_jax.indexing import centroid_index as ci
     from aligner_jax.indexing import token_store as ts
     from aligner_jax.retrieval import centroid_search as cs
 
+    store = ts.TokenStore(index_dir)
+    searcher = cs.CentroidSearcher(
+        store, ci.CentroidIndex.load(store), cs.CentroidSearchConfig(**(config or {}))
+    )
+    if searcher.config.residual_candidates:
+        searcher.token_lists()
+    return searcher
+
+
+def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -> None:
+    """(child) Loads the index, searches every query twice at ``k`` (the second round timed,
+    its rankings saved), then once more at k = 10 (timed: the latency of a top-10 search;
+    its rankings saved beside, ``k10_path``)."""
+
     queries = _queries(queries_path)
     load_avg = os.getloadavg()[0]
     start = time.perf_counter()
-    store = ts.TokenStore(index_dir)
-    index = ci.CentroidIndex.load(store)
-    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**overrides()))
-    if searcher.config.residual_candidates:
-        searcher.token_lists()  # mapped, or built in memory, at load (as ``Searcher.load``)
+    searcher = load_searcher(index_dir, overrides())
+    store, index = searcher.store, searcher.index
     load_s = time.perf_counter() - start
     rss_after_load = _rss_gib()
     times, times_10, rankings, rankings_10 = [], [], {}, {}

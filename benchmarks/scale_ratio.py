@@ -53,19 +53,6 @@ def define_flags() -> None:
     flags.DEFINE_string("output_name", "scale_ratio", "File name of the results, without suffix.")
 
 
-def load_searcher(store_dir: Path):
-    """The project's ``CentroidSearcher`` at its defaults, as ``scale.py``'s search child."""
-    from aligner_jax.indexing import centroid_index as ci
-    from aligner_jax.indexing import token_store as ts
-    from aligner_jax.retrieval import centroid_search as cs
-
-    store = ts.TokenStore(store_dir)
-    searcher = cs.CentroidSearcher(store, ci.CentroidIndex.load(store))
-    if searcher.config.residual_candidates:
-        searcher.token_lists()
-    return searcher
-
-
 def interleaved(queries, searchers: dict, k: int, rounds: int) -> dict[str, np.ndarray]:
     """``{scale: [queries, rounds] ms}``: every query on every searcher, the order rotated
     query by query and round by round; one untimed pass first."""
@@ -138,7 +125,7 @@ def main(argv) -> None:
     from aligner_jax.common import fileio
 
     work = Path(FLAGS.work_dir)
-    scales = [s for s in FLAGS.scales]
+    scales = list(FLAGS.scales)
     dirs = {s: work / f"x{s}" for s in scales}
     missing = [str(d) for d in dirs.values() if not (d / "manifest.json").exists()]
     if missing:
@@ -153,7 +140,7 @@ def main(argv) -> None:
     before = [round(x, 2) for x in os.getloadavg()]
     rows, samples = [], {}
     with threadpoolctl.threadpool_limits(FLAGS.threads):
-        searchers = {s: load_searcher(d) for s, d in dirs.items()}
+        searchers = {s: scale.load_searcher(d) for s, d in dirs.items()}  # defaults
         for k in (int(k) for k in FLAGS.ks):
             ms = interleaved(queries, searchers, k, FLAGS.rounds)
             base = ms[scales[0]]
