@@ -44,7 +44,12 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     flags.DEFINE_string("work_dir", None, "scale.py's work folder of one model (x1, x100, ...).")
-    flags.DEFINE_list("scales", ["1", "100"], "The base scale, then the scales compared with it.")
+    flags.DEFINE_list(
+        "scales",
+        ["1", "100"],
+        "The base scale, then the scales compared with it: folders x<scale> of --work_dir (a "
+        "name that is not a number, e.g. 100c, compares another index of a store).",
+    )
     flags.DEFINE_list("ks", ["10", "100"], "Documents requested.")
     flags.DEFINE_integer("rounds", 2, "Timed rounds after one untimed.")
     flags.DEFINE_integer("threads", 2, "BLAS threads of the search.")
@@ -67,6 +72,15 @@ def interleaved(queries, searchers: dict, k: int, rounds: int) -> dict[str, np.n
                 if r:
                     ms[name][i, r - 1] = 1000.0 * (time.perf_counter() - t)
     return ms
+
+
+def scale_label(name: str) -> float | str:
+    """A ``--scales`` entry as rows record it: the scale (``"100"`` → 100.0), or the folder
+    name as given when it is not a number (``"100c"``: another index of a store)."""
+    try:
+        return float(name)
+    except ValueError:
+        return name
 
 
 def ratio_interval(base: np.ndarray, other: np.ndarray, resamples: int, seed: int = 0) -> list:
@@ -147,7 +161,7 @@ def main(argv) -> None:
             for s in scales:
                 row = {
                     "k": k,
-                    "scale": float(s),
+                    "scale": scale_label(s),
                     "tokens": searchers[s].store.num_tokens,
                     "p50_ms": round(float(np.percentile(ms[s], 50)), 3),
                     "p99_ms": round(float(np.percentile(ms[s], 99)), 3),

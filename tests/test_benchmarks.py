@@ -606,6 +606,10 @@ def test_scale_ratio_interleaves_scales_per_query_and_bounds_the_ratio(monkeypat
     assert lo < np.median(np.median(other, 1)) / np.median(np.median(base, 1)) < hi
     assert 2.8 < lo < hi < 3.2
     assert scale_ratio.ratio_interval(np.ones((9, 2)), np.full((9, 2), 2.5), 50) == [2.5, 2.5]
+    # a folder that is not a scale (another index of one store) keeps its name in the rows
+    assert [scale_ratio.scale_label(s) for s in ("1", "100", "0.5", "100c")] == [
+        1.0, 100.0, 0.5, "100c"
+    ]  # fmt: skip
 
 
 def test_scale_quality_separates_the_distractors_from_the_collection(tmp_path):
