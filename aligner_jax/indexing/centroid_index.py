@@ -113,7 +113,14 @@ class CentroidIndexConfig:
         train queries, ``benchmarks/results/tune_stop66/centroids``) with 65,536 centroids
         instead of its 32,768 (27 probes instead of 14) gave a k = 10 search's top-10 overlap
         with exhaustive search 0.865 → 0.866 and a k = 100 search's top-100 overlap 0.714 →
-        0.728, for p50 10.1 → 13.6 ms (k = 10) and 24.8 → 31.5 ms (k = 100).
+        0.728, for p50 10.1 → 13.6 ms (k = 10) and 24.8 → 31.5 ms (k = 100). Where the cap
+        binds, halving it trades recall for speed (``benchmarks/results/scale_stop72``: the
+        trained store grown 30× and 100×, 32,768 centroids against 65,536, searches timed
+        interleaved in one process): at 4 bits 1.13–1.25× faster at k = 10 and 1.15–1.26× at
+        k = 100, for a k = 10 search's top-10 overlap −0.036 / −0.034 (test queries; −0.009 on
+        200 train queries at 100×) and R@100 ±0.0 / −1.0; at 2 bits, where candidates are
+        ranked by centroid scores, −5 points of R@100 and −2.9 of nDCG@10 at 30×. Not adopted:
+        ``--gin.CentroidIndexConfig.max_centroid_product=6291456`` (16,384 × 384) builds it.
       centroid_bytes_per_token: and with 4·C·D ≤ this × T, a cap on the float32 centroid
         table's share of the index size. 16 bytes per token holds 384-d stores at the count
         their size affords (SciFact zero-shot, 1.24M tokens: 8,192 rather than 16,384, whose
