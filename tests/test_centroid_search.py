@@ -1253,6 +1253,36 @@ def test_token_lists_hold_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
     assert alive_at_calls == [0] * len(alive_at_calls)
 
 
+@pytest.mark.skipif(not lists_lib.numba, reason="the compiled placement needs numba")
+@pytest.mark.parametrize("beta_d", [1.0, 0.6])
+def test_compiled_token_placement_equals_numpys_run_slots(tmp_path, monkeypatch, beta_d):
+    """``_token_block`` places each block's tokens in one compiled pass (``_place_tokens``):
+    the same documents and residual rows, in the same order, as NumPy's sort-based
+    ``run_slots`` (the path without numba), for every block of consecutive centroids and with
+    β^d pruning."""
+    store = write_store(tmp_path / "idx", random_documents(70, 16, seed=8, max_len=40), 16, 11)
+    config = ci.CentroidIndexConfig(num_centroids=16, cells=4, beta_d=beta_d)
+    index = ci.CentroidIndex.build(store, config)
+    shards = range(len(store.shard_spans()))
+    offsets = lists_lib._token_offsets(store, index.codes, shards, beta_d, 16)
+    blocks = [(0, 16), (0, 5), (5, 6), (6, 16)]
+    compiled = [
+        lists_lib._token_block(store, index.codes, index.residuals, shards, beta_d, offsets, *b)
+        for b in blocks
+    ]
+    monkeypatch.setattr(lists_lib, "numba", None)
+    for (lo, hi), (docs, packed) in zip(blocks, compiled, strict=True):
+        want_docs, want_packed = lists_lib._token_block(
+            store, index.codes, index.residuals, shards, beta_d, offsets, lo, hi
+        )
+        assert len(docs) == offsets[hi] - offsets[lo] > 0
+        np.testing.assert_array_equal(docs, want_docs)
+        np.testing.assert_array_equal(packed, want_packed)
+    whole_docs, whole_packed = compiled[0]
+    np.testing.assert_array_equal(np.concatenate([d for d, _ in compiled[1:]]), whole_docs)
+    np.testing.assert_array_equal(np.concatenate([p for _, p in compiled[1:]]), whole_packed)
+
+
 def test_stage_two_gives_its_best_their_centroid_scores_where_it_imputed(store, index):
     """``with_centroid_terms``: for stage 2's best ``fill_docs`` documents, each query token
     whose probed clusters hold none of a document's tokens (its best centroid score for the

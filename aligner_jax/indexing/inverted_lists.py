@@ -45,6 +45,11 @@ from aligner_jax.common import fileio
 from aligner_jax.core import pruning
 from aligner_jax.indexing import kmeans
 
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts without it
+    numba = None
+
 IVF_LISTS = ("ivf_offsets", "ivf_docs")
 DOC_LISTS = ("doc_code_offsets", "doc_codes")
 TOKEN_LISTS = ("tok_offsets", "tok_docs", "tok_residuals")
@@ -229,12 +234,34 @@ def _token_offsets(store, codes, shards: range, beta_d: float, num_centroids: in
     return offsets
 
 
+def _place_tokens(cursor, cents, lo, hi, rows, docs, residuals, docs_out, residuals_out):
+    """For each token t in order whose centroid ``cents[t]`` is in ``[lo, hi)``: its slot is
+    ``cursor[cents[t] - lo]`` (then advanced), where its document and residual row go — what
+    ``run_slots`` computes, in one pass without sorting (compiled with numba). Building the
+    lists in memory at load: SciFact zero-shot (1.24M tokens, 243 MB) 0.77 → 0.12 s, the
+    trained store grown 30× at 2 bits (19.2M tokens, 690 MB) 6.84 → 1.48 s, the same arrays
+    (``benchmarks/results/scale_stop72/token_lists_in_memory_compiled_vs_numpy.txt``)."""
+    for t in range(len(cents)):
+        c = cents[t]
+        if lo <= c < hi:
+            slot = cursor[c - lo]
+            cursor[c - lo] = slot + 1
+            docs_out[slot] = docs[t]
+            r = rows[t]
+            for b in range(residuals.shape[1]):
+                residuals_out[slot, b] = residuals[r, b]
+
+
+if numba is not None:
+    _place_tokens = numba.njit(cache=True, nogil=True)(_place_tokens)
+
+
 def _token_block(store, codes, residuals, shards: range, beta_d: float, offsets, lo: int, hi: int):
     """The entries of centroids ``[lo, hi)`` of the token lists (``offsets``): (documents,
     packed residuals), each centroid's tokens in store order. One pass over the shards: each
-    shard's codes and residuals are read, its tokens of the block placed, and the pages of
-    mapped inputs released (``Segmented.release``), so that memory holds the block and one
-    shard."""
+    shard's codes and residuals are read, its tokens of the block placed (``_place_tokens``;
+    NumPy's ``run_slots`` without numba), and the pages of mapped inputs released
+    (``Segmented.release``), so that memory holds the block and one shard."""
     spans = store.shard_spans()
     size = int(offsets[hi] - offsets[lo])
     docs_block = np.empty(size, np.int32 if store.num_docs < 2**31 else np.int64)
@@ -246,9 +273,15 @@ def _token_block(store, codes, residuals, shards: range, beta_d: float, offsets,
         if inside.any():
             start = spans[i][1]
             shard_residuals = residuals.span(start, start + spans[i][0]["num_tokens"])
-            slots = run_slots(cursor, cents[inside] - lo)
-            docs_block[slots] = docs[inside]
-            residual_block[slots] = shard_residuals[rows[inside]]
+            if numba is not None:
+                _place_tokens(
+                    cursor, cents, lo, hi, rows, docs, np.asarray(shard_residuals), docs_block,
+                    residual_block,
+                )  # fmt: skip
+            else:
+                slots = run_slots(cursor, cents[inside] - lo)
+                docs_block[slots] = docs[inside]
+                residual_block[slots] = shard_residuals[rows[inside]]
             del shard_residuals
         codes.release()
         residuals.release()
