@@ -1,4 +1,4 @@
-r"""Nineteen query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-two query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -8,6 +8,22 @@ predecessor in one process, alternating which goes first query by query, over ``
 timed passes (after one untimed pass), at ``--threads`` BLAS threads. The predecessors are kept
 here, verbatim in behaviour, only to be measured against:
 
+  * ``by_position`` (``inverted_lists.token_rows_in_memory``, stop 73): residual candidates
+    reading the token lists by position (each entry's document and row: 8 bytes per kept
+    token, the residual read from the index's map where it lies) — against the copy of every
+    kept token's residual in cluster order (the lists a search built at load while they fit
+    in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
+    that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
+    with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``rows_branch`` (``probe_scores._accumulate``, stop 73): the compiled pass that also reads
+    lists by position (a ``rows`` argument, empty for lists holding their residuals) —
+    against the pass before it, verbatim. Timed: as ``by_position``, on lists holding their
+    residuals (the copy): what the change costs the searches it does not serve.
+  * ``residual_default`` (``CentroidSearchConfig.for_index``, stop 73): the default search of
+    an index whose token lists are neither held nor copied (past ``LISTS_IN_MEMORY_MAX``),
+    residual candidates by position — against ranking its candidates by centroid scores
+    (``residual_candidates=False``), the default there before. For quality at scale: the pair
+    prices it (rankings differ). Timed: searches at the defaults at k = 10 and k = 100.
   * ``at_best`` (``gather_max.tokens_at_best``): the residual interaction's choice of tokens
     (those whose centroid scores reach their document's best for some query token) in one
     compiled pass — against gathering the ``[rows, n]`` centroid scores and comparing them
@@ -216,11 +232,13 @@ if probe_scores.numba is not None:
 
 
 def float_accumulate(
-    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
-    imputed, floor, acc, seen, touched, sums=None,
+    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+    weights, imputed, floor, acc, seen, touched, sums=None,
 ):  # fmt: skip
     """``probe_scores._accumulate`` before: the float32 pass, on the int16 weights times their
-    scale (the rounded weights: the same sums up to float rounding)."""
+    scale (the rounded weights: the same sums up to float rounding); lists holding residuals
+    only (``rows`` empty)."""
+    assert not len(rows)
     float_planes = planes.astype(np.float32) * scale[:, None, None]
     _float_accumulate(
         where, top_scores, starts, lengths, packed, docs, float_planes, constant, bits, weights,
@@ -289,7 +307,110 @@ if probe_scores.numba is not None:
     _joint_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
         _joint_accumulate
     )
-joint_accumulate = _joint_accumulate
+
+
+def joint_accumulate(where, top_scores, starts, lengths, packed, rows, docs, *rest):
+    """``_joint_accumulate`` under today's call (``rows`` empty: lists holding residuals)."""
+    assert not len(rows)
+    _joint_accumulate(where, top_scores, starts, lengths, packed, docs, *rest)
+
+
+def _direct_run_sums(packed, lo, length, w, bits, sums):  # pragma: no cover - compiled
+    """``probe_scores._run_sums`` before stop 73, verbatim: ``sums[r]`` = Σ_p Σ_b w[p, b] · level_{p, b} of packed row ``lo + r``, for r <
+    ``length`` (``bits`` 2, 4 or 8: 4, 2 or 1 planes), an integer sum with int16 weights
+    (``ResidualCodec.integer_query_terms``, which keeps it within int32): each level is taken
+    as an int16, so that the loop over a row's bytes vectorises (the same sum in float32
+    stayed scalar). One pass over a row's bytes reads all its planes; the planes' weights are
+    taken once per run."""
+    if bits == 4:
+        w0, w1 = w[0], w[1]
+        for r in range(length):
+            row = packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                v = np.int16(row[b])
+                s += np.int32(w0[b]) * np.int32(v & np.int16(15)) + np.int32(w1[b]) * np.int32(
+                    v >> np.int16(4)
+                )
+            sums[r] = s
+    elif bits == 2:
+        w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
+        for r in range(length):
+            row = packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                v = np.int16(row[b])
+                s += (
+                    np.int32(w0[b]) * np.int32(v & np.int16(3))
+                    + np.int32(w1[b]) * np.int32((v >> np.int16(2)) & np.int16(3))
+                    + np.int32(w2[b]) * np.int32((v >> np.int16(4)) & np.int16(3))
+                    + np.int32(w3[b]) * np.int32(v >> np.int16(6))
+                )
+            sums[r] = s
+    else:
+        w0 = w[0]
+        for r in range(length):
+            row = packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                s += np.int32(w0[b]) * np.int32(np.int16(row[b]))
+            sums[r] = s
+
+
+def _direct_accumulate(
+    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
+    imputed, floor, acc, seen, touched, sums,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``probe_scores._accumulate`` before stop 73 (no lists by position), verbatim: for
+    each query token i and each of its probed clusters ``where[i, a]`` (rows
+    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``): the best score per document
+    (``top_scores[i, a] + constant[i] + scale[i]·`` the row's integer sum, ``planes`` int16),
+    kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
+    imputed[i])`` and ``seen[d] = True`` for each document it reached.
+
+    A cluster's rows are scored first, into ``sums`` (a loop of arithmetic only), then its
+    documents are visited: kept apart, the row sums vectorise and the documents' scattered
+    reads overlap one another. One loop doing both made the whole search 1.06–1.20× slower at
+    k = 10, the same rankings (``benchmarks/results/query_path_ab_probe_split.md``, SciFact
+    and CISI; ``query_path_ab_x100_stop68.md``, SciFact grown 100×: 1.17× at k = 100)."""
+    n, p = where.shape
+    for i in range(n):
+        m = 0
+        w = planes[i]
+        step = scale[i]
+        for a in range(p):
+            c = where[i, a]
+            base = top_scores[i, a] + constant[i]
+            lo = starts[c]
+            length = lengths[c]
+            _direct_run_sums(packed, lo, length, w, bits, sums)
+            for r in range(length):
+                value = base + step * np.float32(sums[r])
+                d = docs[lo + r]
+                best = floor[d]
+                touched[m] = d
+                m += best == -np.inf  # the first time this query token reaches d
+                floor[d] = value if value > best else best
+        for t in range(m):
+            d = touched[t]
+            acc[d] += weights[i] * (floor[d] - imputed[i])
+            seen[d] = True
+            floor[d] = -np.inf
+
+
+if probe_scores.numba is not None:
+    _direct_run_sums = probe_scores.numba.njit(inline="always", nogil=True, fastmath=_FLOAT_FLAGS)(
+        _direct_run_sums
+    )
+    _direct_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
+        _direct_accumulate
+    )
+
+
+def direct_accumulate(where, top_scores, starts, lengths, packed, rows, docs, *rest):
+    """The pass before stop 73 under today's call (``rows`` empty: lists holding residuals)."""
+    assert not len(rows), "the pass before stop 73 reads no lists by position"
+    _direct_accumulate(where, top_scores, starts, lengths, packed, docs, *rest)
 
 
 def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
@@ -539,7 +660,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -608,6 +729,15 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
 
+    def branch(which):
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else direct_accumulate
+
+    def position(which):
+        residual.centroid._token_lists = lists["by_position" if which == "after" else "copy"]
+
+    def residual_path(which):
+        searcher.centroid = default_centroid if which == "after" else centroid_path.centroid
+
     def ties(which):
         cs._best = NEW["best"] if which == "after" else inclusive_best
 
@@ -660,7 +790,15 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         encoder=searcher.encoder,
         centroid_config=cs.CentroidSearchConfig(residual_candidates=False),
     )
+    default_centroid = searcher.centroid
+    lists = {}
+    if "by_position" in FLAGS.changes:
+        lists["copy"] = residual.centroid._build_token_lists()
+        lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("by_position", position, residual),  # residual candidates' lists: copy or positions
+        ("rows_branch", branch, residual),  # the compiled pass, lists holding residuals
+        ("residual_default", residual_path, searcher),  # the default's stage 2 (stop 73)
         ("select_ties", ties, searcher),  # stage 2's selections, every search path
         ("probe_select", scan, searcher),  # the probed centroids, every search path
         ("select", select, searcher),  # stage 2's selections and tail, every search path

@@ -536,7 +536,8 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     # pass (before stop 68): the same integer sums, the same scores
     from aligner_jax.retrieval import probe_scores
 
-    for kernel, rtol in ((ab.float_accumulate, 1e-5), (ab.joint_accumulate, 0.0)):
+    kernels = ((ab.float_accumulate, 1e-5), (ab.joint_accumulate, 0.0), (ab.direct_accumulate, 0.0))
+    for kernel, rtol in kernels:
         try:
             probe_scores._accumulate = kernel
             before = searcher._score_probed(q, w, top, top_scores, imputed, None)

@@ -402,13 +402,14 @@ def test_config_ranges_are_checked():
     )
 
 
-def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
+def test_residual_candidates_are_on_by_default_with_lists_by_position_past_the_copy_limit(
     store, index, tmp_path, monkeypatch
 ):
-    """``residual_candidates=None`` (the default) turns them on when the index maps token
-    lists or their copy in memory takes at most ``LISTS_IN_MEMORY_MAX`` bytes, and the
-    automatic ``probe_docs`` follows (2,560 with them at k ≥ 100, 640 without); given values
-    stay."""
+    """``residual_candidates=None`` (the default) turns them on for every index: it reads the
+    token lists the index maps, else a copy built at load while it takes at most
+    ``LISTS_IN_MEMORY_MAX`` bytes, else the lists by position (documents and rows: 8 bytes per
+    kept token, residuals read from the index's map), which rank exactly as the copy does;
+    the automatic ``probe_docs`` follows (2,560 at k ≥ 100); given values stay."""
     default = cs.CentroidSearchConfig()
     assert default.residual_candidates is None and default.probe_docs is None
     need = cs.lists_in_memory_bytes(index, store.num_tokens)
@@ -416,26 +417,43 @@ def test_residual_candidates_are_on_unless_the_token_lists_would_not_fit(
     on = cs.CentroidSearcher(store, index)
     assert on.config.residual_candidates is True and on.config.probe_docs is None
     assert on.config.documents_per_probe(100) == on.config.documents_per_probe() == 2560
-    q = _query(3)
-    _, counts = on.search(q.vectors, q.salience, np.arange(5), k=10)
-    assert counts.interaction == counts.refined  # stage 3 skipped: the residual path ran
+    (copied,) = on.token_lists()
+    assert copied.rows is None and copied.nbytes == need + copied.offsets.nbytes
     monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", need - 1)
-    off = cs.CentroidSearcher(store, index)
+    far = cs.CentroidSearcher(store, index)
+    assert far.config == on.config
+    (by_position,) = far.token_lists()
+    assert by_position.rows.dtype == np.int32 and by_position.residuals.base is not None
+    assert by_position.nbytes == store.num_tokens * 8 + by_position.offsets.nbytes
+    np.testing.assert_array_equal(by_position.offsets, copied.offsets)
+    np.testing.assert_array_equal(by_position.docs, copied.docs)
+    np.testing.assert_array_equal(
+        by_position.residual_rows(np.arange(len(by_position.rows))), copied.residuals
+    )
+    for seed in range(3):
+        q = _query(seed)
+        for k in (10, 100):
+            (want,), counts = on.search(q.vectors, q.salience, np.arange(5), k=k)
+            (got,), far_counts = far.search(q.vectors, q.salience, np.arange(5), k=k)
+            assert counts.interaction == counts.refined  # stage 3 skipped: the residual path ran
+            assert far_counts == counts
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    off = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(residual_candidates=False))
     assert off.config.residual_candidates is False
     assert off.config.documents_per_probe(10) == off.config.documents_per_probe(100) == 640
+    q = _query(3)
     _, counts = off.search(q.vectors, q.salience, np.arange(5), k=10)
     assert counts.interaction > counts.refined  # the centroid interaction ran
     given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=100, refine_float=0.0)
     assert cs.CentroidSearcher(store, index, given).config == given
-    assert not cs.CentroidSearcher(
-        store, index, cs.CentroidSearchConfig(residual_candidates=False)
-    ).config.residual_candidates
     # an index that holds its token lists maps them, whatever their size
     small = write_store(tmp_path / "idx", random_documents(40, 16, seed=2, max_len=20), 16, 9)
     mapped = ci.CentroidIndex.build(
         small, ci.CentroidIndexConfig(num_centroids=8, token_lists=True)
     )
-    assert cs.CentroidSearcher(small, mapped).config.residual_candidates is True
+    (lists,) = cs.CentroidSearcher(small, mapped).token_lists()
+    assert lists.rows is None and isinstance(lists.docs.base, np.memmap)
     # resolved() on a config not yet decided reads an automatic probe_docs as 640
     assert default.resolved(5183, 16384, 80.0) == (8, 216, 54)
     assert cs.CentroidSearchConfig(residual_candidates=True).resolved(5183, 16384, 80.0)[0] == 32
@@ -537,6 +555,13 @@ def test_token_lists_hold_each_centroids_kept_tokens_in_store_order(store, beta_
     )
     np.testing.assert_array_equal(lists.docs, np.searchsorted(store.offsets, rows, "right") - 1)
     np.testing.assert_array_equal(lists.residuals, np.asarray(index.residuals)[rows])
+    # by position: the same offsets and documents, each entry's row of the (one) segment
+    (by_position,) = cs.CentroidSearcher(store, index)._build_token_lists(by_position=True)
+    np.testing.assert_array_equal(by_position.offsets, lists.offsets)
+    np.testing.assert_array_equal(by_position.docs, lists.docs)
+    np.testing.assert_array_equal(by_position.rows, rows)
+    assert by_position.rows.dtype == np.int32
+    np.testing.assert_array_equal(by_position.residual_rows(np.arange(len(rows))), lists.residuals)
 
 
 @pytest.mark.parametrize("beta_d", [1.0, 0.5])
@@ -554,8 +579,9 @@ def test_persisted_token_lists_equal_those_built_at_load_and_are_mapped(
     assert whole.meta["num_centroids"] == 16 and built.meta["generation"] == 2
     searcher = cs.CentroidSearcher(store, ci.CentroidIndex.load(ts.TokenStore(store.directory)))
     (mapped,) = searcher.token_lists()
-    reference = searcher._build_token_lists()
-    for got, want in zip(mapped, reference, strict=True):
+    (reference,) = searcher._build_token_lists()
+    assert mapped.rows is None and reference.rows is None
+    for got, want in zip(mapped[:3], reference[:3], strict=True):
         np.testing.assert_array_equal(got, want)
         assert got.dtype == want.dtype
     for array in (mapped.docs, mapped.residuals):
@@ -605,7 +631,8 @@ def test_default_token_lists_are_written_where_a_search_could_not_hold_them(tmp_
         grown, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2)
     )
     assert not compact.lists.has_token_lists and compact.meta["token_lists"] is False
-    assert cs.CentroidSearcher(grown, compact).config.residual_candidates is False
+    (by_position,) = cs.CentroidSearcher(grown, compact).token_lists()  # nothing may be copied
+    assert by_position.rows is not None
     with pytest.raises(errors.ConfigError, match="token_lists"):
         ci.CentroidIndexConfig(token_lists="yes")
 
@@ -1064,9 +1091,9 @@ def test_residual_candidates_score_on_as_many_threads_as_blas_may_use(store, ind
     calls = []
     accumulate = probe_scores.accumulate
 
-    def recording(*args, threads=1):
+    def recording(*args, threads=1, rows=None):
         calls.append(threads)
-        return accumulate(*args, threads=threads)
+        return accumulate(*args, threads=threads, rows=rows)
 
     monkeypatch.setattr(probe_scores, "accumulate", recording)
     searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(residual_candidates=True))

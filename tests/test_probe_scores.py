@@ -79,6 +79,16 @@ def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
     assert np.abs(acc - expected).max() <= bound + 1e-5
     assert np.abs(acc - expected).max() < 1e-3 * np.abs(expected).max()  # the bound is loose
     assert np.isneginf(floor).all()
+    # the lists by position: entry j's residual read at rows[j] of a store-order array
+    order = rng.permutation(rows)
+    store_order = np.empty_like(packed)
+    store_order[order] = packed
+    by_position, reached_too = np.zeros(7, np.float32), np.zeros(7, bool)
+    probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, store_order, docs, w,
+                            imputed, floor, by_position, reached_too,
+                            rows=order.astype(np.int32))  # fmt: skip
+    np.testing.assert_array_equal(by_position, acc)
+    np.testing.assert_array_equal(reached_too, seen)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

@@ -339,17 +339,20 @@ def test_an_add_writes_the_lists_of_the_added_documents_only(tmp_path, monkeypat
         if token_lists:
             _assert_token_lists_equal(index, grown)
             rc = cs.CentroidSearchConfig(residual_candidates=True, probes=3)
-            mapped, in_memory = (
-                cs.CentroidSearcher(grown, index, rc),
-                cs.CentroidSearcher(grown, index, rc),
+            mapped, in_memory, by_position = (
+                cs.CentroidSearcher(grown, index, rc) for _ in range(3)
             )
-            in_memory._token_lists = [in_memory._build_token_lists()]
+            in_memory._token_lists = in_memory._build_token_lists()
+            # one set of lists by position per index segment (the adds wrote several)
+            by_position._token_lists = by_position._build_token_lists(by_position=True)
+            assert len(by_position._token_lists) == len(index.residuals.arrays) > 1
             for q in queries:
                 w = np.ones(5, np.float32)
                 ((docs_a, scores_a),), _ = mapped.search(q, w, np.arange(5), 30)
-                ((docs_b, scores_b),), _ = in_memory.search(q, w, np.arange(5), 30)
-                np.testing.assert_array_equal(docs_a, docs_b)
-                np.testing.assert_allclose(scores_a, scores_b, rtol=1e-6)
+                for other in (in_memory, by_position):
+                    ((docs_b, scores_b),), _ = other.search(q, w, np.arange(5), 30)
+                    np.testing.assert_array_equal(docs_a, docs_b)
+                    np.testing.assert_allclose(scores_a, scores_b, rtol=1e-6)
 
 
 def _assert_token_lists_equal(index, store):
@@ -357,7 +360,7 @@ def _assert_token_lists_equal(index, store):
     turn: groups hold increasing documents), equal those built in memory over every token."""
     from aligner_jax.retrieval import centroid_search as cs
 
-    want = cs.CentroidSearcher(store, index)._build_token_lists()
+    (want,) = cs.CentroidSearcher(store, index)._build_token_lists()
     groups = index.lists.token_lists()
     c = index.num_centroids
     keys = np.concatenate([np.repeat(np.arange(c), np.diff(g.offsets)) for g in groups])

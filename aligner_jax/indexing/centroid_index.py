@@ -77,7 +77,7 @@ from aligner_jax.indexing.sample_file import SampleFile
 
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
-LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists a search builds at load, at most
+LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists a search copies at load (past: by position)
 FORMAT = "aligner_jax.indexing.centroid_index/6"
 # /3: float16 saliences (no ``salience_scale``), still read segment by segment; /3 and /4 always
 # hold document → centroid lists; up to /5 one list group named in ``tables``
@@ -150,9 +150,10 @@ class CentroidIndexConfig:
         residual and document: W + 4 bytes per kept token in memory, and a sort of every code,
         at each load). Costs those bytes again on disk. None (the default,
         ``writes_token_lists``): written when that copy would exceed ``LISTS_IN_MEMORY_MAX``
-        (where a search would otherwise run without residual candidates) and the residuals
-        take more than 2 bits; a 2-bit index stays compact (its lists would double it: 40 →
-        76 B per token at 128-d). SciFact zero-shot grown 10× (12.4M tokens, 384-d, 4 bits):
+        (where a search would otherwise read the lists by position: one scattered read per
+        probed token, ``CentroidSearcher.token_lists``) and the residuals take more than 2
+        bits; a 2-bit index stays compact (its lists would double it: 40 → 76 B per token at
+        128-d). SciFact zero-shot grown 10× (12.4M tokens, 384-d, 4 bits):
         top-10 overlap with exhaustive search 0.881 → 0.968, R@100 88 → 94 (exhaustive 94),
         p50 at k = 100 32.8 → 26.5 ms, for 200 → 396 B per token on disk
         (``benchmarks/results/scale_stop59``).

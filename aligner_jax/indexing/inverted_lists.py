@@ -63,11 +63,27 @@ DELTA_FRACTION = 0.1
 class TokenLists(NamedTuple):
     """Centroid ``c``'s β^d-kept stored tokens are entries ``offsets[c]:offsets[c + 1]`` of
     ``docs`` (their documents, store positions) and ``residuals`` (their packed residuals), in
-    store order within a centroid."""
+    store order within a centroid.
+
+    With ``rows`` (the lists by position, ``token_rows_in_memory``) entry ``j``'s residual is
+    ``residuals[rows[j]]``: ``residuals`` is then the index's own mapped segment, in store
+    order, and the lists hold 8 bytes per kept token instead of a copy of every residual."""
 
     offsets: np.ndarray
     docs: np.ndarray
     residuals: np.ndarray
+    rows: np.ndarray | None = None
+
+    def residual_rows(self, entries: np.ndarray) -> np.ndarray:
+        """The packed residuals of list entries ``entries``."""
+        return self.residuals[entries if self.rows is None else self.rows[entries]]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes these lists hold of their own (the mapped residuals of ``rows`` lists not
+        counted)."""
+        own = self.docs.nbytes + self.offsets.nbytes
+        return own + (self.residuals.nbytes if self.rows is None else self.rows.nbytes)
 
 
 def concatenated_ranges(offsets: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -295,6 +311,57 @@ def token_lists_in_memory(store, codes, residuals, num_centroids: int, beta_d: f
     offsets = _token_offsets(store, codes, shards, beta_d, num_centroids)
     docs, packed = _token_block(store, codes, residuals, shards, beta_d, offsets, 0, num_centroids)
     return TokenLists(offsets, docs, packed)
+
+
+def token_rows_in_memory(
+    store, codes, residuals, num_centroids: int, beta_d: float
+) -> list[TokenLists]:
+    """The token lists by position, built in memory: for each segment of the index's
+    ``residuals`` (``centroid_index.Segmented``), the lists of its shards' kept tokens with
+    each token's document and its row in that segment (int32 below 2³¹ rows), the residuals
+    read where they lie (``TokenLists.rows``). 8 bytes per kept token, whatever the bits and
+    dimension: what a search holds where a copy of the residuals would not fit
+    (``centroid_index.LISTS_IN_MEMORY_MAX``). Same passes as ``token_lists_in_memory``: one
+    counts, one places each token (``_place_rows``), one shard's codes read at a time."""
+    spans = store.shard_spans()
+    token_starts = np.array([span[1] for span in spans], np.int64)
+    doc_dtype = np.int32 if store.num_docs < 2**31 else np.int64
+    out = []
+    for k, segment in enumerate(residuals.arrays):
+        start, stop = int(residuals.starts[k]), int(residuals.starts[k + 1])
+        shards = range(*np.searchsorted(token_starts, [start, stop]).tolist())
+        offsets = _token_offsets(store, codes, shards, beta_d, num_centroids)
+        size = int(offsets[-1])
+        docs_out = np.empty(size, doc_dtype)
+        rows_out = np.empty(size, np.int32 if stop - start < 2**31 else np.int64)
+        cursor = offsets[:-1].copy()
+        for i in shards:
+            rows, cents, docs = _shard_tokens(store, codes, spans[i], i, beta_d)
+            first = spans[i][1] - start  # the shard's first row in the segment
+            if numba is not None:
+                _place_rows(cursor, cents, rows, first, docs, docs_out, rows_out)
+            else:
+                slots = run_slots(cursor, cents)
+                docs_out[slots] = docs
+                rows_out[slots] = rows + first
+            codes.release()
+        out.append(TokenLists(offsets, docs_out, np.asarray(segment), rows_out))
+    return out
+
+
+def _place_rows(cursor, cents, rows, first, docs, docs_out, rows_out):
+    """``_place_tokens`` for the lists by position: each token's document and its row in the
+    segment (``rows[t] + first``) go to its centroid's next slot."""
+    for t in range(len(cents)):
+        c = cents[t]
+        slot = cursor[c]
+        cursor[c] = slot + 1
+        docs_out[slot] = docs[t]
+        rows_out[slot] = rows[t] + first
+
+
+if numba is not None:
+    _place_rows = numba.njit(cache=True, nogil=True)(_place_rows)
 
 
 def write_token_lists(

@@ -51,12 +51,13 @@ centroid scores cannot separate documents (k = 100, 2 threads, ``refine_per_k = 
 the queries not used for tuning): CISI zero-shot p50 40.4 → 26.9 ms, CISI trained 29.5 → 12.1,
 SciFact trained 21.4 → 11.1, nDCG@10 unchanged, R@100 within 1 point of exhaustive search;
 SciFact trained grown 10× with distractors (``tune_search_trained_x10_stop50.md``, train
-queries) R@100 87.0 → 94.0 (exhaustive 95.0), p50 28.5 → 16.0 ms. Its default (None) is on
-unless the index holds no token lists and their copy in memory would exceed
+queries) R@100 87.0 → 94.0 (exhaustive 95.0), p50 28.5 → 16.0 ms. Its default (None) is on.
+An index without token lists gets a copy built at load while it takes at most
 ``centroid_index.LISTS_IN_MEMORY_MAX`` (512 MiB: 14M tokens at 128-d and 2 bits, 2.7M at 384-d
-and 4 bits), where the centroid interaction path runs instead (and a log line says why). An
-index built with the default ``CentroidIndexConfig.token_lists`` holds them past that size,
-except at 2 bits (kept compact).
+and 4 bits), else lists by position (8 bytes per kept token; each probed token's residual
+read from the index's map where it lies: ``CentroidSearcher.token_lists``). An index built
+with the default ``CentroidIndexConfig.token_lists`` holds them past that size, except at 2
+bits (kept compact: its lists would double it).
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
@@ -150,8 +151,9 @@ class CentroidSearchConfig:
       interaction = interaction_per_refine · refine
 
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
-    and stage 3 is skipped (see the module docstring); None: on unless its token lists would
-    have to be built in memory past ``centroid_index.LISTS_IN_MEMORY_MAX`` (``for_index``).
+    and stage 3 is skipped (see the module docstring); None: on (``for_index``), reading the
+    token lists the index maps, else a copy built at load, else — past
+    ``centroid_index.LISTS_IN_MEMORY_MAX`` — the lists by position (``token_lists``).
     ``rescore_per_refine``: with residual candidates, stage 2's best
     ⌈rescore_per_refine · min(k / 100, 1) · refine_docs⌉ documents are re-scored by stage 3's
     residual interaction (each one's tokens in its best centroid per query token, scored with
@@ -292,21 +294,11 @@ class CentroidSearchConfig:
 
     def for_index(self, index: ci.CentroidIndex, num_tokens: int) -> CentroidSearchConfig:
         """This config with its automatic fields decided for ``index`` (of a store of
-        ``num_tokens`` tokens): ``residual_candidates`` None = on when the index holds token
-        lists or their copy in memory (``CentroidSearcher.token_lists``) would take at most
-        ``centroid_index.LISTS_IN_MEMORY_MAX`` bytes. ``probe_docs`` stays as given (None: it
-        follows the requested k, ``documents_per_probe``)."""
-        residual = self.residual_candidates
-        if residual is None:
-            need = 0 if index.lists.has_token_lists else lists_in_memory_bytes(index, num_tokens)
-            residual = need <= ci.LISTS_IN_MEMORY_MAX
-            if not residual:
-                logging.info(
-                    "%s: residual candidates off (the index holds no token lists; built in "
-                    "memory they would take %.1f GiB); an index built with "
-                    "--gin.CentroidIndexConfig.token_lists=True maps them",
-                    index.directory, need / 2**30,
-                )  # fmt: skip
+        ``num_tokens`` tokens): ``residual_candidates`` None = on (every index can read its
+        tokens by centroid: ``CentroidSearcher.token_lists``). ``probe_docs`` stays as given
+        (None: it follows the requested k, ``documents_per_probe``)."""
+        del index, num_tokens  # every index qualifies since the lists by position (stop 73)
+        residual = True if self.residual_candidates is None else self.residual_candidates
         return dataclasses.replace(self, residual_candidates=residual)
 
     def documents_per_probe(self, k: int | None = None) -> int:
@@ -388,7 +380,7 @@ def residual_probe_docs(k: int | None) -> int:
 
 
 def lists_in_memory_bytes(index: ci.CentroidIndex, num_tokens: int) -> int:
-    """Bytes of the token lists built in memory for an index without them: a document (4
+    """Bytes of the token lists copied in memory for an index without them: a document (4
     bytes) and a packed residual per β^d-kept token (β^d·T of them, about)."""
     kept = math.ceil(index.meta["config"]["beta_d"] * num_tokens)
     return ci.token_lists_bytes(kept, index.codec.dim, index.codec.bits)
@@ -668,12 +660,12 @@ class CentroidSearcher:
                 probe_scores.accumulate(
                     self.index.codec, q, top, top_scores, lists.offsets[:-1], lengths,
                     lists.residuals, lists.docs, w, imputed, self._floor(), acc, seen,
-                    threads=threads,
+                    threads=threads, rows=lists.rows,
                 )  # fmt: skip
                 continue
             for i in range(len(q)):
                 pos, _ = concatenated_ranges(lists.offsets, top[i])
-                values = self.index.codec.residual_scores(q[i : i + 1], lists.residuals[pos])[0]
+                values = self.index.codec.residual_scores(q[i : i + 1], lists.residual_rows(pos))[0]
                 values += np.repeat(top_scores[i], lengths[top[i]])
                 d = lists.docs[pos]
                 best[d] = -np.inf
@@ -892,27 +884,41 @@ class CentroidSearcher:
         copy of the index's residuals: 192 bytes at 384-d and 4 bits, 32 at 128-d and 2 bits) —
         the build holds one shard's codes and residuals at a time: the pages of the index's
         maps that a shard's pass read are released after it (``Segmented.release``), so that
-        they do not stay counted in the process's RSS beside the copy."""
+        they do not stay counted in the process's RSS beside the copy.
+
+        Where that copy would exceed ``centroid_index.LISTS_IN_MEMORY_MAX``, the lists are
+        built by position instead (``inverted_lists.token_rows_in_memory``, one set per index
+        segment): each token's document and its row in the segment, 8 bytes per kept token
+        whatever the bits and dimension, the residuals read from the index's map where they
+        lie — one scattered read per probed token instead of a contiguous run."""
         if self._token_lists is None:
             self._token_lists = self.index.lists.token_lists()
         if self._token_lists is None:
             start = time.perf_counter()
-            built = self._build_token_lists()
+            copy = lists_in_memory_bytes(self.index, self.store.num_tokens)
+            by_position = copy > ci.LISTS_IN_MEMORY_MAX
+            built = self._build_token_lists(by_position)
             logging.info(
-                "%s: token lists built in memory (%.0f MB, %.1f s); an index built with "
+                "%s: token lists built in memory%s (%.0f MB, %.1f s); an index built with "
                 "--gin.CentroidIndexConfig.token_lists=True holds them, mapped at load",
                 self.index.directory,
-                (built.docs.nbytes + built.residuals.nbytes) / 1e6,
+                f" by position (a copy of the residuals would take {copy / 2**30:.1f} GiB)"
+                if by_position
+                else "",
+                sum(lists.nbytes for lists in built) / 1e6,
                 time.perf_counter() - start,
             )
-            self._token_lists = [built]
+            self._token_lists = built
         return self._token_lists
 
-    def _build_token_lists(self) -> TokenLists:
-        return lists_lib.token_lists_in_memory(
+    def _build_token_lists(self, by_position: bool = False) -> list[TokenLists]:
+        args = (
             self.store, self.index.codes, self.index.residuals, self.index.num_centroids,
             self.index.meta["config"]["beta_d"],
         )  # fmt: skip
+        if by_position:
+            return lists_lib.token_rows_in_memory(*args)
+        return [lists_lib.token_lists_in_memory(*args)]
 
     def xtr(
         self, q: np.ndarray, probe_rows: np.ndarray, k: int

@@ -48,17 +48,19 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
     numba = None
 
 
-def _run_sums(packed, lo, length, w, bits, sums):  # pragma: no cover - compiled
-    """``sums[r]`` = Σ_p Σ_b w[p, b] · level_{p, b} of packed row ``lo + r``, for r <
+def _run_sums(packed, rows, lo, length, w, bits, sums):  # pragma: no cover - compiled
+    """``sums[r]`` = Σ_p Σ_b w[p, b] · level_{p, b} of packed row ``lo + r`` (row
+    ``rows[lo + r]`` when ``rows`` is not empty: the lists by position), for r <
     ``length`` (``bits`` 2, 4 or 8: 4, 2 or 1 planes), an integer sum with int16 weights
     (``ResidualCodec.integer_query_terms``, which keeps it within int32): each level is taken
     as an int16, so that the loop over a row's bytes vectorises (the same sum in float32
     stayed scalar). One pass over a row's bytes reads all its planes; the planes' weights are
     taken once per run."""
+    indirect = len(rows) > 0
     if bits == 4:
         w0, w1 = w[0], w[1]
         for r in range(length):
-            row = packed[lo + r]
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
             s = np.int32(0)
             for b in range(len(row)):
                 v = np.int16(row[b])
@@ -69,7 +71,7 @@ def _run_sums(packed, lo, length, w, bits, sums):  # pragma: no cover - compiled
     elif bits == 2:
         w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
         for r in range(length):
-            row = packed[lo + r]
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
             s = np.int32(0)
             for b in range(len(row)):
                 v = np.int16(row[b])
@@ -83,7 +85,7 @@ def _run_sums(packed, lo, length, w, bits, sums):  # pragma: no cover - compiled
     else:
         w0 = w[0]
         for r in range(length):
-            row = packed[lo + r]
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
             s = np.int32(0)
             for b in range(len(row)):
                 s += np.int32(w0[b]) * np.int32(np.int16(row[b]))
@@ -91,11 +93,12 @@ def _run_sums(packed, lo, length, w, bits, sums):  # pragma: no cover - compiled
 
 
 def _accumulate(
-    where, top_scores, starts, lengths, packed, docs, planes, scale, constant, bits, weights,
-    imputed, floor, acc, seen, touched, sums,
+    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+    weights, imputed, floor, acc, seen, touched, sums,
 ):  # pragma: no cover - compiled  # fmt: skip
     """For each query token i and each of its probed clusters ``where[i, a]`` (rows
-    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``): the best score per document
+    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``, of ``rows``/``docs`` when
+    ``rows`` is not empty, ``packed`` then read at ``rows``): the best score per document
     (``top_scores[i, a] + constant[i] + scale[i]·`` the row's integer sum, ``planes`` int16),
     kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
     imputed[i])`` and ``seen[d] = True`` for each document it reached.
@@ -115,7 +118,7 @@ def _accumulate(
             base = top_scores[i, a] + constant[i]
             lo = starts[c]
             length = lengths[c]
-            _run_sums(packed, lo, length, w, bits, sums)
+            _run_sums(packed, rows, lo, length, w, bits, sums)
             for r in range(length):
                 value = base + step * np.float32(sums[r])
                 d = docs[lo + r]
@@ -157,6 +160,7 @@ def accumulate(
     acc: np.ndarray,
     seen: np.ndarray,
     threads: int = 1,
+    rows: np.ndarray | None = None,
 ) -> None:
     """Adds each query token's best probed score per document (minus its imputed score, times
     its weight) into ``acc`` and marks ``seen``, in place (see the module docstring).
@@ -166,7 +170,9 @@ def accumulate(
     (the clusters' rows of ``packed [R, W]`` and ``docs [R]``, int32 or int64: the token
     lists' own arrays, read where they lie); ``top_scores`` ``[n, p]``
     their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so).
-    ``threads``: query-token groups scored at once (see the module docstring)."""
+    ``threads``: query-token groups scored at once (see the module docstring). ``rows``: the
+    lists by position (``inverted_lists.TokenLists.rows``): entry j's residual is then
+    ``packed[rows[j]]``, ``packed`` the index's segment in store order."""
     planes, scale, constant = codec.integer_query_terms(queries)
     n = len(constant)
     probed = np.asarray(lengths)[np.asarray(where)] if np.size(where) else np.zeros(1, np.int64)
@@ -175,6 +181,7 @@ def accumulate(
         np.ascontiguousarray(starts, np.int64),
         np.ascontiguousarray(lengths, np.int64),
         np.ascontiguousarray(packed, np.uint8),
+        _NO_ROWS if rows is None else np.ascontiguousarray(rows),  # int32 below 2³¹ rows
         np.ascontiguousarray(docs),  # int32 or int64, as the token lists hold them
     )
     per_token = (
@@ -219,6 +226,7 @@ def accumulate(
 
 
 _CALLER = threading.local()
+_NO_ROWS = np.zeros(0, np.int32)  # the lists hold their residuals (entry j: packed row j)
 
 
 def _group_arrays(num_docs: int, groups: int) -> list[tuple]:
@@ -248,7 +256,9 @@ def warm_up() -> None:
     codec = ResidualCodec(4, np.zeros(2, np.float32), np.ones(2, np.float32))
     one = np.zeros(1, np.int64)
     floor = np.full(1, -np.inf, np.float32)
-    for docs in (one.astype(np.int32), one):  # the token lists' documents: int32 below 2³¹
+    # the token lists' documents: int32 below 2³¹ (lists by position share the signature of
+    # lists holding their residuals: int32 rows, empty for those; int64 rows compile on use)
+    for docs in (one.astype(np.int32), one):
         accumulate(
             codec, np.zeros((1, 2), np.float32), np.zeros((1, 1), np.int64), np.zeros((1, 1)),
             one, one + 1, np.zeros((1, 1), np.uint8), docs, np.ones(1), np.zeros(1), floor,
