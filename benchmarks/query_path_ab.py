@@ -1,4 +1,4 @@
-r"""Twenty-two query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-three query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,11 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``touch`` (``probe_scores._run_sums``, stop 73): the lists by position read
+    ``TOUCH_ROWS`` scattered rows at a time, each block's cache lines brought in by a loop of
+    independent loads before its rows are scored (``_touch``) — against scoring each
+    scattered row as it is read (stop 73's first lists by position, verbatim). Timed: as
+    ``by_position``, on the lists by position (the same rankings).
   * ``rows_branch`` (``probe_scores._accumulate``, stop 73): the compiled pass that also reads
     lists by position (a ``rows`` argument, empty for lists holding their residuals) —
     against the pass before it, verbatim. Timed: as ``by_position``, on lists holding their
@@ -413,6 +418,103 @@ def direct_accumulate(where, top_scores, starts, lengths, packed, rows, docs, *r
     _direct_accumulate(where, top_scores, starts, lengths, packed, docs, *rest)
 
 
+def _untouched_run_sums(packed, rows, lo, length, w, bits, sums):  # pragma: no cover - compiled
+    """``probe_scores._run_sums`` of stop 73's first lists by position, verbatim: ``sums[r]`` = Σ_p Σ_b w[p, b] · level_{p, b} of packed row ``lo + r`` (row
+    ``rows[lo + r]`` when ``rows`` is not empty: the lists by position), for r <
+    ``length`` (``bits`` 2, 4 or 8: 4, 2 or 1 planes), an integer sum with int16 weights
+    (``ResidualCodec.integer_query_terms``, which keeps it within int32): each level is taken
+    as an int16, so that the loop over a row's bytes vectorises (the same sum in float32
+    stayed scalar). One pass over a row's bytes reads all its planes; the planes' weights are
+    taken once per run."""
+    indirect = len(rows) > 0
+    if bits == 4:
+        w0, w1 = w[0], w[1]
+        for r in range(length):
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                v = np.int16(row[b])
+                s += np.int32(w0[b]) * np.int32(v & np.int16(15)) + np.int32(w1[b]) * np.int32(
+                    v >> np.int16(4)
+                )
+            sums[r] = s
+    elif bits == 2:
+        w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
+        for r in range(length):
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                v = np.int16(row[b])
+                s += (
+                    np.int32(w0[b]) * np.int32(v & np.int16(3))
+                    + np.int32(w1[b]) * np.int32((v >> np.int16(2)) & np.int16(3))
+                    + np.int32(w2[b]) * np.int32((v >> np.int16(4)) & np.int16(3))
+                    + np.int32(w3[b]) * np.int32(v >> np.int16(6))
+                )
+            sums[r] = s
+    else:
+        w0 = w[0]
+        for r in range(length):
+            row = packed[rows[lo + r]] if indirect else packed[lo + r]
+            s = np.int32(0)
+            for b in range(len(row)):
+                s += np.int32(w0[b]) * np.int32(np.int16(row[b]))
+            sums[r] = s
+
+
+def _untouched_accumulate(
+    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+    weights, imputed, floor, acc, seen, touched, sums,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``probe_scores._accumulate`` of stop 73's first lists by position (each scattered row
+    scored as it is read), verbatim: for each query token i and each of its probed clusters
+    ``where[i, a]`` (rows
+    ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``, of ``rows``/``docs`` when
+    ``rows`` is not empty, ``packed`` then read at ``rows``): the best score per document
+    (``top_scores[i, a] + constant[i] + scale[i]·`` the row's integer sum, ``planes`` int16),
+    kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
+    imputed[i])`` and ``seen[d] = True`` for each document it reached.
+
+    A cluster's rows are scored first, into ``sums`` (a loop of arithmetic only), then its
+    documents are visited: kept apart, the row sums vectorise and the documents' scattered
+    reads overlap one another. One loop doing both made the whole search 1.06–1.20× slower at
+    k = 10, the same rankings (``benchmarks/results/query_path_ab_probe_split.md``, SciFact
+    and CISI; ``query_path_ab_x100_stop68.md``, SciFact grown 100×: 1.17× at k = 100)."""
+    n, p = where.shape
+    for i in range(n):
+        m = 0
+        w = planes[i]
+        step = scale[i]
+        for a in range(p):
+            c = where[i, a]
+            base = top_scores[i, a] + constant[i]
+            lo = starts[c]
+            length = lengths[c]
+            _untouched_run_sums(packed, rows, lo, length, w, bits, sums)
+            for r in range(length):
+                value = base + step * np.float32(sums[r])
+                d = docs[lo + r]
+                best = floor[d]
+                touched[m] = d
+                m += best == -np.inf  # the first time this query token reaches d
+                floor[d] = value if value > best else best
+        for t in range(m):
+            d = touched[t]
+            acc[d] += weights[i] * (floor[d] - imputed[i])
+            seen[d] = True
+            floor[d] = -np.inf
+
+
+if probe_scores.numba is not None:
+    _untouched_run_sums = probe_scores.numba.njit(
+        inline="always", nogil=True, fastmath=_FLOAT_FLAGS
+    )(_untouched_run_sums)
+    _untouched_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
+        _untouched_accumulate
+    )
+untouched_accumulate = _untouched_accumulate
+
+
 def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
     """``gather_max.tokens_at_best`` before: the rows' centroid scores gathered into a scratch
     ``[rows, n]`` matrix, then compared whole (``centroid_search._at_best``)."""
@@ -660,7 +762,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -729,7 +831,12 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
 
-    def branch(which):
+    def touched(which):  # on the lists by position
+        residual.centroid._token_lists = lists["by_position"]
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else untouched_accumulate
+
+    def branch(which):  # on the copy (by_position leaves the lists by position in place)
+        residual.centroid._token_lists = lists["copy"]
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else direct_accumulate
 
     def position(which):
@@ -792,10 +899,11 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
     )
     default_centroid = searcher.centroid
     lists = {}
-    if "by_position" in FLAGS.changes:
+    if {"touch", "by_position", "rows_branch"} & set(FLAGS.changes):
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("touch", touched, residual),  # the lists by position: rows touched in blocks first
         ("by_position", position, residual),  # residual candidates' lists: copy or positions
         ("rows_branch", branch, residual),  # the compiled pass, lists holding residuals
         ("residual_default", residual_path, searcher),  # the default's stage 2 (stop 73)

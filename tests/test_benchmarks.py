@@ -536,7 +536,12 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     # pass (before stop 68): the same integer sums, the same scores
     from aligner_jax.retrieval import probe_scores
 
-    kernels = ((ab.float_accumulate, 1e-5), (ab.joint_accumulate, 0.0), (ab.direct_accumulate, 0.0))
+    kernels = (
+        (ab.float_accumulate, 1e-5),
+        (ab.joint_accumulate, 0.0),
+        (ab.direct_accumulate, 0.0),
+        (ab.untouched_accumulate, 0.0),
+    )
     for kernel, rtol in kernels:
         try:
             probe_scores._accumulate = kernel
@@ -545,6 +550,16 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
             probe_scores._accumulate = ab.NEW["accumulate"]
         np.testing.assert_array_equal(before[0], new[0])
         np.testing.assert_allclose(before[1], new[1], rtol=rtol, atol=1e-6 if rtol else 0.0)
+    # the lists by position, rows touched in blocks or scored as read: the same as the copy
+    searcher._token_lists = searcher._build_token_lists(by_position=True)
+    for kernel in (ab.NEW["accumulate"], ab.untouched_accumulate):
+        try:
+            probe_scores._accumulate = kernel
+            by_position = searcher._score_probed(q, w, top, top_scores, imputed, None)
+        finally:
+            probe_scores._accumulate = ab.NEW["accumulate"]
+        np.testing.assert_array_equal(by_position[0], new[0])
+        np.testing.assert_array_equal(by_position[1], new[1])
     # the residual interaction's token choice, gathered then compared as before
     from aligner_jax.retrieval import gather_max
 

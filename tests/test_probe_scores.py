@@ -181,3 +181,32 @@ def test_a_forked_child_scores_on_threads_of_its_own():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "child 0", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_lists_by_position_score_as_the_copy_over_several_touched_blocks(bits):
+    """Runs longer than ``TOUCH_ROWS`` (whole and partial blocks, rows of several cache lines)
+    read by position give the very sums of the same rows read in place."""
+    rng = np.random.default_rng(7)
+    dim, rows = 384, 3 * probe_scores.TOUCH_ROWS + 17
+    codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), bits)
+    packed = codec.encode(rng.standard_normal((rows, dim)).astype(np.float32))
+    assert packed.shape[1] > 64  # a row spans more than one cache line
+    docs = rng.integers(0, 50, rows).astype(np.int32)
+    starts, lengths = np.array([0, 150]), np.array([150, rows - 150])
+    q = rng.standard_normal((2, dim)).astype(np.float32)
+    where, top_scores = np.array([[0, 1], [1, 0]]), rng.standard_normal((2, 2)).astype(np.float32)
+    w, imputed = np.array([1.0, 0.5]), np.array([-1.0, -2.0])
+    order = rng.permutation(rows)
+    store_order = np.empty_like(packed)
+    store_order[order] = packed
+    out = []
+    for table, by in ((packed, None), (store_order, order.astype(np.int32))):
+        acc, seen = np.zeros(50, np.float32), np.zeros(50, bool)
+        floor = np.full(50, -np.inf, np.float32)
+        probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, table, docs, w,
+                                imputed, floor, acc, seen, rows=by)  # fmt: skip
+        out.append((acc, seen))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    assert out[0][1].sum() > 40
