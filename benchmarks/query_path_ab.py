@@ -24,7 +24,7 @@ here, verbatim in behaviour, only to be measured against:
     lists by position (a ``rows`` argument, empty for lists holding their residuals) —
     against the pass before it, verbatim. Timed: as ``by_position``, on lists holding their
     residuals (the copy): what the change costs the searches it does not serve.
-  * ``residual_default`` (``CentroidSearchConfig.for_index``, stop 73): the default search of
+  * ``residual_default`` (``CentroidSearchConfig.decided``, stop 73): the default search of
     an index whose token lists are neither held nor copied (past ``LISTS_IN_MEMORY_MAX``),
     residual candidates by position — against ranking its candidates by centroid scores
     (``residual_candidates=False``), the default there before. For quality at scale: the pair

@@ -763,3 +763,28 @@ def test_query_styles_says_where_missed_documents_were_lost():
         "missed_outranked": 1 / 8,
     }
     assert not vars(searcher.centroid)  # the class's methods again
+
+
+@pytest.mark.parametrize("beta_d", [1.0, 0.6])
+def test_lists_build_ab_predecessor_gives_what_the_current_code_gives(tmp_path, beta_d):
+    """``lists_build_ab.py`` times stop 73's lists by position against the current build: the
+    kept copy must still give the same arrays (several shards and segments, β^d pruning)."""
+    import lists_build_ab as ab
+    from index_utils import random_documents, write_store
+
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import token_store as ts
+    from aligner_jax.indexing import updates
+
+    docs = random_documents(60, 8, seed=3, max_len=25)
+    store = write_store(tmp_path / "idx", docs[:45], 8, shard_size=9)
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8, beta_d=beta_d))
+    updates.add_encoded(store.directory, docs[45:])
+    store = ts.TokenStore(store.directory)
+    index = ci.CentroidIndex.load(store)
+    args = (store, index.codes, index.residuals, 8, beta_d)
+    got, want = ab.BUILDERS["current"](*args), ab.stop73_token_rows_in_memory(*args)
+    assert len(got) == len(want) == 2  # the build's segment and the add's
+    for a, b in zip(got, want, strict=True):
+        for field in ("offsets", "docs", "rows"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))

@@ -1310,6 +1310,36 @@ def test_compiled_token_placement_equals_numpys_run_slots(tmp_path, monkeypatch,
     np.testing.assert_array_equal(np.concatenate([p for _, p in compiled[1:]]), whole_packed)
 
 
+@pytest.mark.parametrize("beta_d", [1.0, 0.6])
+def test_lists_by_position_are_the_same_whatever_the_runs_and_without_numba(
+    tmp_path, monkeypatch, beta_d
+):
+    """``token_rows_in_memory`` reads the codes in runs of whole shards (``block_tokens``):
+    one shard per run, a few, or all give the stable sort of the kept tokens by centroid —
+    documents and rows — compiled (``_place_rows``) or with NumPy's ``run_slots``."""
+    store = write_store(tmp_path / "idx", random_documents(70, 16, seed=8, max_len=40), 16, 11)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16, beta_d=beta_d))
+    spans = store.shard_spans()
+    assert len(spans) >= 5
+    kept = ci.kept_rows(store, beta_d)
+    assert len(kept) < store.num_tokens or beta_d == 1.0
+    rows = kept[np.argsort(np.asarray(index.codes, np.int64)[kept], kind="stable")]
+    args = (store, index.codes, index.residuals, 16, beta_d)
+    shard_tokens = max(span[0]["num_tokens"] for span in spans)
+    assert len(lists_lib._shard_runs(spans, range(len(spans)), 1)) == len(spans)
+    assert 1 < len(lists_lib._shard_runs(spans, range(len(spans)), 2 * shard_tokens)) < len(spans)
+    for numba_on in (True, False):
+        if not numba_on:
+            monkeypatch.setattr(lists_lib, "numba", None)
+        for block_tokens in (1, 2 * shard_tokens, None):
+            (lists,) = lists_lib.token_rows_in_memory(*args, block_tokens=block_tokens)
+            np.testing.assert_array_equal(lists.rows, rows)
+            np.testing.assert_array_equal(
+                lists.docs, np.searchsorted(store.offsets, rows, "right") - 1
+            )
+            assert lists.offsets[-1] == len(kept)
+
+
 def test_stage_two_gives_its_best_their_centroid_scores_where_it_imputed(store, index):
     """``with_centroid_terms``: for stage 2's best ``fill_docs`` documents, each query token
     whose probed clusters hold none of a document's tokens (its best centroid score for the

@@ -55,6 +55,7 @@ DOC_LISTS = ("doc_code_offsets", "doc_codes")
 TOKEN_LISTS = ("tok_offsets", "tok_docs", "tok_residuals")
 IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
 TOKEN_BLOCK_BYTES = 1 << 28  # token-list entries (document + residual) filled at once: 256 MiB
+LOAD_BLOCK_TOKENS = 1 << 22  # tokens whose codes one pass of the lists by position reads at once
 # an --add writes the delta group while it holds at most this fraction of the tokens: its cost
 # is then at most this fraction of a full list write (which is ~1/8 of a build at 124M tokens)
 DELTA_FRACTION = 0.1
@@ -313,16 +314,56 @@ def token_lists_in_memory(store, codes, residuals, num_centroids: int, beta_d: f
     return TokenLists(offsets, docs, packed)
 
 
+def _shard_runs(spans, shards: range, tokens: int) -> list[range]:
+    """``shards`` cut into runs of consecutive shards holding at most ``tokens`` tokens each
+    (one shard at least)."""
+    runs, first, size = [], shards.start, 0
+    for i in shards:
+        n = spans[i][0]["num_tokens"]
+        if i > first and size + n > tokens:
+            runs.append(range(first, i))
+            first, size = i, 0
+        size += n
+    if first < shards.stop:
+        runs.append(range(first, shards.stop))
+    return runs
+
+
+def _run_bounds(spans, run: range) -> tuple[int, int, int, int]:
+    """(first token, end token, first document, end document) of a run of store shards."""
+    (_, first, first_doc), (last, start, doc_start) = spans[run[0]], spans[run[-1]]
+    return first, start + last["num_tokens"], first_doc, doc_start + last["num_docs"]
+
+
+def _kept_mask(store, spans, run: range, beta_d: float) -> np.ndarray | None:
+    """Which tokens of a run of store shards β^d keeps (``pruning.top_fraction_segments`` of
+    each shard's documents), or None where it keeps every token (the saliences not read)."""
+    if beta_d >= 1.0:
+        return None
+    start, stop = _run_bounds(spans, run)[:2]
+    mask = np.zeros(stop - start, bool)
+    for i in run:
+        salience, local = store.shard_arrays(i)[1:]
+        mask[pruning.top_fraction_segments(salience, local, beta_d) + (spans[i][1] - start)] = 1
+    return mask
+
+
 def token_rows_in_memory(
-    store, codes, residuals, num_centroids: int, beta_d: float
+    store, codes, residuals, num_centroids: int, beta_d: float, block_tokens: int | None = None
 ) -> list[TokenLists]:
     """The token lists by position, built in memory: for each segment of the index's
     ``residuals`` (``centroid_index.Segmented``), the lists of its shards' kept tokens with
     each token's document and its row in that segment (int32 below 2³¹ rows), the residuals
     read where they lie (``TokenLists.rows``). 8 bytes per kept token, whatever the bits and
     dimension: what a search holds where a copy of the residuals would not fit
-    (``centroid_index.LISTS_IN_MEMORY_MAX``). Same passes as ``token_lists_in_memory``: one
-    counts, one places each token (``_place_rows``), one shard's codes read at a time."""
+    (``centroid_index.LISTS_IN_MEMORY_MAX``).
+
+    Two passes over the segment's codes in runs of whole shards of at most ``block_tokens``
+    tokens (default ``LOAD_BLOCK_TOKENS``; their mapped pages released after each run): one
+    counts each centroid's kept tokens, one places them (``_place_rows``: each document's
+    tokens in order, no per-token document lookup). β^d's selection is made once per shard,
+    kept as one byte per token between the passes (none at β^d = 1)."""
+    block_tokens = block_tokens or LOAD_BLOCK_TOKENS
     spans = store.shard_spans()
     token_starts = np.array([span[1] for span in spans], np.int64)
     doc_dtype = np.int32 if store.num_docs < 2**31 else np.int64
@@ -330,34 +371,55 @@ def token_rows_in_memory(
     for k, segment in enumerate(residuals.arrays):
         start, stop = int(residuals.starts[k]), int(residuals.starts[k + 1])
         shards = range(*np.searchsorted(token_starts, [start, stop]).tolist())
-        offsets = _token_offsets(store, codes, shards, beta_d, num_centroids)
-        size = int(offsets[-1])
-        docs_out = np.empty(size, doc_dtype)
-        rows_out = np.empty(size, np.int32 if stop - start < 2**31 else np.int64)
+        runs = _shard_runs(spans, shards, block_tokens)
+        masks = [_kept_mask(store, spans, run, beta_d) for run in runs]
+        counts = np.zeros(num_centroids, np.int64)
+        for run, kept in zip(runs, masks, strict=True):
+            cents = codes.span(*_run_bounds(spans, run)[:2])
+            counts += np.bincount(cents if kept is None else cents[kept], minlength=num_centroids)
+            codes.release()
+        offsets = np.zeros(num_centroids + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        docs_out = np.empty(int(offsets[-1]), doc_dtype)
+        rows_out = np.empty(len(docs_out), np.int32 if stop - start < 2**31 else np.int64)
         cursor = offsets[:-1].copy()
-        for i in shards:
-            rows, cents, docs = _shard_tokens(store, codes, spans[i], i, beta_d)
-            first = spans[i][1] - start  # the shard's first row in the segment
+        for run, kept in zip(runs, masks, strict=True):
+            first, end, first_doc, end_doc = _run_bounds(spans, run)
+            cents = np.asarray(codes.span(first, end))
+            doc_offsets = store.offsets[first_doc : end_doc + 1] - first  # rows of the run
             if numba is not None:
-                _place_rows(cursor, cents, rows, first, docs, docs_out, rows_out)
+                every = kept is None
+                _place_rows(
+                    cursor, cents, _NO_MASK if every else kept, doc_offsets, first_doc,
+                    first - start, docs_out, rows_out,
+                )  # fmt: skip
             else:
-                slots = run_slots(cursor, cents)
-                docs_out[slots] = docs
-                rows_out[slots] = rows + first
+                rows = np.arange(end - first) if kept is None else np.flatnonzero(kept)
+                slots = run_slots(cursor, np.asarray(cents[rows], np.int64))
+                docs_out[slots] = np.searchsorted(doc_offsets, rows, side="right") - 1 + first_doc
+                rows_out[slots] = rows + (first - start)
             codes.release()
         out.append(TokenLists(offsets, docs_out, np.asarray(segment), rows_out))
     return out
 
 
-def _place_rows(cursor, cents, rows, first, docs, docs_out, rows_out):
-    """``_place_tokens`` for the lists by position: each token's document and its row in the
-    segment (``rows[t] + first``) go to its centroid's next slot."""
-    for t in range(len(cents)):
-        c = cents[t]
-        slot = cursor[c]
-        cursor[c] = slot + 1
-        docs_out[slot] = docs[t]
-        rows_out[slot] = rows[t] + first
+_NO_MASK = np.zeros(0, bool)
+
+
+def _place_rows(cursor, cents, kept, doc_offsets, first_doc, first_row, docs_out, rows_out):
+    """``_place_tokens`` for the lists by position, over a run of whole documents: each kept
+    token (every token where ``kept`` is empty) of document ``first_doc + d`` — rows
+    ``doc_offsets[d]:doc_offsets[d + 1]`` of ``cents`` — goes to its centroid's next slot, its
+    document and its row in the segment (``first_row`` + its row in the run)."""
+    every = len(kept) == 0
+    for d in range(len(doc_offsets) - 1):
+        for t in range(doc_offsets[d], doc_offsets[d + 1]):
+            if every or kept[t]:
+                c = cents[t]
+                slot = cursor[c]
+                cursor[c] = slot + 1
+                docs_out[slot] = first_doc + d
+                rows_out[slot] = first_row + t
 
 
 if numba is not None:

@@ -151,7 +151,7 @@ class CentroidSearchConfig:
       interaction = interaction_per_refine · refine
 
     ``residual_candidates``: stage 2 scores the probed clusters' tokens with their residuals
-    and stage 3 is skipped (see the module docstring); None: on (``for_index``), reading the
+    and stage 3 is skipped (see the module docstring); None: on (``decided``), reading the
     token lists the index maps, else a copy built at load, else — past
     ``centroid_index.LISTS_IN_MEMORY_MAX`` — the lists by position (``token_lists``).
     ``rescore_per_refine``: with residual candidates, stage 2's best
@@ -292,12 +292,11 @@ class CentroidSearchConfig:
             f"{name}.query_tokens_ref", self.query_tokens_ref, minimum=1, allow_none=True
         )
 
-    def for_index(self, index: ci.CentroidIndex, num_tokens: int) -> CentroidSearchConfig:
-        """This config with its automatic fields decided for ``index`` (of a store of
-        ``num_tokens`` tokens): ``residual_candidates`` None = on (every index can read its
-        tokens by centroid: ``CentroidSearcher.token_lists``). ``probe_docs`` stays as given
+    def decided(self) -> CentroidSearchConfig:
+        """This config with ``residual_candidates`` decided: None = on, for every index (each
+        can read its tokens by centroid, ``CentroidSearcher.token_lists``; stop 73's lists by
+        position, where it once depended on the index's size). ``probe_docs`` stays as given
         (None: it follows the requested k, ``documents_per_probe``)."""
-        del index, num_tokens  # every index qualifies since the lists by position (stop 73)
         residual = True if self.residual_candidates is None else self.residual_candidates
         return dataclasses.replace(self, residual_candidates=residual)
 
@@ -316,7 +315,7 @@ class CentroidSearchConfig:
         the mean number of documents in an inverted list), ``k`` requested documents (0: not
         known; the probes of the deepest search) and a query of ``n`` probing tokens (0: not
         known; ``query_tokens_ref``); an automatic ``probe_docs`` counts as ``PROBE_DOCS``
-        unless residual candidates are on (``for_index`` decides them)."""
+        unless residual candidates are on (``decided`` decides them)."""
         reach = self.documents_per_probe(k or None)
         if not self.probe_docs:
             reach = reach * reach_factor(num_docs)
@@ -571,7 +570,7 @@ class CentroidSearcher:
         """``salience=False``: every stored token's u^d is 1 (``SearchConfig.salience``)."""
         self.store = store
         self.index = index
-        self.config = (config or CentroidSearchConfig()).for_index(index, store.num_tokens)
+        self.config = (config or CentroidSearchConfig()).decided()
         self.list_docs = index.lists.num_entries / max(index.num_centroids, 1)
         self.probes, self.interaction_docs, self.refine_docs = self.counts()
         self._scratch = threading.local()
