@@ -1314,9 +1314,10 @@ def test_compiled_token_placement_equals_numpys_run_slots(tmp_path, monkeypatch,
 def test_lists_by_position_are_the_same_whatever_the_runs_and_without_numba(
     tmp_path, monkeypatch, beta_d
 ):
-    """``token_rows_in_memory`` reads the codes in runs of whole shards (``block_tokens``):
-    one shard per run, a few, or all give the stable sort of the kept tokens by centroid —
-    documents and rows — compiled (``_place_rows``) or with NumPy's ``run_slots``."""
+    """``token_rows_in_memory`` reads the codes in runs of whole shards (``block_tokens``) and
+    places them split by centroid between threads: one shard per run, a few, or all, in one
+    to three threads, give the stable sort of the kept tokens by centroid — documents and
+    rows — compiled (``_place_rows``) or with NumPy's ``run_slots``."""
     store = write_store(tmp_path / "idx", random_documents(70, 16, seed=8, max_len=40), 16, 11)
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=16, beta_d=beta_d))
     spans = store.shard_spans()
@@ -1328,11 +1329,15 @@ def test_lists_by_position_are_the_same_whatever_the_runs_and_without_numba(
     shard_tokens = max(span[0]["num_tokens"] for span in spans)
     assert len(lists_lib._shard_runs(spans, range(len(spans)), 1)) == len(spans)
     assert 1 < len(lists_lib._shard_runs(spans, range(len(spans)), 2 * shard_tokens)) < len(spans)
+    offsets = np.r_[0, np.cumsum([5, 0, 0, 7, 1, 0, 9])]
+    assert lists_lib._centroid_parts(offsets, 1) == [(0, 7)]
+    assert lists_lib._centroid_parts(offsets, 3) == [(0, 4), (4, 7)]  # 12 | 10 entries
+    assert lists_lib._centroid_parts(np.zeros(4, np.int64), 2) == [(0, 3)]
     for numba_on in (True, False):
         if not numba_on:
             monkeypatch.setattr(lists_lib, "numba", None)
-        for block_tokens in (1, 2 * shard_tokens, None):
-            (lists,) = lists_lib.token_rows_in_memory(*args, block_tokens=block_tokens)
+        for block_tokens, threads in ((1, 1), (2 * shard_tokens, 3), (None, 2)):
+            (lists,) = lists_lib.token_rows_in_memory(*args, block_tokens, threads)
             np.testing.assert_array_equal(lists.rows, rows)
             np.testing.assert_array_equal(
                 lists.docs, np.searchsorted(store.offsets, rows, "right") - 1
