@@ -1,4 +1,4 @@
-r"""Twenty-three query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-four query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,11 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``touch_lines`` (``probe_scores._touch``, stop 75): each scattered row's first and last
+    bytes read outright, a loop only over the lines between — against a loop over a row's
+    lines that read the first one too (stop 73's ``_touch``, verbatim: one turn per row of 32
+    bytes). Timed: ``CentroidSearcher`` queries at the defaults, on an index whose search reads
+    the lists by position (past ``LISTS_IN_MEMORY_MAX``: SciFact grown 100×), the same rankings.
   * ``touch`` (``probe_scores._run_sums``, stop 73): the lists by position read
     ``TOUCH_ROWS`` scattered rows at a time, each block's cache lines brought in by a loop of
     independent loads before its rows are scored (``_touch``) — against scoring each
@@ -515,6 +520,73 @@ if probe_scores.numba is not None:
 untouched_accumulate = _untouched_accumulate
 
 
+def _looped_touch(packed, rows, lo, first, stop, sums, sink):  # pragma: no cover - compiled
+    """``probe_scores._touch`` of stop 73, verbatim: one byte of every cache line of rows
+    ``rows[lo + first : lo + stop]`` read, the first line's inside the loop over lines."""
+    last = packed.shape[1] - 1
+    t = np.uint8(0)
+    for r in range(first, stop):
+        j = rows[lo + r]
+        for b in range(0, last, 64):
+            t ^= packed[j, b]
+        t ^= packed[j, last]
+    sums[sink] = t
+
+
+def _looped_run_sums(packed, rows, lo, length, w, bits, sums):  # pragma: no cover - compiled
+    """``probe_scores._run_sums`` with stop 73's ``_touch`` (``_looped_touch``)."""
+    if len(rows) == 0:
+        _row_sums(packed, rows, False, lo, 0, length, w, bits, sums)
+        return
+    for first in range(0, length, probe_scores.TOUCH_ROWS):
+        stop = min(first + probe_scores.TOUCH_ROWS, length)
+        _looped_touch(packed, rows, lo, first, stop, sums, length)
+        _row_sums(packed, rows, True, lo, first, stop, w, bits, sums)
+
+
+def _looped_accumulate(
+    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+    weights, imputed, floor, acc, seen, touched, sums,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``probe_scores._accumulate`` (today's, verbatim) over ``_looped_run_sums``: stop 74's
+    compiled pass, whose only difference is the touch loop."""
+    n, p = where.shape
+    for i in range(n):
+        m = 0
+        w = planes[i]
+        step = scale[i]
+        for a in range(p):
+            c = where[i, a]
+            base = top_scores[i, a] + constant[i]
+            lo = starts[c]
+            length = lengths[c]
+            _looped_run_sums(packed, rows, lo, length, w, bits, sums)
+            for r in range(length):
+                value = base + step * np.float32(sums[r])
+                d = docs[lo + r]
+                best = floor[d]
+                touched[m] = d
+                m += best == -np.inf  # the first time this query token reaches d
+                floor[d] = value if value > best else best
+        for t in range(m):
+            d = touched[t]
+            acc[d] += weights[i] * (floor[d] - imputed[i])
+            seen[d] = True
+            floor[d] = -np.inf
+
+
+_row_sums = probe_scores._sums  # compiled (inlined) where numba is installed
+if probe_scores.numba is not None:
+    _looped_touch = probe_scores.numba.njit(inline="always", nogil=True)(_looped_touch)
+    _looped_run_sums = probe_scores.numba.njit(inline="always", nogil=True, fastmath=_FLOAT_FLAGS)(
+        _looped_run_sums
+    )
+    _looped_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
+        _looped_accumulate
+    )
+looped_accumulate = _looped_accumulate
+
+
 def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
     """``gather_max.tokens_at_best`` before: the rows' centroid scores gathered into a scratch
     ``[rows, n]`` matrix, then compared whole (``centroid_search._at_best``)."""
@@ -762,7 +834,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
 )  # fmt: skip
 
@@ -830,6 +902,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._best = NEW["best"] if after else partition_best
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
+
+    def lined(which):  # the default search (lists by position past LISTS_IN_MEMORY_MAX)
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else looped_accumulate
 
     def touched(which):  # on the lists by position
         residual.centroid._token_lists = lists["by_position"]
@@ -903,6 +978,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("touch_lines", lined, searcher),  # the default search, lists by position at scale
         ("touch", touched, residual),  # the lists by position: rows touched in blocks first
         ("by_position", position, residual),  # residual candidates' lists: copy or positions
         ("rows_branch", branch, residual),  # the compiled pass, lists holding residuals

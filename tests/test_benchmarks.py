@@ -550,9 +550,10 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
             probe_scores._accumulate = ab.NEW["accumulate"]
         np.testing.assert_array_equal(before[0], new[0])
         np.testing.assert_allclose(before[1], new[1], rtol=rtol, atol=1e-6 if rtol else 0.0)
-    # the lists by position, rows touched in blocks or scored as read: the same as the copy
+    # the lists by position, rows touched in blocks (stop 73's touch loop too) or scored as
+    # read: the same as the copy
     searcher._token_lists = searcher._build_token_lists(by_position=True)
-    for kernel in (ab.NEW["accumulate"], ab.untouched_accumulate):
+    for kernel in (ab.NEW["accumulate"], ab.untouched_accumulate, ab.looped_accumulate):
         try:
             probe_scores._accumulate = kernel
             by_position = searcher._score_probed(q, w, top, top_scores, imputed, None)

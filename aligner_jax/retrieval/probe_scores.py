@@ -97,12 +97,18 @@ def _touch(packed, rows, lo, first, stop, sums, sink):  # pragma: no cover - com
     """Reads one byte of every cache line of rows ``rows[lo + first : lo + stop]`` (their sum
     kept in ``sums[sink]``, so that the reads stay): a loop of independent loads, whose misses
     the CPU serves many at a time, where the arithmetic between one row's reads and the next's
-    lets it serve about one."""
+    lets it serve about one. A row's first and last bytes are read outright, a loop only for
+    the lines between (rows of more than 64 bytes): with the first line's read inside that loop
+    too, a row of 32 bytes took a loop of one turn per row, and those loops, not the reads,
+    held back the loads (the scattered rows of SciFact grown 100×, trained, 2 bits: touched and
+    scored in 26–30 against 14–16 ms per query, one thread; ``benchmarks/query_path_ab.py``'s
+    ``touch_lines``)."""
     last = packed.shape[1] - 1
     t = np.uint8(0)
     for r in range(first, stop):
         j = rows[lo + r]
-        for b in range(0, last, 64):
+        t ^= packed[j, 0]
+        for b in range(64, last, 64):
             t ^= packed[j, b]
         t ^= packed[j, last]
     sums[sink] = t
