@@ -105,6 +105,12 @@ def _open(index_dir: str):
     store = ts.TokenStore(index_dir)
     index = ci.CentroidIndex.load(store)
     beta_d = index.meta["config"]["beta_d"]
+    if any(g.get("order") == "clusters" for g in index.meta["segments"]):
+        raise app.UsageError(  # stop 73's code places rows, not the positions of stop 75's
+            f"--index_dir={index_dir}: its residuals are grouped by centroid (stop 75's "
+            "cluster_order); compare the builds on an index in store order "
+            "(--gin.CentroidIndexConfig.cluster_order=False)"
+        )
     return store, (store, index.codes, index.residuals, index.num_centroids, beta_d)
 
 

@@ -102,7 +102,8 @@ def markdown(report: dict) -> str:
         f"{report['rounds']} timed rounds after one untimed; load average before "
         f"{report['loadavg_before']}, after {report['loadavg_after']}.",
         "",
-        "| k | scale | tokens | p50 / p99 ms | p50 ratio to 1× | 95 % interval |",
+        f"| k | scale | tokens | p50 / p99 ms | p50 ratio to {report['rows'][0]['scale']}× | "
+        "95 % interval |",
         "|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:

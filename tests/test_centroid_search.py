@@ -631,10 +631,80 @@ def test_default_token_lists_are_written_where_a_search_could_not_hold_them(tmp_
         grown, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2)
     )
     assert not compact.lists.has_token_lists and compact.meta["token_lists"] is False
-    (by_position,) = cs.CentroidSearcher(grown, compact).token_lists()  # nothing may be copied
+    # nothing may be copied: grouped by centroid, the segment's residuals are its lists'
+    assert compact.meta["segments"][0]["order"] == "clusters"
+    (by_position,) = cs.CentroidSearcher(grown, compact).token_lists()
+    assert by_position.rows is None
+    unordered = ci.CentroidIndex.build(
+        grown, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2, cluster_order=False)
+    )
+    (by_position,) = cs.CentroidSearcher(grown, unordered).token_lists()
     assert by_position.rows is not None
     with pytest.raises(errors.ConfigError, match="token_lists"):
         ci.CentroidIndexConfig(token_lists="yes")
+
+
+def test_an_index_grouped_by_centroid_reads_and_ranks_as_in_store_order(tmp_path, monkeypatch):
+    """``cluster_order``: the segment's residual file holds the store-order residuals in the
+    stable order of their codes; every read through the index (rows, spans, the whole) gives
+    them in store order; a search's lists read them as runs (no rows) and hand the index its
+    position map; searches rank as on the same index in store order, before and after an
+    ``--add`` (whose segment stays in store order)."""
+    from aligner_jax.indexing import updates
+
+    docs = random_documents(90, DIM, seed=12, max_len=30)
+    config = {"num_centroids": 16, "residual_bits": 2}
+    indexes = {}
+    for order in (False, True):
+        store = write_store(tmp_path / str(order), docs[:70], DIM, 9)
+        built = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(**config, cluster_order=order))
+        indexes[order] = (store, built)
+    (store, plain), (_, grouped) = indexes[False], indexes[True]
+    assert grouped.meta["segments"][0]["order"] == "clusters"
+    assert "order" not in plain.meta["segments"][0]
+    assert grouped.meta["config"]["cluster_order"] is True
+    codes = np.asarray(plain.codes)
+    np.testing.assert_array_equal(np.asarray(grouped.codes), codes)
+    want = np.asarray(plain.residuals)
+    (raw,) = grouped.residuals.arrays
+    np.testing.assert_array_equal(raw, want[np.argsort(codes, kind="stable")])
+    assert not np.array_equal(raw, want)
+    np.testing.assert_array_equal(np.asarray(grouped.residuals), want)
+    rows = np.random.default_rng(0).integers(0, len(want), 50)
+    np.testing.assert_array_equal(grouped.residuals[rows], want[rows])
+    np.testing.assert_array_equal(grouped.residuals.span(7, 61), want[7:61])
+
+    monkeypatch.setattr(ci, "LISTS_IN_MEMORY_MAX", 0)  # the plain index's lists by position
+    for grown in (False, True):
+        searchers = {}
+        for order in (False, True):
+            store = ts.TokenStore(tmp_path / str(order))
+            searchers[order] = cs.CentroidSearcher(store, ci.CentroidIndex.load(store))
+        lists = {order: s.token_lists() for order, s in searchers.items()}
+        assert lists[True][0].rows is None and lists[False][0].rows is not None
+        np.testing.assert_array_equal(lists[True][0].docs, lists[False][0].docs)
+        np.testing.assert_array_equal(
+            np.asarray(lists[True][0].residuals), want[np.asarray(lists[False][0].rows)]
+        )
+        positions = searchers[True].index.residuals._positions[0]  # handed over by the lists
+        np.testing.assert_array_equal(positions, ci.cluster_positions(codes))
+        if grown:
+            assert [len(lst) for lst in lists.values()] == [2, 2]  # the added segment's lists
+            assert lists[True][1].rows is not None  # in store order
+        for seed in range(6):
+            q = _query(40 + seed, n=6)
+            for k in (10, 100):
+                (a,), _ = searchers[False].search(q.vectors, q.salience, np.arange(6), k)
+                (b,), _ = searchers[True].search(q.vectors, q.salience, np.arange(6), k)
+                np.testing.assert_array_equal(a[0], b[0])
+                np.testing.assert_array_equal(a[1], b[1])
+        if not grown:
+            for order in (False, True):
+                updates.add_encoded(tmp_path / str(order), docs[70:])
+    with pytest.raises(errors.ConfigError, match="cluster_order=True needs beta_d=1.0"):
+        ci.CentroidIndexConfig(cluster_order=True, beta_d=0.5)
+    with pytest.raises(errors.ConfigError, match="token_lists"):
+        ci.CentroidIndexConfig(cluster_order=True, token_lists=True)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")

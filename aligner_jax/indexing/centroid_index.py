@@ -11,7 +11,9 @@ rebuilding anything:
   ``search_index/cells-G.npy``                float32 ``[cells, D]`` its coarse cells
   ``search_index/codec-G.npy``                float32 ``[2, D]`` residual grid (lower, step)
   ``search_index/segment-G.codes.npy``        uint16/int32 ``[T_G]`` centroid id of each token
-  ``search_index/segment-G.residuals.npy``    uint8 ``[T_G, W]`` packed b-bit residuals
+  ``search_index/segment-G.residuals.npy``    uint8 ``[T_G, W]`` packed b-bit residuals, in
+                                              store order, or grouped by centroid
+                                              (``cluster_order``: the segment's ``order``)
   ``search_index/segment-G.salience.npy``     uint8 ``[T_G]`` u^d (models with saliences), in
                                               steps of the segment's ``salience_scale`` (its
                                               largest u^d / 255; 0 stays exactly 0)
@@ -58,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -78,13 +81,15 @@ from aligner_jax.indexing.sample_file import SampleFile
 SUBDIR = "search_index"
 DRIFT_LIMIT = 0.02  # drift above which --compact re-clusters (mean max centroid score)
 LISTS_IN_MEMORY_MAX = 512 << 20  # bytes of token lists a search copies at load (past: by position)
-FORMAT = "aligner_jax.indexing.centroid_index/6"
+FORMAT = "aligner_jax.indexing.centroid_index/7"
 # /3: float16 saliences (no ``salience_scale``), still read segment by segment; /3 and /4 always
-# hold document → centroid lists; up to /5 one list group named in ``tables``
+# hold document → centroid lists; up to /5 one list group named in ``tables``; up to /6 every
+# segment in store order (/7: a segment's ``order`` may be ``clusters``, ``cluster_order``)
 READABLE = (
     "aligner_jax.indexing.centroid_index/3",
     "aligner_jax.indexing.centroid_index/4",
     "aligner_jax.indexing.centroid_index/5",
+    "aligner_jax.indexing.centroid_index/6",
     FORMAT,
 )
 CHUNK = 1 << 16  # tokens per assignment / compression step
@@ -163,6 +168,16 @@ class CentroidIndexConfig:
         (``CentroidSearchConfig.mean_weight``). None (the default, ``writes_doc_means``):
         written unless the residuals take 2 bits (the compact index: 39 → 41 B per token at
         128-d).
+      cluster_order: write the segment's residuals grouped by centroid (each centroid's
+        tokens in store order; the segment's ``"order": "clusters"``) instead of in store
+        order, the same bytes: a search then reads each probed cluster's residuals as one run
+        where they lie, with no copy of them (WARP's layout without ``token_lists``' second copy),
+        and finds a token's residual for refinement through a position map it builds at load
+        (4 bytes per token in memory, in place of the 4 of the lists by position's rows:
+        ``Segmented``, ``inverted_lists.token_rows_in_memory``). None (the default,
+        ``writes_cluster_order``): where a search would otherwise read the lists by position
+        (no ``token_lists``, β^d = 1, their copy over ``LISTS_IN_MEMORY_MAX``). Requires β^d
+        = 1 and no ``token_lists``. Segments an ``--add`` writes stay in store order.
       seed: k-means initialisation and sampling.
     """
 
@@ -178,6 +193,7 @@ class CentroidIndexConfig:
     doc_lists_max_fraction: float = 0.75
     token_lists: bool | None = None
     doc_means: bool | None = None
+    cluster_order: bool | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -198,6 +214,16 @@ class CentroidIndexConfig:
             raise ConfigError(
                 f"{checks.flag(name + '.doc_means', self.doc_means)}: expected True, False "
                 "or None (written unless the residuals take 2 bits)"
+            )
+        if self.cluster_order is not None and not isinstance(self.cluster_order, bool):
+            raise ConfigError(
+                f"{checks.flag(name + '.cluster_order', self.cluster_order)}: expected True, "
+                "False or None (where a search would read the lists by position)"
+            )
+        if self.cluster_order and (self.beta_d < 1.0 or self.token_lists):
+            raise ConfigError(
+                f"{name}.cluster_order=True needs beta_d=1.0 and token_lists other than True "
+                f"(got beta_d={self.beta_d}, token_lists={self.token_lists})"
             )
         for field in ("kmeans_iterations", "sample_per_centroid", "max_centroid_product"):
             checks.integer(f"{name}.{field}", getattr(self, field), minimum=1)
@@ -221,18 +247,52 @@ class Segmented:
     ``salience`` of the segments, in store order); ``[rows]`` gathers any rows.
 
     ``scales`` (one per segment, or None): the arrays hold quantised values, read as float32
-    ``value × scale`` (a None scale: that segment's values as stored)."""
+    ``value × scale`` (a None scale: that segment's values as stored).
 
-    def __init__(self, arrays: list[np.ndarray], scales: list[float | None] | None = None):
+    ``orders`` (one per segment, or None): for a segment written grouped by centroid
+    (``CentroidIndexConfig.cluster_order``), the codes of its tokens in store order, from which
+    its position map (store row → row of the array: ``cluster_positions``) is made on first
+    read, unless a search handed it over first (``set_positions``); None: store order."""
+
+    def __init__(
+        self,
+        arrays: list[np.ndarray],
+        scales: list[float | None] | None = None,
+        orders: list | None = None,
+    ):
         self.arrays = arrays
         self.scales = scales if scales and any(x is not None for x in scales) else None
         self.starts = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
+        self.orders = orders or [None] * len(arrays)
+        self._positions = [None] * len(arrays)
+        self._lock = threading.Lock()
+
+    def clustered(self, k: int) -> bool:
+        """Whether segment ``k``'s rows lie grouped by centroid (read through its positions)."""
+        return self.orders[k] is not None
+
+    def set_positions(self, k: int, positions: np.ndarray) -> None:
+        """Segment ``k``'s position map, built elsewhere (``token_rows_in_memory``)."""
+        self._positions[k] = positions
+
+    def positions_nbytes(self) -> int:
+        """Bytes of the position maps made or handed over so far."""
+        return sum(p.nbytes for p in self._positions if p is not None)
+
+    def positions(self, k: int) -> np.ndarray:
+        """Segment ``k``'s position map: the row of its array holding each store row."""
+        with self._lock:
+            if self._positions[k] is None:
+                self._positions[k] = cluster_positions(np.asarray(self.orders[k]))
+            return self._positions[k]
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def _read(self, k: int, rows) -> np.ndarray:
         array = self.arrays[k]
+        if self.orders[k] is not None:  # grouped by centroid: store rows through the map
+            rows = self.positions(k)[rows]
         if isinstance(rows, slice) or np.asarray(rows).dtype == bool:
             values = array[rows]
         else:  # np.take gathers rows about twice as fast as fancy indexing (29k rows of 192 B)
@@ -280,6 +340,15 @@ class Segmented:
             if end >= stop:
                 return parts[0] if len(parts) == 1 else np.concatenate(parts)
             start = end
+
+
+def cluster_positions(codes: np.ndarray) -> np.ndarray:
+    """Where each token lies in a segment grouped by centroid (``cluster_order``): the stable
+    order of ``codes`` inverted (int32 below 2³¹ tokens)."""
+    order = np.argsort(codes, kind="stable")
+    positions = np.empty(len(codes), np.int32 if len(codes) < 2**31 else np.int64)
+    positions[order] = np.arange(len(codes), dtype=positions.dtype)
+    return positions
 
 
 class CentroidIndex:
@@ -422,6 +491,8 @@ class CentroidIndex:
                 residuals=_segment_rows(out, meta, "residuals") if lists else None,
             )
         ]  # fmt: skip
+        if writes_cluster_order(config, total_kept, store.dim):
+            _group_by_centroid(store, out, meta, segment, len(centroids))
         index = cls._finish(out, meta)
         if commit:
             index.commit(store)
@@ -664,6 +735,10 @@ class CentroidIndex:
             arrays[kind] = Segmented(
                 [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales
             )
+        arrays["residuals"].orders = [  # segments grouped by centroid: read through their codes
+            codes if g.get("order") == "clusters" else None
+            for g, codes in zip(meta["segments"], arrays["codes"].arrays, strict=True)
+        ]
         for kind in _doc_kinds(meta):  # one row per document, segments in store order
             arrays[kind] = Segmented([mapped(f"{g['name']}.{kind}") for g in meta["segments"]])
         return cls(out, meta, arrays)
@@ -848,6 +923,31 @@ def writes_token_lists(config: CentroidIndexConfig, kept_tokens: int, dim: int) 
         return config.token_lists
     bits = config.residual_bits
     return bits > 2 and token_lists_bytes(kept_tokens, dim, bits) > LISTS_IN_MEMORY_MAX
+
+
+def writes_cluster_order(config: CentroidIndexConfig, kept_tokens: int, dim: int) -> bool:
+    """Whether a build writes its segment's residuals grouped by centroid: as set, or
+    (``cluster_order=None``) where a search would read its token lists by position (no token
+    lists written, β^d = 1, their copy in memory over ``LISTS_IN_MEMORY_MAX``)."""
+    if config.cluster_order is not None:
+        return config.cluster_order
+    return (
+        not writes_token_lists(config, kept_tokens, dim)
+        and config.beta_d >= 1.0
+        and token_lists_bytes(kept_tokens, dim, config.residual_bits) > LISTS_IN_MEMORY_MAX
+    )
+
+
+def _group_by_centroid(store, out: Path, meta: dict, segment: dict, num_centroids: int) -> None:
+    """Rewrites the build's segment residuals grouped by centroid (``cluster_order``), in
+    blocks of consecutive centroids (``inverted_lists.write_clustered``), and marks the
+    segment so."""
+    path = out / f"{segment['name']}.residuals.npy"
+    lists_lib.write_clustered(
+        store, _segment_rows(out, meta), _segment_rows(out, meta, "residuals"), num_centroids,
+        path,
+    )  # fmt: skip
+    segment["order"] = "clusters"
 
 
 def recorded_config(directory: Path) -> CentroidIndexConfig:

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from aligner_jax.common import blas, fileio, workers
+from aligner_jax.common import blas, fileio, progress, workers
 from aligner_jax.core import pruning
 from aligner_jax.indexing import kmeans
 
@@ -55,6 +55,9 @@ DOC_LISTS = ("doc_code_offsets", "doc_codes")
 TOKEN_LISTS = ("tok_offsets", "tok_docs", "tok_residuals")
 IVF_BLOCK_PAIRS = 1 << 25  # inverted-file entries (int32) filled in memory at once: 128 MiB
 TOKEN_BLOCK_BYTES = 1 << 28  # token-list entries (document + residual) filled at once: 256 MiB
+# a segment's residuals grouped by centroid, filled at once (and a document each): a smaller
+# block than the token lists', for more passes, so that the build's peak stays as it was
+CLUSTER_BLOCK_BYTES = 1 << 26
 LOAD_BLOCK_TOKENS = 1 << 22  # tokens whose codes one pass of the lists by position reads at once
 # an --add writes the delta group while it holds at most this fraction of the tokens: its cost
 # is then at most this fraction of a full list write (which is ~1/8 of a build at 124M tokens)
@@ -314,6 +317,33 @@ def token_lists_in_memory(store, codes, residuals, num_centroids: int, beta_d: f
     return TokenLists(offsets, docs, packed)
 
 
+def write_clustered(
+    store, codes, residuals, num_centroids: int, path: Path, block_bytes: int | None = None
+) -> None:
+    """Rewrites ``path``, the packed residuals of every store token (``residuals``, indexed by
+    store row as ``codes``), grouped by centroid, each centroid's tokens in store order
+    (``CentroidIndexConfig.cluster_order``): the token lists' residuals over every token
+    (``write_token_lists`` without their documents), each block of consecutive centroids of
+    at most ``block_bytes`` (default ``CLUSTER_BLOCK_BYTES``) filled by one pass over the
+    shards (``_token_block``). The file is replaced when every block is written
+    (``fileio.NpyStream``: until then it is read as it was)."""
+    shards = range(len(store.shard_spans()))
+    width = residuals.arrays[0].shape[1]
+    offsets = _token_offsets(store, codes, shards, 1.0, num_centroids)
+    per_block = max(1, (block_bytes or CLUSTER_BLOCK_BYTES) // (width + 4))
+    total = int(offsets[-1])
+    with (
+        fileio.NpyStream(path, (total, width), np.uint8) as out,
+        progress.Progress(total, "search index: residuals grouped by centroid", "token") as bar,
+    ):
+        bounds = _blocks(offsets, per_block)
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            _, packed = _token_block(store, codes, residuals, shards, 1.0, offsets, lo, hi)
+            out.write(packed)
+            bar.update(len(packed))
+            del packed
+
+
 def _shard_runs(spans, shards: range, tokens: int) -> list[range]:
     """``shards`` cut into runs of consecutive shards holding at most ``tokens`` tokens each
     (one shard at least)."""
@@ -372,7 +402,13 @@ def token_rows_in_memory(
     split by centroid between ``threads`` (default ``blas.threads()``, the search's
     ``--threads``): each reads the run's codes and writes only its centroids' slots, the
     scattered writes of one thread being what that pass waits on (63.9M tokens: 2.6 s of
-    the build's 3.6 s in one thread)."""
+    the build's 3.6 s in one thread).
+
+    A segment grouped by centroid (``CentroidIndexConfig.cluster_order``; β^d = 1) holds its
+    lists' residuals in list order already: its lists read them where they lie (no ``rows``),
+    and the placing pass writes each token's position in the segment instead, the position
+    map its store-order reads go through (``Segmented.set_positions``): 8 bytes per token
+    as well."""
     block_tokens = block_tokens or LOAD_BLOCK_TOKENS
     spans = store.shard_spans()
     token_starts = np.array([span[1] for span in spans], np.int64)
@@ -390,6 +426,9 @@ def token_rows_in_memory(
             codes.release()
         offsets = np.zeros(num_centroids + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
+        clustered = residuals.clustered(k)
+        if clustered and beta_d < 1.0:
+            raise ValueError("a segment grouped by centroid holds every token: beta_d must be 1")
         docs_out = np.empty(int(offsets[-1]), doc_dtype)
         rows_out = np.empty(len(docs_out), np.int32 if stop - start < 2**31 else np.int64)
         cursor = offsets[:-1].copy()
@@ -401,16 +440,23 @@ def token_rows_in_memory(
             if numba is not None:
                 mask = _NO_MASK if kept is None else kept
                 _place_in_parts(
-                    parts, cursor, cents, mask, doc_offsets, first_doc, first - start, docs_out,
-                    rows_out,
+                    parts, cursor, cents, mask, doc_offsets, first_doc, first - start, clustered,
+                    docs_out, rows_out,
                 )  # fmt: skip
             else:
                 rows = np.arange(end - first) if kept is None else np.flatnonzero(kept)
                 slots = run_slots(cursor, np.asarray(cents[rows], np.int64))
                 docs_out[slots] = np.searchsorted(doc_offsets, rows, side="right") - 1 + first_doc
-                rows_out[slots] = rows + (first - start)
+                if clustered:
+                    rows_out[rows + (first - start)] = slots
+                else:
+                    rows_out[slots] = rows + (first - start)
             codes.release()
-        out.append(TokenLists(offsets, docs_out, np.asarray(segment), rows_out))
+        if clustered:  # rows_out holds the position map
+            residuals.set_positions(k, rows_out)
+        out.append(
+            TokenLists(offsets, docs_out, np.asarray(segment), None if clustered else rows_out)
+        )
     return out
 
 
@@ -426,11 +472,11 @@ def _centroid_parts(offsets: np.ndarray, parts: int) -> list[tuple[int, int]]:
     return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _place_in_parts(parts, cursor, cents, kept, doc_offsets, first_doc, first_row, *out):
+def _place_in_parts(parts, cursor, cents, kept, doc_offsets, first_doc, first_row, inverse, *out):
     """``_place_rows`` of each centroid range of ``parts``, the first in this thread, the
     others in ``common.workers``' threads (the compiled pass releases the GIL; the ranges
     share no slot)."""
-    args = (cursor, cents, kept, doc_offsets, first_doc, first_row)
+    args = (cursor, cents, kept, doc_offsets, first_doc, first_row, inverse)
     if len(parts) == 1:
         _place_rows(*args, *parts[0], *out)
         return
@@ -441,12 +487,15 @@ def _place_in_parts(parts, cursor, cents, kept, doc_offsets, first_doc, first_ro
         future.result()
 
 
-def _place_rows(cursor, cents, kept, doc_offsets, first_doc, first_row, lo, hi, docs_out, rows_out):
+def _place_rows(
+    cursor, cents, kept, doc_offsets, first_doc, first_row, inverse, lo, hi, docs_out, rows_out
+):
     """``_place_tokens`` for the lists by position, over a run of whole documents: each kept
     token (every token where ``kept`` is empty) of document ``first_doc + d`` — rows
     ``doc_offsets[d]:doc_offsets[d + 1]`` of ``cents`` — whose centroid is in ``[lo, hi)``
     goes to its centroid's next slot, its document and its row in the segment (``first_row``
-    + its row in the run)."""
+    + its row in the run); with ``inverse``, ``rows_out`` at that row gets the slot instead
+    (a segment grouped by centroid: the position map)."""
     every = len(kept) == 0
     for d in range(len(doc_offsets) - 1):
         for t in range(doc_offsets[d], doc_offsets[d + 1]):
@@ -455,7 +504,10 @@ def _place_rows(cursor, cents, kept, doc_offsets, first_doc, first_row, lo, hi, 
                 slot = cursor[c]
                 cursor[c] = slot + 1
                 docs_out[slot] = first_doc + d
-                rows_out[slot] = first_row + t
+                if inverse:
+                    rows_out[first_row + t] = slot
+                else:
+                    rows_out[slot] = first_row + t
 
 
 if numba is not None:

@@ -57,7 +57,9 @@ An index without token lists gets a copy built at load while it takes at most
 and 4 bits), else lists by position (8 bytes per kept token; each probed token's residual
 read from the index's map where it lies: ``CentroidSearcher.token_lists``). An index built
 with the default ``CentroidIndexConfig.token_lists`` holds them past that size, except at 2
-bits (kept compact: its lists would double it).
+bits (kept compact: its lists would double it), where the build writes the residuals
+grouped by centroid instead of in store order (``CentroidIndexConfig.cluster_order``): the
+lists read them as runs, and refinement through a position map built at load.
 
 With ``SearchConfig.refine = 'xtr'`` the compressed index runs the XTR scorer f_XTR′ (XTR Eq. 4)
 the way the WARP engine does instead of stages 2–4: each kept query token probes its
@@ -889,13 +891,19 @@ class CentroidSearcher:
         built by position instead (``inverted_lists.token_rows_in_memory``, one set per index
         segment): each token's document and its row in the segment, 8 bytes per kept token
         whatever the bits and dimension, the residuals read from the index's map where they
-        lie — one scattered read per probed token instead of a contiguous run."""
+        lie — one scattered read per probed token instead of a contiguous run — except in a
+        segment written grouped by centroid (``CentroidIndexConfig.cluster_order``, the
+        default of such an index since stop 75), whose residuals are its lists' own, read as
+        contiguous runs (its 4 bytes per token of rows become the position map refinement
+        reads it through)."""
         if self._token_lists is None:
             self._token_lists = self.index.lists.token_lists()
         if self._token_lists is None:
             start = time.perf_counter()
             copy = lists_in_memory_bytes(self.index, self.store.num_tokens)
-            by_position = copy > ci.LISTS_IN_MEMORY_MAX
+            residuals = self.index.residuals
+            grouped = any(residuals.clustered(k) for k in range(len(residuals.arrays)))
+            by_position = copy > ci.LISTS_IN_MEMORY_MAX or grouped
             built = self._build_token_lists(by_position)
             logging.info(
                 "%s: token lists built in memory%s (%.0f MB, %.1f s); an index built with "
@@ -904,7 +912,17 @@ class CentroidSearcher:
                 f" by position (a copy of the residuals would take {copy / 2**30:.1f} GiB)"
                 if by_position
                 else "",
-                sum(lists.nbytes for lists in built) / 1e6,
+                (
+                    sum(
+                        lists.nbytes
+                        if lists.rows is not None or not grouped
+                        # grouped by centroid: the segment's map is the lists' residuals
+                        else lists.docs.nbytes + lists.offsets.nbytes
+                        for lists in built
+                    )
+                    + residuals.positions_nbytes()
+                )
+                / 1e6,
                 time.perf_counter() - start,
             )
             self._token_lists = built
