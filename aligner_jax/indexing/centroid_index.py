@@ -732,13 +732,17 @@ class CentroidIndex:
             scales = (
                 [g.get("salience_scale") for g in meta["segments"]] if kind == "salience" else None
             )
-            arrays[kind] = Segmented(
-                [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales
+            orders = (  # segments grouped by centroid: read through their codes
+                [
+                    codes if g.get("order") == "clusters" else None
+                    for g, codes in zip(meta["segments"], arrays["codes"].arrays, strict=True)
+                ]
+                if kind == "residuals"
+                else None
             )
-        arrays["residuals"].orders = [  # segments grouped by centroid: read through their codes
-            codes if g.get("order") == "clusters" else None
-            for g, codes in zip(meta["segments"], arrays["codes"].arrays, strict=True)
-        ]
+            arrays[kind] = Segmented(
+                [mapped(f"{g['name']}.{kind}") for g in meta["segments"]], scales, orders
+            )
         for kind in _doc_kinds(meta):  # one row per document, segments in store order
             arrays[kind] = Segmented([mapped(f"{g['name']}.{kind}") for g in meta["segments"]])
         return cls(out, meta, arrays)
