@@ -117,6 +117,11 @@ here, verbatim in behaviour, only to be measured against:
     imputed one (``CentroidSearcher.with_centroid_terms``) — against the imputed terms, the
     search before it. For quality at scale: the pair prices it (rankings may differ). Timed:
     ``CentroidSearcher`` queries at k = 10 and k = 100.
+  * ``reach_linear`` (``centroid_search.reach_factor``, stop 76): past 51,830 documents a
+    query token reaches N / 51,830 times as many documents at k ≥ 100 (√ at k ≤ 10, in
+    between interpolated) — against √(N / 51,830) at every k (stop 65's rule, verbatim:
+    ``sqrt_reach_factor``). For recall at scale: the pair prices it (rankings differ at
+    k = 100). Timed: ``CentroidSearcher`` queries at k = 10 and k = 100 (on a store that large).
   * ``reach`` (``centroid_search.reach_factor``, stop 65): past 51,830 documents a query
     token reaches √(N / 51,830) times as many documents (more probes) — against the fixed
     reach before it. For recall at scale: the pair prices it (rankings differ). Timed:
@@ -705,6 +710,13 @@ def scan_fetch_sql(num_pairs: int) -> str:
     )
 
 
+def sqrt_reach_factor(num_docs: int, k: int | None = None) -> float:
+    """``centroid_search.reach_factor`` before stop 76, verbatim but for the ignored ``k``:
+    max(1, √(N / REACH_DOCS)) at every k."""
+    del k
+    return max(1.0, math.sqrt(num_docs / cs.REACH_DOCS))
+
+
 def partition_best(scores: np.ndarray, m: int) -> np.ndarray:
     """``centroid_search._best`` before stop 69: a partition of every score."""
     if m < len(scores):
@@ -835,7 +847,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 CHANGES = (
     "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
-    "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach",
+    "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach", "reach_linear",
 )  # fmt: skip
 
 
@@ -956,7 +968,12 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         searcher.centroid.config = dataclasses.replace(config, fill_docs=docs)
 
     def reach(which):
-        cs.reach_factor = NEW["reach_factor"] if which == "after" else lambda num_docs: 1.0
+        cs.reach_factor = NEW["reach_factor"] if which == "after" else lambda num_docs, k=None: 1.0
+        centroid = searcher.centroid
+        centroid.probes, centroid.interaction_docs, centroid.refine_docs = centroid.counts()
+
+    def reach_linear(which):
+        cs.reach_factor = NEW["reach_factor"] if which == "after" else sqrt_reach_factor
         centroid = searcher.centroid
         centroid.probes, centroid.interaction_docs, centroid.refine_docs = centroid.counts()
 
@@ -999,6 +1016,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         ("means", means, searcher),
         ("fill", fill, searcher),
         ("reach", reach, searcher),
+        ("reach_linear", reach_linear, searcher),
     )
     for change, use, by in changes:
         if change not in FLAGS.changes:

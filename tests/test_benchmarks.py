@@ -561,6 +561,11 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
             probe_scores._accumulate = ab.NEW["accumulate"]
         np.testing.assert_array_equal(by_position[0], new[0])
         np.testing.assert_array_equal(by_position[1], new[1])
+    # stop 65's reach (√N at every k): what the current rule gives at k ≤ 10, less at k = 100
+    for n in (5183, cs.REACH_DOCS, 10 * cs.REACH_DOCS):
+        assert ab.sqrt_reach_factor(n, 10) == pytest.approx(cs.reach_factor(n, 10))
+        assert ab.sqrt_reach_factor(n) == pytest.approx(max(1.0, (n / cs.REACH_DOCS) ** 0.5))
+    assert ab.sqrt_reach_factor(10 * cs.REACH_DOCS, 100) < cs.reach_factor(10 * cs.REACH_DOCS, 100)
     # the residual interaction's token choice, gathered then compared as before
     from aligner_jax.retrieval import gather_max
 

@@ -488,21 +488,26 @@ def test_residual_probe_docs_follow_the_requested_k(store, index, monkeypatch):
     assert narrow.candidates < wide.candidates
 
 
-def test_the_automatic_reach_grows_with_the_square_root_of_a_large_collection():
-    """Past ``REACH_DOCS`` documents a query token reaches √(N / REACH_DOCS) times as many
-    documents (the probes follow, up to ``MAX_PROBES``); smaller collections and a given
-    ``probe_docs`` or ``probes`` are unchanged."""
-    assert cs.reach_factor(5183) == cs.reach_factor(cs.REACH_DOCS) == 1.0
-    assert cs.reach_factor(4 * cs.REACH_DOCS) == pytest.approx(2.0)
-    on = cs.CentroidSearchConfig(residual_candidates=True)
+def test_the_automatic_reach_is_a_share_of_a_large_collection_at_k_100():
+    """Past ``REACH_DOCS`` documents a query token reaches N / REACH_DOCS times as many
+    documents at k ≥ 100 (a fixed share of the collection), √(N / REACH_DOCS) times at
+    k ≤ 10, in between an exponent interpolated in log k (the probes follow, up to
+    ``MAX_PROBES``); smaller collections and a given ``probe_docs`` or ``probes`` are
+    unchanged."""
     ref = cs.REACH_DOCS
+    assert cs.reach_factor(5183) == cs.reach_factor(ref) == cs.reach_factor(ref, 10) == 1.0
+    assert cs.reach_factor(4 * ref) == cs.reach_factor(4 * ref, 100) == pytest.approx(4.0)
+    assert cs.reach_factor(4 * ref, 1000) == pytest.approx(4.0)
+    assert cs.reach_factor(4 * ref, 10) == cs.reach_factor(4 * ref, 1) == pytest.approx(2.0)
+    assert cs.reach_factor(4 * ref, 30) == pytest.approx(4 ** (0.5 + 0.5 * np.log10(3)))
+    on = cs.CentroidSearchConfig(residual_candidates=True)
     assert on.resolved(ref, 65536, 1280.0, k=100)[0] == 2
-    assert on.resolved(4 * ref, 65536, 1280.0, k=100)[0] == 4
-    assert on.resolved(16 * ref, 65536, 1280.0, k=100)[0] == 8
-    assert on.resolved(16 * ref, 65536, 1280.0, k=10)[0] == 4
-    assert on.resolved(10_000 * ref, 65536, 1280.0, k=100)[0] == cs.MAX_PROBES
+    assert on.resolved(4 * ref, 65536, 1280.0, k=100)[0] == 8  # 2,560 · 4 documents
+    assert on.resolved(4 * ref, 65536, 1280.0)[0] == 8  # k not known: the deepest search's
+    assert on.resolved(16 * ref, 65536, 1280.0, k=100)[0] == cs.MAX_PROBES  # 32, capped
+    assert on.resolved(16 * ref, 65536, 1280.0, k=10)[0] == 4  # 1,280 · √16 documents
     off = cs.CentroidSearchConfig(residual_candidates=False)
-    assert off.resolved(4 * ref, 65536, 160.0)[0] == 8  # 640 · 2 documents
+    assert off.resolved(4 * ref, 65536, 320.0)[0] == 8  # 640 · 4 documents
     given = cs.CentroidSearchConfig(residual_candidates=True, probe_docs=2560)
     assert given.resolved(16 * ref, 65536, 1280.0, k=100)[0] == 2
     assert cs.CentroidSearchConfig(probes=3).resolved(16 * ref, 65536, 1280.0)[0] == 3

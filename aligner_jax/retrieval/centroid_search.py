@@ -82,9 +82,10 @@ then the other candidates, each block by its own estimate, shifted below the blo
 (so that any evaluator that sorts by score keeps this order).
 
 Defaults follow the index actually built, so that the work per query stays nearly flat as the
-corpus grows up to 51,830 documents and grows with √N past it (``reach_factor``: at 124.5M
-tokens two probes left 37 % of the exhaustive top 100 unreached): ``probes = clip(round(P ·
-max(1, √(N / 51,830)) / L), 2, 32)`` for N documents, L the mean number of documents in an
+corpus grows up to 51,830 documents and grows past it (``reach_factor``: at 124.5M tokens two
+probes left 37 % of the exhaustive top 100 unreached): ``probes = clip(round(P · f(N, k) / L),
+2, 32)`` for N documents, f = max(1, N / 51,830) at k ≥ 100 and max(1, √(N / 51,830)) at
+k ≤ 10, L the mean number of documents in an
 inverted list and P = 2,560 with residual candidates at k ≥ 100 (chosen on SciFact 10×'s train
 queries: R@100 86.0 at 640), halved for each tenfold fewer requested documents (1,280 at k = 10,
 ``residual_probe_docs``), 640 without (a query token reaches about 640 documents: 8 probes on SciFact
@@ -119,7 +120,9 @@ PROBE_DOCS = 640  # documents a query token reaches through its probes (tune_sea
 RESIDUAL_PROBE_DOCS = 2560  # the same with residual candidates, k >= 100 (tune_search.py, 10x)
 RESIDUAL_PROBE_K = 100  # below this k, RESIDUAL_PROBE_DOCS halves per tenfold fewer documents
 REACH_DOCS = 51_830  # documents of the store those reaches were chosen on (SciFact grown 10x);
-# a larger collection's automatic reach grows with sqrt(N / REACH_DOCS) (``reach_factor``)
+# a larger collection's automatic reach grows with (N / REACH_DOCS) ** exponent (``reach_factor``)
+REACH_EXPONENT = 1.0  # ... at k >= RESIDUAL_PROBE_K: a fixed share of the collection (stop 76)
+REACH_EXPONENT_K10 = 0.5  # ... at k <= 10: with sqrt(N) (stop 65); interpolated in log k between
 MAX_PROBES = 32  # probes per query token, at most
 REFINE_PER_K = 3.0  # refined documents per requested document (tune_search.py)
 MAX_REFINE = 512  # refined documents at most (deeper ranks keep the interaction order)
@@ -146,9 +149,9 @@ class CentroidSearchConfig:
     """Candidate counts of the four stages. Absolute counts (``probes``, ``interaction_docs``,
     ``refine_docs``) override the scale-free rules, which follow the index actually built:
 
-      probes = clip(round(probe_docs · f(N) / L), 2, MAX_PROBES)   (L: mean documents per
-               inverted list; f(N) = max(1, √(N / 51,830)) for an automatic probe_docs,
-               ``reach_factor``)
+      probes = clip(round(probe_docs · f(N, k) / L), 2, MAX_PROBES)   (L: mean documents per
+               inverted list; f = max(1, (N / 51,830)^γ(k)), γ 1 at k ≥ 100 and ½ at k ≤ 10,
+               for an automatic probe_docs: ``reach_factor``)
       refine = max(clip(⌈0.75·√N⌉, 40, 128), min(⌈refine_per_k · k⌉, 512))   (N docs, k asked)
       interaction = interaction_per_refine · refine
 
@@ -320,7 +323,7 @@ class CentroidSearchConfig:
         unless residual candidates are on (``decided`` decides them)."""
         reach = self.documents_per_probe(k or None)
         if not self.probe_docs:
-            reach = reach * reach_factor(num_docs)
+            reach = reach * reach_factor(num_docs, k or None)
         if self.query_tokens_ref and 0 < n < self.query_tokens_ref:
             reach = reach * self.query_tokens_ref / n
         probes = self.probes or int(np.clip(round(reach / max(list_docs, 1e-9)), 2, MAX_PROBES))
@@ -340,26 +343,40 @@ class CentroidSearchConfig:
         return m if m > refine_docs else 0
 
 
-def reach_factor(num_docs: int) -> float:
+def reach_factor(num_docs: int, k: int | None = None) -> float:
     """How many times the automatic documents-per-token reach (``residual_probe_docs``,
-    ``PROBE_DOCS``) a collection of ``num_docs`` documents gets: max(1, √(N / REACH_DOCS)).
+    ``PROBE_DOCS``) a collection of ``num_docs`` documents gets for ``k`` requested documents
+    (None: the deepest search): max(1, (N / REACH_DOCS)^γ), γ = ``REACH_EXPONENT`` (1) at
+    k ≥ ``RESIDUAL_PROBE_K``, ``REACH_EXPONENT_K10`` (½) at k ≤ 10, interpolated in log k
+    between (not tuned there).
 
     The reaches were chosen on stores of at most ``REACH_DOCS`` documents. A fixed reach is a
     shrinking share of a growing collection, and past the centroid cap (65,536 at 128-d, from
     16.8M tokens) the lists lengthen with the corpus, so that the probes fall to 2: on the
     trained 128-d store grown 195× (1.01M documents, 124.5M tokens; ``benchmarks/scale.py``'s
     distractors, test queries, a diagnosis) the k = 100 search never reached 37 % of the
-    exhaustive top 100 and 5 of the 11 relevant documents it lost, with 2 probes; 8 probes
-    raised its R@100 85.5 → 91.0 (exhaustive search 95.5) and its top-10 overlap 0.546 →
-    0.668, for p50 43.3 → 55.9 ms. Chosen on SciFact's train queries on the store grown 30×
-    (155k documents, 19.2M tokens; ``benchmarks/results/tune_stop65/``): reaching 2,560 /
-    5,120 / 10,240 documents gave a k = 10 search's top-10 overlap with exhaustive search 0.697
-    / 0.810 / 0.836 and a k = 100 search's top-100 overlap 0.444 / 0.529 / 0.604 (no setting
-    meets the written rule's 0.95) for p50 14.5 / 18.5 / 21.3 ms at k = 10 and 34.9 / 37.4 /
-    41.6 ms at k = 100; √(N / REACH_DOCS) = 1.73 there (4,434 at k = 100), between the first
-    two. The work per query grows with √N past REACH_DOCS documents instead of staying flat:
-    the price of the recall."""
-    return max(1.0, math.sqrt(num_docs / REACH_DOCS))
+    exhaustive top 100 and 5 of the 11 relevant documents it lost, with 2 probes. Stop 65
+    chose √(N / REACH_DOCS) on SciFact's train queries on the store grown 30×
+    (``benchmarks/results/tune_stop65/``), a judgement between reaching 2,560 and 5,120
+    documents (no setting met the written rule's overlaps).
+
+    At k ≥ 100 the reach is a fixed share of the collection since stop 76, chosen on SciFact's
+    train queries (200) on the trained 2-bit store grown 100× (518k documents, 63.9M tokens;
+    ``benchmarks/results/tune_stop76/``): reaching 8,095 (√, 8 probes) / 14,400 (15) / 25,600
+    (26, the linear rule) / 31,000 (32) documents gave R@100 91.4 / 92.9 / 94.4 / 94.4
+    (exhaustive search 94.4), nDCG@10 71.8 / 72.7 / 72.8 / 72.7 (70.4), for p50 47.4 / 52.5 /
+    71.8 / 67.5 ms at k = 100. No setting meets the tuning rule's overlaps (top-10 overlap at
+    most 0.734, top-100 0.437); the rule applied is its quality part, the cheapest setting
+    with nDCG@10 within 0.5 and R@100 within 1 point of exhaustive search: 25,600, N /
+    REACH_DOCS = 10.0 times 2,560. At k = 10 every setting keeps nDCG@10 within 0.5 (71.8 at
+    the √ rule's 4 probes): the k = 10 reach keeps √N. The work per query grows with N past
+    REACH_DOCS documents (up to ``MAX_PROBES`` per query token): the price of the recall."""
+    if k is None or k >= RESIDUAL_PROBE_K:
+        exponent = REACH_EXPONENT
+    else:
+        t = float(np.clip(math.log10(max(k, 1) / 10), 0.0, 1.0))
+        exponent = REACH_EXPONENT_K10 + t * (REACH_EXPONENT - REACH_EXPONENT_K10)
+    return max(1.0, (num_docs / REACH_DOCS) ** exponent)
 
 
 def residual_probe_docs(k: int | None) -> int:
