@@ -967,15 +967,16 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         docs = FILL_DOCS if which == "after" else 0
         searcher.centroid.config = dataclasses.replace(config, fill_docs=docs)
 
-    def reach(which):
-        cs.reach_factor = NEW["reach_factor"] if which == "after" else lambda num_docs, k=None: 1.0
+    def reach_with(factor):  # the reach rule, and the searcher's counts that follow from it
+        cs.reach_factor = factor
         centroid = searcher.centroid
         centroid.probes, centroid.interaction_docs, centroid.refine_docs = centroid.counts()
 
+    def reach(which):
+        reach_with(NEW["reach_factor"] if which == "after" else lambda num_docs, k=None: 1.0)
+
     def reach_linear(which):
-        cs.reach_factor = NEW["reach_factor"] if which == "after" else sqrt_reach_factor
-        centroid = searcher.centroid
-        centroid.probes, centroid.interaction_docs, centroid.refine_docs = centroid.counts()
+        reach_with(NEW["reach_factor"] if which == "after" else sqrt_reach_factor)
 
     residual = search_lib.Searcher.load(
         index_dir,
