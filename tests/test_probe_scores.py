@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from aligner_jax.common import scratch
 from aligner_jax.indexing.codec import ResidualCodec
 from aligner_jax.retrieval import probe_scores
 
@@ -115,19 +116,21 @@ def test_integer_query_terms_round_the_plane_weights_within_half_a_step(bits):
     assert worst.max() < 2**31
 
 
+@pytest.mark.parametrize("num_docs", [400, 40_000])
 @pytest.mark.parametrize("threads", [2, 3, 8])
-def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(threads):
+def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(threads, num_docs):
     """``threads`` > 1 scores contiguous groups of query tokens on worker threads, each into its
     own per-document arrays added in afterwards: the same documents reached and the same sums
     (up to float rounding) as one pass, the caller's floor left at −∞, and the workers' arrays
     left clean for the next call (a second call gives the same again). More threads than query
-    tokens: one group per token."""
+    tokens: one group per token. Most of 400 documents reached: the groups are added and
+    cleared over every document; a few of 40,000: at those reached."""
     rng = np.random.default_rng(threads)
-    dim, rows, num_docs = 16, 300, 400
+    dim, rows = 16, 300
     codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), 4)
     packed = codec.encode(rng.standard_normal((rows, dim)).astype(np.float32))
-    docs = rng.integers(0, num_docs, rows).astype(np.int32)
-    starts, lengths = np.arange(0, rows, 30), np.full(10, 30)
+    docs = np.sort(rng.integers(0, num_docs, (10, 30)), axis=1).reshape(-1).astype(np.int32)
+    starts, lengths = np.arange(0, rows, 30), np.full(10, 30)  # each list in store order
     n = 5
     q = rng.standard_normal((n, dim)).astype(np.float32)
     where = rng.integers(0, 10, (n, 2))
@@ -144,6 +147,7 @@ def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(thre
 
     acc_1, seen_1 = run(1)
     assert 0 < seen_1.sum() < num_docs  # some documents reached, not all
+    assert scratch.dense(seen_1.sum(), num_docs) == (num_docs == 400)
     for _ in range(2):
         acc_t, seen_t = run(threads)
         np.testing.assert_array_equal(seen_t, seen_1)
@@ -210,3 +214,80 @@ def test_lists_by_position_score_as_the_copy_over_several_touched_blocks(bits):
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])
     assert out[0][1].sum() > 40
+
+
+def _sorted_lists(rng, num_docs: int, clusters: int, per_cluster: int):
+    """``clusters`` runs of ``per_cluster`` entries, each run's documents in store order
+    (ascending, repeats allowed), spread over all ``num_docs``."""
+    docs = np.sort(rng.integers(0, num_docs, (clusters, per_cluster)), axis=1)
+    starts = np.arange(0, clusters * per_cluster, per_cluster)
+    return docs.reshape(-1).astype(np.int32), starts, np.full(clusters, per_cluster)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_documents_taken_tile_by_tile_score_as_one_pass_over_every_list(threads):
+    """A collection of several ``TILE_DOCS`` tiles (lists whose documents cross tile bounds,
+    a document in two probed clusters of one query token, a last tile cut short): each reached
+    document's sum is Σ_i w_i·(max_j q_i·(c + r̂_j) − imputed_i) as in one pass, r̂ decoded,
+    up to the int16 weights' rounding."""
+    rng = np.random.default_rng(threads)
+    dim, num_docs = 16, 3 * probe_scores.TILE_DOCS + 123
+    docs, starts, lengths = _sorted_lists(rng, num_docs, clusters=6, per_cluster=700)
+    docs[700 + 5] = docs[5]  # cluster 1 holds a document of cluster 0 as well...
+    docs[700:1400].sort()  # ...in its store order
+    codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), 2)
+    packed = codec.encode(rng.standard_normal((len(docs), dim)).astype(np.float32))
+    decoded = codec.decode(packed)
+    q = rng.standard_normal((3, dim)).astype(np.float32)
+    where = np.array([[0, 1], [2, 5], [1, 3]])
+    top_scores = rng.standard_normal((3, 2)).astype(np.float32)
+    w, imputed = np.array([1.0, 0.5, 2.0]), np.array([-3.0, -2.0, -2.5])
+    acc, seen = np.zeros(num_docs, np.float32), np.zeros(num_docs, bool)
+    floor = np.full(num_docs, -np.inf, np.float32)
+    probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, packed, docs, w,
+                            imputed, floor, acc, seen, threads=threads)  # fmt: skip
+    expected, reached = np.zeros(num_docs), np.zeros(num_docs, bool)
+    for i in range(3):
+        best = np.full(num_docs, -np.inf)
+        for a, c in enumerate(where[i]):
+            r = np.arange(starts[c], starts[c] + lengths[c])
+            np.maximum.at(best, docs[r], top_scores[i, a] + decoded[r] @ q[i])
+        hit = np.isfinite(best)
+        expected[hit] += w[i] * (best[hit] - imputed[i])
+        reached |= hit
+    assert np.unique(docs[:1400] // probe_scores.TILE_DOCS).size == 4  # every tile visited
+    np.testing.assert_array_equal(seen, reached)
+    assert np.abs(acc - expected).max() < 1e-3 * np.abs(expected).max()
+    assert np.isneginf(floor).all()
+
+
+def test_a_list_out_of_store_order_is_refused_not_scored_wrong():
+    """Tiles read each list only as far as the tile's documents, which needs its documents in
+    store order (``inverted_lists.TokenLists``): a list that is not raises, naming the count,
+    instead of adding a document's sum twice, and leaves the per-document arrays clean."""
+    rng = np.random.default_rng(3)
+    num_docs = 2 * probe_scores.TILE_DOCS
+    docs = np.array([probe_scores.TILE_DOCS + 7, 5, 6], np.int32)  # 5 after a later document
+    codec = ResidualCodec.fit(rng.standard_normal((50, 8)).astype(np.float32), 4)
+    packed = codec.encode(rng.standard_normal((3, 8)).astype(np.float32))
+    floor = np.full(num_docs, -np.inf, np.float32)
+    acc, seen = np.zeros(num_docs, np.float32), np.zeros(num_docs, bool)
+    with pytest.raises(ValueError, match=r"^\d+ token-list entries out of store order"):
+        probe_scores.accumulate(codec, np.ones((1, 8), np.float32), np.array([[0]]),
+                                np.zeros((1, 1), np.float32), np.array([0]), np.array([3]),
+                                packed, docs, np.ones(1), np.zeros(1), floor, acc, seen)  # fmt: skip
+    assert np.isneginf(floor).all() and not acc.any() and not seen.any()  # left for the next
+
+
+@pytest.mark.parametrize("count", [3, 500])
+def test_scratch_clear_zeroes_what_was_set_a_few_at_a_time_or_whole(count):
+    """``scratch.clear``: per-document arrays zero but at ``at`` come back all zero, by a
+    scatter for a few entries (the rest untouched: a nonzero entry outside ``at`` survives) or
+    by a fill past one in ``DENSE_SHARE`` (every entry)."""
+    at = np.arange(0, 2 * count, 2)
+    acc, seen = np.zeros(1000, np.float32), np.zeros(1000, bool)
+    acc[at], seen[at] = 1.5, True
+    acc[999] = 7.0  # outside at: kept by a scatter, cleared by a fill
+    scratch.clear((acc, seen), at)
+    assert not seen.any() and not acc[:999].any()
+    assert acc[999] == (0.0 if count * scratch.DENSE_SHARE > 1000 else 7.0)

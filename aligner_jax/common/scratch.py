@@ -34,3 +34,25 @@ def buffer(name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
         raw = pool[name] = np.empty(size, np.uint8)
         raw.fill(0)  # touch every page once, now
     return raw[:nbytes].view(dtype).reshape(shape)
+
+
+DENSE_SHARE = 16  # entries set at more than 1 in this many: cleared whole (see `clear`)
+
+
+def dense(count: int, size: int) -> bool:
+    """Whether ``count`` entries of ``size`` are better visited whole (``clear``)."""
+    return count * DENSE_SHARE > size
+
+
+def clear(arrays: tuple[np.ndarray, ...], at: np.ndarray) -> None:
+    """Zeroes each of ``arrays`` (same length, zero but at ``at``) at the indices ``at``, or
+    whole where ``at`` holds more than one entry in ``DENSE_SHARE``: a fill of every entry
+    streams through memory where a scatter visits each index in turn (SciFact grown 100×,
+    518,300 documents, 61 % of them reached by a k = 100 query: 0.2 against 3.4 ms for stage
+    2's per-document arrays)."""
+    whole = bool(arrays) and dense(len(at), len(arrays[0]))
+    for array in arrays:
+        if whole:
+            array.fill(0)
+        else:
+            array[at] = 0

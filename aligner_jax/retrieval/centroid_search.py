@@ -698,8 +698,7 @@ class CentroidSearcher:
         _, acc, seen = self._buffers()
         cands = np.flatnonzero(seen)
         approx = (float(w @ imputed) + acc[cands]) / max(float(w.sum()), 1e-12)
-        acc[cands] = 0.0
-        seen[cands] = False
+        scratch.clear((acc, seen), cands)
         keep = (self.alive if alive is None else alive)[cands]
         return cands[keep], approx[keep]
 

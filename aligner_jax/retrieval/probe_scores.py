@@ -48,6 +48,9 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
     numba = None
 
 TOUCH_ROWS = 64  # scattered rows of lists by position brought in at once (32-256: the same)
+TILE_DOCS = (
+    32_768  # documents whose per-document state stage 2 visits at a time (16k-128k: the same)
+)
 
 
 def _sums(packed, rows, indirect, lo, first, stop, w, bits, sums):  # pragma: no cover
@@ -139,36 +142,60 @@ def _accumulate(
     ``rows`` is not empty, ``packed`` then read at ``rows``): the best score per document
     (``top_scores[i, a] + constant[i] + scale[i]·`` the row's integer sum, ``planes`` int16),
     kept in ``floor`` (−∞ on entry and on exit), then ``acc[d] += weights[i] · (best −
-    imputed[i])`` and ``seen[d] = True`` for each document it reached.
+    imputed[i])`` and ``seen[d] = True`` for each document it reached. Returns the number of
+    list entries found outside the documents of their tile (0 unless a list is out of order).
 
     A cluster's rows are scored first, into ``sums`` (a loop of arithmetic only), then its
     documents are visited: kept apart, the row sums vectorise and the documents' scattered
     reads overlap one another. One loop doing both made the whole search 1.06–1.20× slower at
     k = 10, the same rankings (``benchmarks/results/query_path_ab_probe_split.md``, SciFact
-    and CISI; ``query_path_ab_x100_stop68.md``, SciFact grown 100×: 1.17× at k = 100)."""
+    and CISI; ``query_path_ab_x100_stop68.md``, SciFact grown 100×: 1.17× at k = 100).
+
+    **Tiles.** The documents are taken ``TILE_DOCS`` at a time, every query token's probed
+    clusters read in each tile only as far as its documents (a list holds its documents in
+    store order, ``inverted_lists.TokenLists``: one cursor per cluster and query token, moved
+    on by a binary search), so that the per-document arrays a tile visits stay in the core's
+    cache; a document's sums are added in the same order as without tiles (the same
+    floats)."""
     n, p = where.shape
+    num_docs = len(floor)
+    cursor = np.empty((n, p), np.int64)
     for i in range(n):
-        m = 0
-        w = planes[i]
-        step = scale[i]
         for a in range(p):
-            c = where[i, a]
-            base = top_scores[i, a] + constant[i]
-            lo = starts[c]
-            length = lengths[c]
-            _run_sums(packed, rows, lo, length, w, bits, sums)
-            for r in range(length):
-                value = base + step * np.float32(sums[r])
-                d = docs[lo + r]
-                best = floor[d]
-                touched[m] = d
-                m += best == -np.inf  # the first time this query token reaches d
-                floor[d] = value if value > best else best
-        for t in range(m):
-            d = touched[t]
-            acc[d] += weights[i] * (floor[d] - imputed[i])
-            seen[d] = True
-            floor[d] = -np.inf
+            cursor[i, a] = starts[where[i, a]]
+    stray = 0
+    for first_doc in range(0, num_docs, TILE_DOCS):
+        end_doc = first_doc + TILE_DOCS
+        for i in range(n):
+            m = 0
+            w = planes[i]
+            step = scale[i]
+            for a in range(p):
+                c = where[i, a]
+                lo = cursor[i, a]
+                end = starts[c] + lengths[c]
+                length = end - lo
+                if end_doc < num_docs and length > 0:
+                    length = np.searchsorted(docs[lo:end], end_doc)  # this tile's part
+                if length == 0:
+                    continue
+                cursor[i, a] = lo + length
+                base = top_scores[i, a] + constant[i]
+                _run_sums(packed, rows, lo, length, w, bits, sums)
+                for r in range(length):
+                    value = base + step * np.float32(sums[r])
+                    d = docs[lo + r]
+                    stray += (d < first_doc) | (d >= end_doc)
+                    best = floor[d]
+                    touched[m] = d
+                    m += best == -np.inf  # the first time this query token reaches d
+                    floor[d] = value if value > best else best
+            for t in range(m):
+                d = touched[t]
+                acc[d] += weights[i] * (floor[d] - imputed[i])
+                seen[d] = True
+                floor[d] = -np.inf
+    return stray
 
 
 if numba is not None:
@@ -234,35 +261,52 @@ def accumulate(
         np.ascontiguousarray(imputed, np.float32),
     )
 
-    def run(lo: int, hi: int, out: tuple) -> None:
+    def run(lo: int, hi: int, out: tuple) -> int:
         where_, scores_, planes_, scale_, constant_, weights_, imputed_ = (
             a[lo:hi] for a in per_token
         )
         touched = scratch.buffer("probe_scores.touched", (max(len(out[0]), 1),), np.int64)
         sums = scratch.buffer("probe_scores.sums", (longest + 1,), np.int32)
-        _accumulate(
+        return _accumulate(
             where_, scores_, *shared, planes_, scale_, constant_, codec.bits, weights_, imputed_,
             *out, touched, sums,
         )  # fmt: skip
 
     bounds = np.linspace(0, n, min(max(threads, 1), max(n, 1)) + 1).astype(int)
     if len(bounds) <= 2:
-        run(0, n, (floor, acc, seen))
+        stray = run(0, n, (floor, acc, seen))
+    else:
+        extra = _group_arrays(len(floor), len(bounds) - 2)
+        pool = workers.pool(len(extra))
+        futures = [
+            pool.submit(run, lo, hi, out)
+            for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
+        ]
+        stray = run(0, bounds[1], (floor, acc, seen))
+        for future, (_, part, reached) in zip(futures, extra, strict=True):
+            stray += future.result()  # in group order: the same sums whatever finishes first
+            _add_group(acc, seen, part, reached)
+    if stray:  # a list not in store order (its documents' sums are wrong): none kept
+        acc[:] = 0.0
+        seen[:] = False
+        raise ValueError(f"{stray} token-list entries out of store order (rebuild the index)")
+
+
+def _add_group(acc, seen, part, reached) -> None:
+    """Adds a worker group's sums ``part`` at the documents it ``reached`` into the caller's
+    ``acc`` and ``seen``, and clears the group's arrays (as ``_group_arrays`` hands them out):
+    at those documents only, or over every document where it reached more than one in
+    ``scratch.DENSE_SHARE`` (adding the zeros elsewhere changes nothing)."""
+    if scratch.dense(np.count_nonzero(reached), len(acc)):
+        np.add(acc, part, out=acc)
+        np.logical_or(seen, reached, out=seen)
+        part.fill(0)
+        reached.fill(False)
         return
-    extra = _group_arrays(len(floor), len(bounds) - 2)
-    pool = workers.pool(len(extra))
-    futures = [
-        pool.submit(run, lo, hi, out)
-        for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
-    ]
-    run(0, bounds[1], (floor, acc, seen))
-    for future, (_, part, reached) in zip(futures, extra, strict=True):
-        future.result()  # in group order: the same sums whatever finishes first
-        hit = np.flatnonzero(reached)
-        acc[hit] += part[hit]
-        seen[hit] = True
-        part[hit] = 0.0  # left as _group_arrays hands them out
-        reached[hit] = False
+    hit = np.flatnonzero(reached)
+    acc[hit] += part[hit]
+    seen[hit] = True
+    scratch.clear((part, reached), hit)
 
 
 _CALLER = threading.local()
