@@ -1,4 +1,4 @@
-r"""Twenty-four query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-six query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,17 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``dense_clear`` (``scratch.clear``, ``probe_scores._add_group``, stop 77): stage 2's
+    per-document arrays added and cleared over every document where more than one in
+    ``scratch.DENSE_SHARE`` was reached — against at the reached documents only, whatever
+    their share (``DENSE_SHARE`` = 0: the code before, but for one count). Timed:
+    ``CentroidSearcher`` queries at the defaults at k = 10 and k = 100, the same rankings.
+  * ``tiles`` (``probe_scores._accumulate``, stop 77): stage 2's compiled pass taking the
+    documents ``TILE_DOCS`` at a time, each probed list read per tile only as far as the
+    tile's documents, so that the per-document arrays it visits stay in the core's cache —
+    against one pass over each list whole (stop 76's ``_accumulate``, verbatim:
+    ``untiled_accumulate``). Timed: ``CentroidSearcher`` queries at the defaults at k = 10 and
+    k = 100, the same rankings (on a store of many tiles: SciFact grown 100×).
   * ``touch_lines`` (``probe_scores._touch``, stop 75): each scattered row's first and last
     bytes read outright, a loop only over the lines between — against a loop over a row's
     lines that read the first one too (stop 73's ``_touch``, verbatim: one turn per row of 32
@@ -206,6 +217,18 @@ def _float_row_score(row, w, bits):  # pragma: no cover - compiled
     return (s0 + s1) + (s2 + s3)
 
 
+def _counts_no_strays(kernel):
+    """A kept pass under today's call, which returns the count of list entries out of store
+    order (``probe_scores._accumulate``): these read each list whole and count none."""
+
+    def call(*args):
+        kernel(*args)
+        return 0
+
+    call.__doc__ = kernel.__doc__
+    return call
+
+
 def _float_accumulate(
     where, top_scores, starts, lengths, packed, docs, planes, constant, bits, weights, imputed,
     floor, acc, seen, touched,
@@ -246,6 +269,7 @@ if probe_scores.numba is not None:
     )
 
 
+@_counts_no_strays
 def float_accumulate(
     where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
     weights, imputed, floor, acc, seen, touched, sums=None,
@@ -324,6 +348,7 @@ if probe_scores.numba is not None:
     )
 
 
+@_counts_no_strays
 def joint_accumulate(where, top_scores, starts, lengths, packed, rows, docs, *rest):
     """``_joint_accumulate`` under today's call (``rows`` empty: lists holding residuals)."""
     assert not len(rows)
@@ -422,6 +447,7 @@ if probe_scores.numba is not None:
     )
 
 
+@_counts_no_strays
 def direct_accumulate(where, top_scores, starts, lengths, packed, rows, docs, *rest):
     """The pass before stop 73 under today's call (``rows`` empty: lists holding residuals)."""
     assert not len(rows), "the pass before stop 73 reads no lists by position"
@@ -522,7 +548,7 @@ if probe_scores.numba is not None:
     _untouched_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
         _untouched_accumulate
     )
-untouched_accumulate = _untouched_accumulate
+untouched_accumulate = _counts_no_strays(_untouched_accumulate)
 
 
 def _looped_touch(packed, rows, lo, first, stop, sums, sink):  # pragma: no cover - compiled
@@ -549,47 +575,55 @@ def _looped_run_sums(packed, rows, lo, length, w, bits, sums):  # pragma: no cov
         _row_sums(packed, rows, True, lo, first, stop, w, bits, sums)
 
 
-def _looped_accumulate(
-    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
-    weights, imputed, floor, acc, seen, touched, sums,
-):  # pragma: no cover - compiled  # fmt: skip
-    """``probe_scores._accumulate`` (today's, verbatim) over ``_looped_run_sums``: stop 74's
-    compiled pass, whose only difference is the touch loop."""
-    n, p = where.shape
-    for i in range(n):
-        m = 0
-        w = planes[i]
-        step = scale[i]
-        for a in range(p):
-            c = where[i, a]
-            base = top_scores[i, a] + constant[i]
-            lo = starts[c]
-            length = lengths[c]
-            _looped_run_sums(packed, rows, lo, length, w, bits, sums)
-            for r in range(length):
-                value = base + step * np.float32(sums[r])
-                d = docs[lo + r]
-                best = floor[d]
-                touched[m] = d
-                m += best == -np.inf  # the first time this query token reaches d
-                floor[d] = value if value > best else best
-        for t in range(m):
-            d = touched[t]
-            acc[d] += weights[i] * (floor[d] - imputed[i])
-            seen[d] = True
-            floor[d] = -np.inf
-
-
 _row_sums = probe_scores._sums  # compiled (inlined) where numba is installed
 if probe_scores.numba is not None:
     _looped_touch = probe_scores.numba.njit(inline="always", nogil=True)(_looped_touch)
     _looped_run_sums = probe_scores.numba.njit(inline="always", nogil=True, fastmath=_FLOAT_FLAGS)(
         _looped_run_sums
     )
-    _looped_accumulate = probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(
-        _looped_accumulate
-    )
-looped_accumulate = _looped_accumulate
+
+
+def _one_pass(run_sums):
+    """``probe_scores._accumulate`` of stop 76, verbatim but for its rows' sums (``run_sums``,
+    compiled): each probed list read whole, its documents' state visited wherever they lie
+    among all the collection's."""
+
+    def one_pass(
+        where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+        weights, imputed, floor, acc, seen, touched, sums,
+    ):  # pragma: no cover - compiled  # fmt: skip
+        n, p = where.shape
+        for i in range(n):
+            m = 0
+            w = planes[i]
+            step = scale[i]
+            for a in range(p):
+                c = where[i, a]
+                base = top_scores[i, a] + constant[i]
+                lo = starts[c]
+                length = lengths[c]
+                run_sums(packed, rows, lo, length, w, bits, sums)
+                for r in range(length):
+                    value = base + step * np.float32(sums[r])
+                    d = docs[lo + r]
+                    best = floor[d]
+                    touched[m] = d
+                    m += best == -np.inf  # the first time this query token reaches d
+                    floor[d] = value if value > best else best
+            for t in range(m):
+                d = touched[t]
+                acc[d] += weights[i] * (floor[d] - imputed[i])
+                seen[d] = True
+                floor[d] = -np.inf
+
+    if probe_scores.numba is None:
+        return one_pass
+    return probe_scores.numba.njit(nogil=True, fastmath=_FLOAT_FLAGS)(one_pass)
+
+
+# stop 76's pass (untiled), and over stop 73's touch loop: stop 74's
+untiled_accumulate = _counts_no_strays(_one_pass(probe_scores._run_sums))
+looped_accumulate = _counts_no_strays(_one_pass(_looped_run_sums))
 
 
 def gathered_tokens_at_best(s_t, codes, lengths, best, weights, reference=None):
@@ -835,6 +869,7 @@ NEW = {
     "score_probed": cs.CentroidSearcher._score_probed,
     "chunk": codec_lib.CHUNK,
     "accumulate": probe_scores._accumulate,
+    "dense_share": scratch.DENSE_SHARE,
     "tokens_at_best": gather_max.tokens_at_best,
     "reach_factor": cs.reach_factor,
     "best": cs._best,
@@ -846,7 +881,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach", "reach_linear",
 )  # fmt: skip
 
@@ -914,6 +949,12 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._best = NEW["best"] if after else partition_best
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
+
+    def dense_clear(which):  # stage 2's per-document arrays cleared whole when mostly set
+        scratch.DENSE_SHARE = NEW["dense_share"] if which == "after" else 0
+
+    def tiled(which):  # the default search, stage 2 per tile of documents
+        probe_scores._accumulate = NEW["accumulate"] if which == "after" else untiled_accumulate
 
     def lined(which):  # the default search (lists by position past LISTS_IN_MEMORY_MAX)
         probe_scores._accumulate = NEW["accumulate"] if which == "after" else looped_accumulate
@@ -996,6 +1037,8 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("dense_clear", dense_clear, searcher),  # stage 2's per-document arrays cleared
+        ("tiles", tiled, searcher),  # the default search, stage 2 per tile of documents
         ("touch_lines", lined, searcher),  # the default search, lists by position at scale
         ("touch", touched, residual),  # the lists by position: rows touched in blocks first
         ("by_position", position, residual),  # residual candidates' lists: copy or positions

@@ -541,6 +541,7 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
         (ab.joint_accumulate, 0.0),
         (ab.direct_accumulate, 0.0),
         (ab.untouched_accumulate, 0.0),
+        (ab.untiled_accumulate, 0.0),
     )
     for kernel, rtol in kernels:
         try:
@@ -553,7 +554,12 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     # the lists by position, rows touched in blocks (stop 73's touch loop too) or scored as
     # read: the same as the copy
     searcher._token_lists = searcher._build_token_lists(by_position=True)
-    for kernel in (ab.NEW["accumulate"], ab.untouched_accumulate, ab.looped_accumulate):
+    for kernel in (
+        ab.NEW["accumulate"],
+        ab.untouched_accumulate,
+        ab.looped_accumulate,
+        ab.untiled_accumulate,
+    ):
         try:
             probe_scores._accumulate = kernel
             by_position = searcher._score_probed(q, w, top, top_scores, imputed, None)
