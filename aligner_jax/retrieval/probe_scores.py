@@ -156,7 +156,9 @@ def _accumulate(
     store order, ``inverted_lists.TokenLists``: one cursor per cluster and query token, moved
     on by a binary search), so that the per-document arrays a tile visits stay in the core's
     cache; a document's sums are added in the same order as without tiles (the same
-    floats)."""
+    floats). SciFact trained grown 100× (518,300 documents, 61 % of them reached by a k = 100
+    query): the whole search 1.17× as fast at k = 100, the same rankings
+    (``benchmarks/results/query_path_ab_tiles_stop77.md``)."""
     n, p = where.shape
     num_docs = len(floor)
     cursor = np.empty((n, p), np.int64)
