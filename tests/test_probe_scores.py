@@ -15,6 +15,21 @@ from aligner_jax.indexing.codec import ResidualCodec
 from aligner_jax.retrieval import probe_scores
 
 
+def _decoded_sums(decoded, q, where, top_scores, starts, lengths, docs, w, imputed, num_docs):
+    """The pass's sums from decoded residuals, in NumPy: (Σ_i w_i·(max_j q_i·(c + r̂_j) −
+    imputed_i) per document over its reached query tokens, the documents reached)."""
+    expected, reached = np.zeros(num_docs), np.zeros(num_docs, bool)
+    for i in range(len(q)):
+        best = np.full(num_docs, -np.inf)
+        for a, c in enumerate(where[i]):
+            r = np.arange(starts[c], starts[c] + lengths[c])
+            np.maximum.at(best, docs[r], top_scores[i, a] + decoded[r] @ q[i])
+        hit = np.isfinite(best)
+        expected[hit] += w[i] * (best[hit] - imputed[i])
+        reached |= hit
+    return expected, reached
+
+
 def test_probe_scores_warm_up_compiles_the_pass_that_residual_candidates_run():
     """``Searcher.load`` calls ``probe_scores.warm_up`` for the residual-candidate and XTR
     scorings: afterwards their call (any codec's bits, the token lists' int32 documents or
@@ -64,15 +79,8 @@ def test_compiled_pass_scores_each_document_as_decoded_residuals_do(bits):
     floor = np.full(7, -np.inf, np.float32)
     probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, packed, docs, w,
                             imputed, floor, acc, seen)  # fmt: skip
-    expected, reached = np.zeros(7), np.zeros(7, bool)
-    for i in range(3):
-        best = np.full(7, -np.inf)
-        for a, c in enumerate(where[i]):
-            r = np.arange(starts[c], starts[c] + lengths[c])
-            np.maximum.at(best, docs[r], top_scores[i, a] + decoded[r] @ q[i])
-        hit = np.isfinite(best)
-        expected[hit] += w[i] * (best[hit] - imputed[i])
-        reached |= hit
+    expected, reached = _decoded_sums(decoded, q, where, top_scores, starts, lengths, docs, w,
+                                      imputed, 7)  # fmt: skip
     np.testing.assert_array_equal(seen, reached)
     # within the int16 weights' rounding (½·scale per weight, every level at its largest)
     _, scale, _ = codec.integer_query_terms(q)
@@ -246,15 +254,8 @@ def test_documents_taken_tile_by_tile_score_as_one_pass_over_every_list(threads)
     floor = np.full(num_docs, -np.inf, np.float32)
     probe_scores.accumulate(codec, q, where, top_scores, starts, lengths, packed, docs, w,
                             imputed, floor, acc, seen, threads=threads)  # fmt: skip
-    expected, reached = np.zeros(num_docs), np.zeros(num_docs, bool)
-    for i in range(3):
-        best = np.full(num_docs, -np.inf)
-        for a, c in enumerate(where[i]):
-            r = np.arange(starts[c], starts[c] + lengths[c])
-            np.maximum.at(best, docs[r], top_scores[i, a] + decoded[r] @ q[i])
-        hit = np.isfinite(best)
-        expected[hit] += w[i] * (best[hit] - imputed[i])
-        reached |= hit
+    expected, reached = _decoded_sums(decoded, q, where, top_scores, starts, lengths, docs, w,
+                                      imputed, num_docs)  # fmt: skip
     assert np.unique(docs[:1400] // probe_scores.TILE_DOCS).size == 4  # every tile visited
     np.testing.assert_array_equal(seen, reached)
     assert np.abs(acc - expected).max() < 1e-3 * np.abs(expected).max()
