@@ -48,9 +48,8 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
     numba = None
 
 TOUCH_ROWS = 64  # scattered rows of lists by position brought in at once (32-256: the same)
-TILE_DOCS = (
-    32_768  # documents whose per-document state stage 2 visits at a time (16k-128k: the same)
-)
+# documents whose per-document state stage 2 visits at a time (16k-128k: the same)
+TILE_DOCS = 32_768
 
 
 def _sums(packed, rows, indirect, lo, first, stop, w, bits, sums):  # pragma: no cover
@@ -241,7 +240,10 @@ def accumulate(
     their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so).
     ``threads``: query-token groups scored at once (see the module docstring). ``rows``: the
     lists by position (``inverted_lists.TokenLists.rows``): entry j's residual is then
-    ``packed[rows[j]]``, ``packed`` the index's segment in store order."""
+    ``packed[rows[j]]``, ``packed`` the index's segment in store order.
+
+    Raises ``ValueError`` (``acc`` and ``seen`` left clear) where a list's documents are not
+    in store order: the pass reads them tile by tile (``_accumulate``)."""
     planes, scale, constant = codec.integer_query_terms(queries)
     n = len(constant)
     probed = np.asarray(lengths)[np.asarray(where)] if np.size(where) else np.zeros(1, np.int64)
