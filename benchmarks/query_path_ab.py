@@ -1,4 +1,4 @@
-r"""Twenty-six query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-eight query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,11 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``light`` (``CentroidSearchConfig.light_share``, stop 78): the lightest query tokens,
+    together at most ``LIGHT_SHARE`` of the query's u^q, left out of stages 2–4's compressed
+    scoring (the float refinement still counts them) — against every token of weight > 0
+    taking part (``light_share`` = 0: the search before). Timed: ``CentroidSearcher`` queries
+    at the defaults at k = 10 and k = 100 (a model with saliences; rankings may differ).
   * ``dense_clear`` (``scratch.clear``, ``probe_scores._add_group``, stop 77): stage 2's
     per-document arrays added and cleared over every document where more than one in
     ``scratch.DENSE_SHARE`` was reached — against at the reached documents only, whatever
@@ -881,7 +886,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "light", "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach", "reach_linear",
 )  # fmt: skip
 
@@ -949,6 +954,11 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._best = NEW["best"] if after else partition_best
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
+
+    def light(which):  # the light query tokens left out of the compressed stages
+        config = searcher.centroid.config
+        share = cs.LIGHT_SHARE if which == "after" else 0.0
+        searcher.centroid.config = dataclasses.replace(config, light_share=share)
 
     def dense_clear(which):  # stage 2's per-document arrays cleared whole when mostly set
         scratch.DENSE_SHARE = NEW["dense_share"] if which == "after" else 0
@@ -1037,6 +1047,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("light", light, searcher),  # the light query tokens not probed
         ("dense_clear", dense_clear, searcher),  # stage 2's per-document arrays cleared
         ("tiles", tiled, searcher),  # the default search, stage 2 per tile of documents
         ("touch_lines", lined, searcher),  # the default search, lists by position at scale

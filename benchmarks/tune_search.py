@@ -156,10 +156,10 @@ def markdown(result: dict) -> str:
         f"{result['queries']})\n\nRule: {result['rule']}. At k = 10: {result.get('rule_k10', RULE_K10)}.\n\n"
         "| probe_docs | refine_per_k | refine_docs | refine_float | refine_float_max | impute_depth | interaction_per_refine | residual interaction (per refined) | "
         "residual candidates (re-scored per refined, when reached below) | mean weight | "
-        "centroid terms (docs) | probes | "
+        "centroid terms (docs) | light share | probes | "
         "top-10 overlap | top-100 overlap | nDCG@10 (exh.) | R@100 (exh.) | p50 k=10 | "
         "p50 k=100 | load |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -170,7 +170,7 @@ def markdown(result: dict) -> str:
             f"{_auto(r.get('refine_float', 0.0))} | {_auto(r.get('refine_float_max'))} | "
             f"{r.get('impute_depth', 1.0)} | "
             f"{r['interaction_per_refine']} | "
-            f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes (' + str(r.get('rescore_per_refine', 0.0)) + ', reach < ' + str(r.get('rescore_below_reach', 1.0)) + ')' if r.get('residual_candidates') else 'no'} | {r.get('mean_weight', 0.0)} | {r.get('fill_docs', 0)} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
+            f"{'yes (' + str(r.get('residual_per_refine')) + ')' if r.get('residual_interaction') else 'no'} | {'yes (' + str(r.get('rescore_per_refine', 0.0)) + ', reach < ' + str(r.get('rescore_below_reach', 1.0)) + ')' if r.get('residual_candidates') else 'no'} | {r.get('mean_weight', 0.0)} | {r.get('fill_docs', 0)} | {r.get('light_share', 0.0)} | {r['probes']} | {r['top10_overlap']:.3f} | {r['top100_overlap']:.3f} | "
             f"{100 * r['ndcg@10']:.1f} ({100 * r['ndcg@10_exhaustive']:.1f}) | "
             f"{100 * r['recall@100']:.1f} ({100 * r['recall@100_exhaustive']:.1f}) | "
             f"{r['p50_ms_k10']:.1f}{mark10} | {r['p50_ms_k100']:.1f}{mark} | {r['machine_load']:.1f} |"
@@ -229,6 +229,9 @@ def define_flags() -> None:
     flags.DEFINE_list(
         "fill_docs", ["0"], "Stage 2's best documents whose imputed terms get centroid scores."
     )
+    flags.DEFINE_list(
+        "light_share", ["0.0001"], "Share of a query's weight its unprobed light tokens may hold."
+    )
     flags.DEFINE_integer("threads", 2, "BLAS threads.")
     flags.DEFINE_string("work_dir", "/work/scale_work", "Encoded queries, exhaustive rankings.")
     flags.DEFINE_string("output_dir", "benchmarks/results", "Where the JSON and Markdown go.")
@@ -261,6 +264,7 @@ def main(argv) -> None:
         "rescore_below_reach": [float(v) for v in FLAGS.rescore_below_reach],
         "mean_weight": [float(v) for v in FLAGS.mean_weight],
         "fill_docs": [int(v) for v in FLAGS.fill_docs],
+        "light_share": [float(v) for v in FLAGS.light_share],
     }
     if FLAGS.child == "sweep":
         return sweep_child(store, queries_npz, exact_path, grid, Path(FLAGS.out))

@@ -1016,6 +1016,47 @@ def test_query_tokens_of_weight_zero_take_no_part(store, index):
     np.testing.assert_array_equal(docs_sub, docs_one)
 
 
+def test_weighed_tokens_leave_out_the_lightest_tokens_up_to_their_share():
+    """The tokens left out are the lightest whose weights together are at most the share of
+    the query's (weight 0 always; ties by position); a query of no weight keeps none."""
+    u = np.array([0.5, 1e-9, 0.0, 0.3, 2e-5, 1.0], np.float32)
+    np.testing.assert_array_equal(cs.weighed_tokens(u, 1e-4), [1, 0, 0, 1, 0, 1])
+    np.testing.assert_array_equal(cs.weighed_tokens(u, 0.0), [1, 1, 0, 1, 1, 1])
+    # 0.3 is 16.7 % of the weight: out at 0.2, not at 0.16
+    np.testing.assert_array_equal(cs.weighed_tokens(u, 0.2), [1, 0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(cs.weighed_tokens(u, 0.16), [1, 0, 0, 1, 0, 1])
+    np.testing.assert_array_equal(cs.weighed_tokens(np.ones(3), 0.4), [0, 1, 1])
+    assert not cs.weighed_tokens(np.zeros(4), 1e-4).any()
+    with pytest.raises(errors.ConfigError, match="light_share"):
+        cs.CentroidSearchConfig(light_share=0.6)
+
+
+def test_light_query_tokens_are_not_probed_but_count_in_the_float_refinement(store, index):
+    """Query tokens whose weights together are next to nothing (a trained model gives a third
+    of a query's tokens u^q ≤ 10⁻³ of its largest) are left out of stages 2–4's compressed
+    scoring: the same documents reached and refined as the query without them. The float
+    refinement (Eq. 1–2 exactly) still counts them: its scores equal exhaustive search's for
+    the whole query."""
+    few = dict(probes=1, refine_float_min=10)  # a token reaches a few of the 60 documents
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**few))
+    q = _query(13, n=8)
+    u = q.salience.copy()
+    u[[2, 5]] = 1e-7  # together 10⁻⁷ of the weight and less: light
+    heavy = np.ones(8, bool)
+    heavy[[2, 5]] = False
+    k = 10
+    ((docs, scores),), counts = searcher.search(q.vectors, u, np.arange(8), k)
+    ((docs_h, _),), counts_h = searcher.search(q.vectors[heavy], u[heavy], np.arange(6), k)
+    assert counts == counts_h
+    assert set(docs) == set(docs_h)
+    whole = _float_top1(store, dataclasses.replace(q, salience=u))
+    np.testing.assert_allclose(scores, whole[docs], rtol=1e-5, atol=1e-6)
+    # the light tokens reach other documents: probed, they would have been candidates
+    everything = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**few, light_share=0))
+    (_,), counts_all = everything.search(q.vectors, u, np.arange(8), k)
+    assert counts_all.candidates > counts.candidates
+
+
 @pytest.mark.parametrize("n", [1, 7, 57])
 def test_segment_max_is_the_maximum_of_each_run_of_rows(n, monkeypatch):
     monkeypatch.setattr(cs, "SEGMENT_ROWS", 64)  # many blocks, and runs longer than a block
