@@ -1016,6 +1016,26 @@ def test_query_tokens_of_weight_zero_take_no_part(store, index):
     np.testing.assert_array_equal(docs_sub, docs_one)
 
 
+def test_every_refined_document_from_float_vectors_skips_the_compressed_pass(store, index):
+    """When the float refinement re-scores every refined document (here 12 refined, at least
+    30 re-scored), the compressed stage 4 that would only order them for it does not run: the
+    same ranking, by Eq. 1–2's exact scores."""
+    config = cs.CentroidSearchConfig(refine_docs=12, interaction_docs=40, refine_float=2.0)
+    searcher = cs.CentroidSearcher(store, index, config)
+    q = _query(17, n=6)
+    stage4 = []
+    refine = searcher.refine
+    searcher.refine = lambda q_, s_t, docs, u_q, keep=None, best_centroids=None: (
+        stage4.append(keep is None and best_centroids is None)
+        or refine(q_, s_t, docs, u_q, keep=keep, best_centroids=best_centroids)
+    )
+    ((docs, scores),), counts = searcher.search(q.vectors, q.salience, np.arange(6), 10)
+    assert counts.refined == 12 and not any(stage4)
+    whole = _float_top1(store, q)
+    np.testing.assert_allclose(scores, whole[docs], rtol=1e-5, atol=1e-6)
+    assert list(docs) == sorted(docs, key=lambda d: -whole[d])[:10]
+
+
 def test_weighed_tokens_leave_out_the_lightest_tokens_up_to_their_share():
     """The tokens left out are the lightest whose weights together are at most the share of
     the query's (weight 0 always; ties by position); a query of no weight keeps none."""

@@ -259,13 +259,13 @@ class CentroidSearchConfig:
     model gives 28 % of its SciFact query tokens of weight > 0 a weight below 10⁻⁹ of the
     query's largest and 35 % below 10⁻³, together 10⁻⁵ of the weight. At 10⁻⁴ / 10⁻³ / 10⁻²
     34.4 / 35.6 / 36.5 % of the train queries' tokens of weight > 0 are left out; on 200 of
-    them (``tune_search.py``, ``benchmarks/results/tune_light_stop78/``) the trained 2-bit
+    them (``tune_search.py``, ``benchmarks/results/stop78/tune_light/``) the trained 2-bit
     store at 1× and grown 100× gave at each of 0 / 10⁻⁴ / 10⁻³ / 10⁻² the same nDCG@10,
     R@100 and top-10 overlap, top-100 overlap 0.947 / 0.945 / 0.945 / 0.945 and 0.416 / 0.414
     / 0.414 / 0.414. The smallest share that leaves out nearly all of them: 10⁻⁴. Interleaved
-    per query on the 100× store (``query_path_ab_light_stop78``): p50 1.15× faster at k = 10,
-    1.21× at k = 100. A model without saliences (every u^q equal) is unaffected. 0: every
-    token of weight > 0 (stop 77's search).
+    per query on the 100× store (``benchmarks/results/stop78/query_path_ab_light_stop78.md``):
+    p50 1.15× faster at k = 10, 1.21× at k = 100. A model without saliences (every u^q equal)
+    is unaffected. 0: every token of weight > 0 (stop 77's search).
     """
 
     probes: int | None = None
@@ -1068,17 +1068,19 @@ class CentroidSearcher:
         followed by the ``tail`` blocks ``[(docs, estimates)]`` in order, cut at ``k``.
         ``float_query``: the ``(q, u^q)`` the float refinement scores (default: ``q, u_q``)."""
         if refine_fn is None:
-            exact = self.refine(q, s_t, refined, u_q)
             m = 0
             if self.config.refine_float > 0:
                 m = max(math.ceil(self.config.refine_float * k), self.config.refine_float_min)
                 m = min(m, self.config.refine_float_max)
             m = min(m, len(refined))
+            q_x, u_x = float_query or (q, u_q)
+            if m and m == len(refined):  # every one from float vectors: none compressed
+                return [_merge([(refined, self.refine_stored(q_x, refined, u_x))] + tail, k)]
+            exact = self.refine(q, s_t, refined, u_q)
             if m:  # the best m again from float vectors, above the others
                 best = _top(exact, m)
                 rest = np.ones(len(refined), bool)
                 rest[best] = False
-                q_x, u_x = float_query or (q, u_q)
                 stored = self.refine_stored(q_x, refined[best], u_x)
                 tail = [(refined[rest], exact[rest])] + tail
                 refined, exact = refined[best], stored
