@@ -1,4 +1,4 @@
-r"""Twenty-eight query-path changes measured against the code they replaced, interleaved per query.
+r"""Twenty-nine query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,13 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``tile_threads`` (``probe_scores.accumulate``, stop 78): stage 2's threads each scoring
+    every ``threads``-th tile of documents into the caller's arrays — against cutting the
+    query tokens into groups, each worker's scored into arrays of its own and added in
+    afterwards (stop 77's ``accumulate`` and pass, verbatim: ``grouped_accumulate``,
+    ``grouped_kernel``). Timed: ``CentroidSearcher`` queries at the defaults at k = 10 and
+    k = 100 (scores may differ in the last bits: the groups' sums met in another order). Since
+    then each earlier change's ``before`` runs on ``grouped_accumulate`` with its kept pass.
   * ``light`` (``CentroidSearchConfig.light_share``, stop 78): the lightest query tokens,
     together at most ``LIGHT_SHARE`` of the query's u^q, left out of stages 2–4's compressed
     scoring (the float refinement still counts them) — against every token of weight > 0
@@ -23,7 +30,8 @@ here, verbatim in behaviour, only to be measured against:
   * ``dense_clear`` (``scratch.clear``, ``probe_scores._add_group``, stop 77): stage 2's
     per-document arrays added and cleared over every document where more than one in
     ``scratch.DENSE_SHARE`` was reached — against at the reached documents only, whatever
-    their share (``DENSE_SHARE`` = 0: the code before, but for one count). Timed:
+    their share (``DENSE_SHARE`` = 0: the code before, but for one count; since stop 78
+    stage 2 adds no groups, and the pair times ``CentroidSearcher._reached``'s clearing). Timed:
     ``CentroidSearcher`` queries at the defaults at k = 10 and k = 100, the same rankings.
   * ``tiles`` (``probe_scores._accumulate``, stop 77): stage 2's compiled pass taking the
     documents ``TILE_DOCS`` at a time, each probed list read per tile only as far as the
@@ -155,11 +163,13 @@ identical ones is in the output. Writes ``benchmarks/results/--output_name.{json
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import pathlib
 import platform
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -172,7 +182,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 import threadpoolctl  # noqa: E402
 
-from aligner_jax.common import cli, fileio, half, scratch  # noqa: E402
+from aligner_jax.common import cli, fileio, half, scratch, workers  # noqa: E402
 from aligner_jax.data import beir  # noqa: E402
 from aligner_jax.indexing import centroid_index as ci  # noqa: E402
 from aligner_jax.indexing import codec as codec_lib  # noqa: E402
@@ -672,6 +682,186 @@ def gathered_score_probed(self, q, w, top, top_scores, imputed, alive) -> tuple:
     return self._reached(w, imputed, alive)
 
 
+# -- stage 2's pass before stop 78: query-token groups on the threads ------------------------------
+def _grouped_kernel(
+    where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
+    weights, imputed, floor, acc, seen, touched, sums,
+):  # pragma: no cover - compiled  # fmt: skip
+    """``probe_scores._accumulate`` of stop 77, verbatim: every tile of documents scored by
+    this call (the query tokens ``where`` of one group; see ``grouped_accumulate``)."""
+    n, p = where.shape
+    num_docs = len(floor)
+    cursor = np.empty((n, p), np.int64)
+    for i in range(n):
+        for a in range(p):
+            cursor[i, a] = starts[where[i, a]]
+    stray = 0
+    for first_doc in range(0, num_docs, probe_scores.TILE_DOCS):
+        end_doc = first_doc + probe_scores.TILE_DOCS
+        for i in range(n):
+            m = 0
+            w = planes[i]
+            step = scale[i]
+            for a in range(p):
+                c = where[i, a]
+                lo = cursor[i, a]
+                end = starts[c] + lengths[c]
+                length = end - lo
+                if end_doc < num_docs and length > 0:
+                    length = np.searchsorted(docs[lo:end], end_doc)  # this tile's part
+                if length == 0:
+                    continue
+                cursor[i, a] = lo + length
+                base = top_scores[i, a] + constant[i]
+                probe_scores._run_sums(packed, rows, lo, length, w, bits, sums)
+                for r in range(length):
+                    value = base + step * np.float32(sums[r])
+                    d = docs[lo + r]
+                    stray += (d < first_doc) | (d >= end_doc)
+                    best = floor[d]
+                    touched[m] = d
+                    m += best == -np.inf  # the first time this query token reaches d
+                    floor[d] = value if value > best else best
+            for t in range(m):
+                d = touched[t]
+                acc[d] += weights[i] * (floor[d] - imputed[i])
+                seen[d] = True
+                floor[d] = -np.inf
+    return stray
+
+
+if probe_scores.numba is not None:
+    _grouped_kernel = probe_scores.numba.njit(nogil=True, fastmath={"reassoc", "contract"})(
+        _grouped_kernel
+    )
+
+
+def grouped_kernel(*args):
+    """``_grouped_kernel`` (the count of entries out of store order it returns)."""
+    return _grouped_kernel(*args)
+
+
+def grouped_accumulate(
+    codec,
+    queries: np.ndarray,
+    where: np.ndarray,
+    top_scores: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    packed: np.ndarray,
+    docs: np.ndarray,
+    weights: np.ndarray,
+    imputed: np.ndarray,
+    floor: np.ndarray,
+    acc: np.ndarray,
+    seen: np.ndarray,
+    threads: int = 1,
+    rows: np.ndarray | None = None,
+    kernel=None,
+) -> None:
+    """``probe_scores.accumulate`` of stop 77, verbatim but for its pass (``kernel``, of
+    stop 77's call; default ``grouped_kernel``): the query tokens cut into ``threads``
+    contiguous groups, each worker's scored into per-document arrays of its own, then added
+    in (``_add_group``)."""
+    planes, scale, constant = codec.integer_query_terms(queries)
+    n = len(constant)
+    probed = np.asarray(lengths)[np.asarray(where)] if np.size(where) else np.zeros(1, np.int64)
+    longest = max(int(probed.max()), 1)  # rows of the longest probed cluster
+    shared = (
+        np.ascontiguousarray(starts, np.int64),
+        np.ascontiguousarray(lengths, np.int64),
+        np.ascontiguousarray(packed, np.uint8),
+        probe_scores._NO_ROWS
+        if rows is None
+        else np.ascontiguousarray(rows),  # int32 below 2³¹ rows
+        np.ascontiguousarray(docs),  # int32 or int64, as the token lists hold them
+    )
+    per_token = (
+        np.ascontiguousarray(where, np.int64),
+        np.ascontiguousarray(top_scores, np.float32),
+        np.ascontiguousarray(planes),
+        scale,
+        np.ascontiguousarray(constant, np.float32),
+        np.ascontiguousarray(weights, np.float32),
+        np.ascontiguousarray(imputed, np.float32),
+    )
+
+    def run(lo: int, hi: int, out: tuple) -> int:
+        where_, scores_, planes_, scale_, constant_, weights_, imputed_ = (
+            a[lo:hi] for a in per_token
+        )
+        touched = scratch.buffer("probe_scores.touched", (max(len(out[0]), 1),), np.int64)
+        sums = scratch.buffer("probe_scores.sums", (longest + 1,), np.int32)
+        return (kernel or grouped_kernel)(
+            where_, scores_, *shared, planes_, scale_, constant_, codec.bits, weights_, imputed_,
+            *out, touched, sums,
+        )  # fmt: skip
+
+    bounds = np.linspace(0, n, min(max(threads, 1), max(n, 1)) + 1).astype(int)
+    if len(bounds) <= 2:
+        stray = run(0, n, (floor, acc, seen))
+    else:
+        extra = _group_arrays(len(floor), len(bounds) - 2)
+        pool = workers.pool(len(extra))
+        futures = [
+            pool.submit(run, lo, hi, out)
+            for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
+        ]
+        stray = run(0, bounds[1], (floor, acc, seen))
+        for future, (_, part, reached) in zip(futures, extra, strict=True):
+            stray += future.result()  # in group order: the same sums whatever finishes first
+            _add_group(acc, seen, part, reached)
+    if stray:  # a list not in store order (its documents' sums are wrong): none kept
+        acc[:] = 0.0
+        seen[:] = False
+        raise ValueError(f"{stray} token-list entries out of store order (rebuild the index)")
+
+
+def _add_group(acc, seen, part, reached) -> None:
+    """Adds a worker group's sums ``part`` at the documents it ``reached`` into the caller's
+    ``acc`` and ``seen``, and clears the group's arrays (as ``_group_arrays`` hands them out):
+    at those documents only, or over every document where it reached more than one in
+    ``scratch.DENSE_SHARE`` (adding the zeros elsewhere changes nothing)."""
+    if scratch.dense(np.count_nonzero(reached), len(acc)):
+        np.add(acc, part, out=acc)
+        np.logical_or(seen, reached, out=seen)
+        part.fill(0)
+        reached.fill(False)
+        return
+    hit = np.flatnonzero(reached)
+    acc[hit] += part[hit]
+    seen[hit] = True
+    scratch.clear((part, reached), hit)
+
+
+_CALLER = threading.local()
+
+
+def _group_arrays(num_docs: int, groups: int) -> list[tuple]:
+    """The calling thread's (floor −∞, acc 0, seen False) per document for each of ``groups``
+    query-token groups scored on workers, kept so between calls (``accumulate`` waits for its
+    workers and resets what they touched, so no other call shares them)."""
+    arrays = getattr(_CALLER, "arrays", [])
+    if arrays and len(arrays[0][0]) != num_docs:
+        arrays = []
+    while len(arrays) < groups:
+        arrays.append(
+            (
+                np.full(num_docs, -np.inf, np.float32),
+                np.zeros(num_docs, np.float32),
+                np.zeros(num_docs, bool),
+            )
+        )
+    _CALLER.arrays = arrays
+    return arrays[:groups]
+
+
+def grouped(kernel):
+    """``grouped_accumulate`` with a kept pass of stop 77's call: the search's stage 2 before
+    stop 78 (``tile_threads``) and before each earlier change (their ``before``)."""
+    return functools.partial(grouped_accumulate, kernel=kernel)
+
+
 def fancy_gather_padded(self, doc_indices, length):
     """``TokenStore.gather_padded`` before: one fancy index over every row."""
     doc_indices = np.asarray(doc_indices, dtype=np.int64)
@@ -873,7 +1063,7 @@ NEW = {
     "concatenated": ts.TokenStore.concatenated,
     "score_probed": cs.CentroidSearcher._score_probed,
     "chunk": codec_lib.CHUNK,
-    "accumulate": probe_scores._accumulate,
+    "accumulate": probe_scores.accumulate,
     "dense_share": scratch.DENSE_SHARE,
     "tokens_at_best": gather_max.tokens_at_best,
     "reach_factor": cs.reach_factor,
@@ -886,7 +1076,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "light", "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "tile_threads", "light", "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach", "reach_linear",
 )  # fmt: skip
 
@@ -943,7 +1133,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         )
 
     def integer(which):
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else float_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(float_accumulate)
+        )
 
     def reads(which):
         after = which == "after"
@@ -955,6 +1147,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         cs._top = NEW["top"] if after else partition_top
         cs.CentroidSearcher.search = NEW["search"] if after else eager_tail_search
 
+    def tile_threads(which):  # stage 2's threads by document tiles, or by query-token groups
+        probe_scores.accumulate = NEW["accumulate"] if which == "after" else grouped(grouped_kernel)
+
     def light(which):  # the light query tokens left out of the compressed stages
         config = searcher.centroid.config
         share = cs.LIGHT_SHARE if which == "after" else 0.0
@@ -964,18 +1159,26 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         scratch.DENSE_SHARE = NEW["dense_share"] if which == "after" else 0
 
     def tiled(which):  # the default search, stage 2 per tile of documents
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else untiled_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(untiled_accumulate)
+        )
 
     def lined(which):  # the default search (lists by position past LISTS_IN_MEMORY_MAX)
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else looped_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(looped_accumulate)
+        )
 
     def touched(which):  # on the lists by position
         residual.centroid._token_lists = lists["by_position"]
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else untouched_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(untouched_accumulate)
+        )
 
     def branch(which):  # on the copy (by_position leaves the lists by position in place)
         residual.centroid._token_lists = lists["copy"]
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else direct_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(direct_accumulate)
+        )
 
     def position(which):
         residual.centroid._token_lists = lists["by_position" if which == "after" else "copy"]
@@ -990,7 +1193,9 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         probe_select.numba = NEW["select_numba"] if which == "after" else None
 
     def split(which):
-        probe_scores._accumulate = NEW["accumulate"] if which == "after" else joint_accumulate
+        probe_scores.accumulate = (
+            NEW["accumulate"] if which == "after" else grouped(joint_accumulate)
+        )
 
     def probed(which):
         probe_scores.numba = NEW["probe_numba"] if which == "after" else None
@@ -1047,6 +1252,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("tile_threads", tile_threads, searcher),  # stage 2's threads by document tiles
         ("light", light, searcher),  # the light query tokens not probed
         ("dense_clear", dense_clear, searcher),  # stage 2's per-document arrays cleared
         ("tiles", tiled, searcher),  # the default search, stage 2 per tile of documents

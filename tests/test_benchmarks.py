@@ -534,39 +534,47 @@ def test_query_path_ab_predecessors_give_what_the_current_code_gives(tmp_path):
     # stage 2's float32 pass kept here, against the int16 one: the same documents, the same
     # scores up to float rounding (both multiply the same rounded weights); the one-loop int16
     # pass (before stop 68): the same integer sums, the same scores
+    import threadpoolctl
+
     from aligner_jax.retrieval import probe_scores
 
+    # (each on stop 77's query-token groups, ``grouped``: its sums added in another order than
+    # the tiles' of today's threads, equal up to rounding on more than one thread)
     kernels = (
         (ab.float_accumulate, 1e-5),
-        (ab.joint_accumulate, 0.0),
-        (ab.direct_accumulate, 0.0),
-        (ab.untouched_accumulate, 0.0),
-        (ab.untiled_accumulate, 0.0),
+        (ab.joint_accumulate, 1e-6),
+        (ab.direct_accumulate, 1e-6),
+        (ab.untouched_accumulate, 1e-6),
+        (ab.untiled_accumulate, 1e-6),
+        (ab.grouped_kernel, 1e-6),
     )
     for kernel, rtol in kernels:
-        try:
-            probe_scores._accumulate = kernel
-            before = searcher._score_probed(q, w, top, top_scores, imputed, None)
-        finally:
-            probe_scores._accumulate = ab.NEW["accumulate"]
-        np.testing.assert_array_equal(before[0], new[0])
-        np.testing.assert_allclose(before[1], new[1], rtol=rtol, atol=1e-6 if rtol else 0.0)
+        for threads in (1, 2):
+            try:
+                probe_scores.accumulate = ab.grouped(kernel)
+                with threadpoolctl.threadpool_limits(threads):
+                    before = searcher._score_probed(q, w, top, top_scores, imputed, None)
+            finally:
+                probe_scores.accumulate = ab.NEW["accumulate"]
+            np.testing.assert_array_equal(before[0], new[0])
+            np.testing.assert_allclose(before[1], new[1], rtol=rtol, atol=1e-6)
     # the lists by position, rows touched in blocks (stop 73's touch loop too) or scored as
     # read: the same as the copy
     searcher._token_lists = searcher._build_token_lists(by_position=True)
-    for kernel in (
+    for accumulate in (
         ab.NEW["accumulate"],
-        ab.untouched_accumulate,
-        ab.looped_accumulate,
-        ab.untiled_accumulate,
+        ab.grouped(ab.untouched_accumulate),
+        ab.grouped(ab.looped_accumulate),
+        ab.grouped(ab.untiled_accumulate),
+        ab.grouped(ab.grouped_kernel),
     ):
         try:
-            probe_scores._accumulate = kernel
+            probe_scores.accumulate = accumulate
             by_position = searcher._score_probed(q, w, top, top_scores, imputed, None)
         finally:
-            probe_scores._accumulate = ab.NEW["accumulate"]
+            probe_scores.accumulate = ab.NEW["accumulate"]
         np.testing.assert_array_equal(by_position[0], new[0])
-        np.testing.assert_array_equal(by_position[1], new[1])
+        np.testing.assert_allclose(by_position[1], new[1], rtol=1e-6, atol=1e-6)
     # stop 65's reach (√N at every k): what the current rule gives at k ≤ 10, less at k = 100
     for n in (5183, cs.REACH_DOCS, 10 * cs.REACH_DOCS):
         assert ab.sqrt_reach_factor(n, 10) == pytest.approx(cs.reach_factor(n, 10))

@@ -124,15 +124,14 @@ def test_integer_query_terms_round_the_plane_weights_within_half_a_step(bits):
     assert worst.max() < 2**31
 
 
-@pytest.mark.parametrize("num_docs", [400, 40_000])
+@pytest.mark.parametrize("num_docs", [5_000, 40_000])
 @pytest.mark.parametrize("threads", [2, 3, 8])
-def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(threads, num_docs):
-    """``threads`` > 1 scores contiguous groups of query tokens on worker threads, each into its
-    own per-document arrays added in afterwards: the same documents reached and the same sums
-    (up to float rounding) as one pass, the caller's floor left at −∞, and the workers' arrays
-    left clean for the next call (a second call gives the same again). More threads than query
-    tokens: one group per token. Most of 400 documents reached: the groups are added and
-    cleared over every document; a few of 40,000: at those reached."""
+def test_document_tiles_on_worker_threads_score_as_the_one_thread_pass(threads, num_docs):
+    """``threads`` > 1 scores every ``threads``-th tile of documents on each thread, all into
+    the caller's arrays: the same documents reached and the same sums to the bit as one pass
+    (a document's sums are added in one order), the floor left at −∞, and a second call the
+    same again. More threads than tiles: one thread per tile. Before stop 78 the query tokens
+    were cut into groups whose sums were added afterwards (equal only up to rounding)."""
     rng = np.random.default_rng(threads)
     dim, rows = 16, 300
     codec = ResidualCodec.fit(rng.standard_normal((500, dim)).astype(np.float32), 4)
@@ -155,13 +154,21 @@ def test_query_token_groups_on_worker_threads_add_up_to_the_one_thread_pass(thre
 
     acc_1, seen_1 = run(1)
     assert 0 < seen_1.sum() < num_docs  # some documents reached, not all
-    assert scratch.dense(seen_1.sum(), num_docs) == (num_docs == 400)
+    tile = probe_scores.tile_size(num_docs, threads)
+    assert -(-num_docs // tile) >= min(threads, 4)  # several tiles: several threads score
     for _ in range(2):
         acc_t, seen_t = run(threads)
         np.testing.assert_array_equal(seen_t, seen_1)
-        np.testing.assert_allclose(acc_t, acc_1, rtol=1e-6, atol=1e-6)
-    for _, part, reached in probe_scores._group_arrays(num_docs, min(threads, n) - 1):
-        assert not part.any() and not reached.any()
+        np.testing.assert_array_equal(acc_t, acc_1)
+
+
+def test_tiles_leave_each_thread_a_tile_never_below_the_minimum():
+    assert probe_scores.tile_size(10**6, 1) == probe_scores.TILE_DOCS
+    assert probe_scores.tile_size(518_300, 2) == probe_scores.TILE_DOCS  # 16 tiles
+    assert probe_scores.tile_size(51_830, 2) == 25_915  # one tile per thread
+    assert probe_scores.tile_size(5_183, 3) == 1_728
+    assert probe_scores.tile_size(5_183, 8) == probe_scores.MIN_TILE_DOCS
+    assert probe_scores.tile_size(10, 8) == probe_scores.MIN_TILE_DOCS
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -23,19 +23,18 @@ the same rankings (``benchmarks/results/query_path_ab_probe_int16.md``). Without
 numba, ``centroid_search`` keeps its NumPy loop in float32 (the same values up to the weights'
 int16 rounding, about 1e-6 for unit queries).
 
-**Threads.** The query tokens are independent until their sums meet in ``acc``: with ``threads``
-> 1 they are cut into that many contiguous groups, the first scored on the calling thread into
-the caller's arrays, each other on a worker thread (the compiled pass releases the GIL) into
-per-document arrays the calling thread keeps for that group (``_group_arrays``), which are then
-added in, group by group, at the documents they reached. A document's sum then adds the groups' partial sums, so the scores
-of 1 and of 2 threads can differ in the last bits (SciFact and CISI zero-shot, every test query:
-the same top 100 in the same order, scores at most 1.2e-7 apart; stage 2 at 2 threads took 4.7–5.0
-against 8.2–8.4 ms per SciFact query: ``benchmarks/results/README.md``, stop 48).
+**Threads.** A document's sums are its own: with ``threads`` > 1 the documents are cut into
+tiles (``_accumulate``) and each thread scores every ``threads``-th tile, the first on the
+calling thread, the others on the process's workers (the compiled pass releases the GIL), all
+into the caller's arrays, which no two threads write at the same document. A document's sums
+are added in the same order whatever the thread count: 1 and 2 threads give the same floats.
+Before stop 78 the query tokens were cut into groups instead, each worker's into per-document
+arrays of its own then added in: stage 2's pass 17.0 → 14.3 ms p50 per k = 100 query on
+SciFact grown 100× (60 captured queries, caches evicted between calls; the whole search
+``benchmarks/query_path_ab.py``'s ``tile_threads``).
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -50,6 +49,7 @@ except ImportError:  # pragma: no cover - numba is a dependency; kept for hosts 
 TOUCH_ROWS = 64  # scattered rows of lists by position brought in at once (32-256: the same)
 # documents whose per-document state stage 2 visits at a time (16k-128k: the same)
 TILE_DOCS = 32_768
+MIN_TILE_DOCS = 1024  # ... fewer in a small collection, so that each thread has a tile to score
 
 
 def _sums(packed, rows, indirect, lo, first, stop, w, bits, sums):  # pragma: no cover
@@ -134,7 +134,7 @@ def _run_sums(packed, rows, lo, length, w, bits, sums):  # pragma: no cover - co
 
 def _accumulate(
     where, top_scores, starts, lengths, packed, rows, docs, planes, scale, constant, bits,
-    weights, imputed, floor, acc, seen, touched, sums,
+    weights, imputed, floor, acc, seen, touched, sums, tile_docs, part, parts,
 ):  # pragma: no cover - compiled  # fmt: skip
     """For each query token i and each of its probed clusters ``where[i, a]`` (rows
     ``starts[c] : starts[c] + lengths[c]`` of ``packed``/``docs``, of ``rows``/``docs`` when
@@ -150,14 +150,16 @@ def _accumulate(
     k = 10, the same rankings (``benchmarks/results/query_path_ab_probe_split.md``, SciFact
     and CISI; ``query_path_ab_x100_stop68.md``, SciFact grown 100×: 1.17× at k = 100).
 
-    **Tiles.** The documents are taken ``TILE_DOCS`` at a time, every query token's probed
+    **Tiles.** The documents are taken ``tile_docs`` at a time, every query token's probed
     clusters read in each tile only as far as its documents (a list holds its documents in
     store order, ``inverted_lists.TokenLists``: one cursor per cluster and query token, moved
     on by a binary search), so that the per-document arrays a tile visits stay in the core's
     cache; a document's sums are added in the same order as without tiles (the same
     floats). SciFact trained grown 100× (518,300 documents, 61 % of them reached by a k = 100
     query): the whole search 1.17× as fast at k = 100, the same rankings
-    (``benchmarks/results/query_path_ab_tiles_stop77.md``)."""
+    (``benchmarks/results/query_path_ab_tiles_stop77.md``). This call scores the tiles
+    ``part``, ``part + parts``, ... (one of ``parts`` threads); every list is cut at the same
+    tile bounds in every call, so that the parts cover each entry once."""
     n, p = where.shape
     num_docs = len(floor)
     cursor = np.empty((n, p), np.int64)
@@ -165,8 +167,9 @@ def _accumulate(
         for a in range(p):
             cursor[i, a] = starts[where[i, a]]
     stray = 0
-    for first_doc in range(0, num_docs, TILE_DOCS):
-        end_doc = first_doc + TILE_DOCS
+    for first_doc in range(0, num_docs, tile_docs):
+        end_doc = first_doc + tile_docs
+        mine = (first_doc // tile_docs) % parts == part
         for i in range(n):
             m = 0
             w = planes[i]
@@ -181,6 +184,8 @@ def _accumulate(
                 if length == 0:
                     continue
                 cursor[i, a] = lo + length
+                if not mine:  # another thread's tile: its cursor moved on, nothing scored
+                    continue
                 base = top_scores[i, a] + constant[i]
                 _run_sums(packed, rows, lo, length, w, bits, sums)
                 for r in range(length):
@@ -238,14 +243,13 @@ def accumulate(
     (the clusters' rows of ``packed [R, W]`` and ``docs [R]``, int32 or int64: the token
     lists' own arrays, read where they lie); ``top_scores`` ``[n, p]``
     their centroid scores; ``floor`` ``[num_docs]`` float32, −∞ everywhere (left so).
-    ``threads``: query-token groups scored at once (see the module docstring). ``rows``: the
+    ``threads``: document tiles scored at once (see the module docstring). ``rows``: the
     lists by position (``inverted_lists.TokenLists.rows``): entry j's residual is then
     ``packed[rows[j]]``, ``packed`` the index's segment in store order.
 
     Raises ``ValueError`` (``acc`` and ``seen`` left clear) where a list's documents are not
     in store order: the pass reads them tile by tile (``_accumulate``)."""
     planes, scale, constant = codec.integer_query_terms(queries)
-    n = len(constant)
     probed = np.asarray(lengths)[np.asarray(where)] if np.size(where) else np.zeros(1, np.int64)
     longest = max(int(probed.max()), 1)  # rows of the longest probed cluster
     shared = (
@@ -265,75 +269,39 @@ def accumulate(
         np.ascontiguousarray(imputed, np.float32),
     )
 
-    def run(lo: int, hi: int, out: tuple) -> int:
-        where_, scores_, planes_, scale_, constant_, weights_, imputed_ = (
-            a[lo:hi] for a in per_token
-        )
-        touched = scratch.buffer("probe_scores.touched", (max(len(out[0]), 1),), np.int64)
+    num_docs = len(floor)
+    parts = max(min(max(threads, 1), -(-num_docs // MIN_TILE_DOCS)), 1)
+    tile_docs = tile_size(num_docs, parts)
+
+    def run(part: int) -> int:
+        touched = scratch.buffer("probe_scores.touched", (max(num_docs, 1),), np.int64)
         sums = scratch.buffer("probe_scores.sums", (longest + 1,), np.int32)
         return _accumulate(
-            where_, scores_, *shared, planes_, scale_, constant_, codec.bits, weights_, imputed_,
-            *out, touched, sums,
+            *per_token[:2], *shared, *per_token[2:5], codec.bits, *per_token[5:], floor, acc,
+            seen, touched, sums, tile_docs, part, parts,
         )  # fmt: skip
 
-    bounds = np.linspace(0, n, min(max(threads, 1), max(n, 1)) + 1).astype(int)
-    if len(bounds) <= 2:
-        stray = run(0, n, (floor, acc, seen))
-    else:
-        extra = _group_arrays(len(floor), len(bounds) - 2)
-        pool = workers.pool(len(extra))
-        futures = [
-            pool.submit(run, lo, hi, out)
-            for lo, hi, out in zip(bounds[1:-1], bounds[2:], extra, strict=True)
-        ]
-        stray = run(0, bounds[1], (floor, acc, seen))
-        for future, (_, part, reached) in zip(futures, extra, strict=True):
-            stray += future.result()  # in group order: the same sums whatever finishes first
-            _add_group(acc, seen, part, reached)
+    futures = [workers.pool(parts - 1).submit(run, part) for part in range(1, parts)]
+    stray = run(0)
+    stray += sum(future.result() for future in futures)
     if stray:  # a list not in store order (its documents' sums are wrong): none kept
         acc[:] = 0.0
         seen[:] = False
         raise ValueError(f"{stray} token-list entries out of store order (rebuild the index)")
 
 
-def _add_group(acc, seen, part, reached) -> None:
-    """Adds a worker group's sums ``part`` at the documents it ``reached`` into the caller's
-    ``acc`` and ``seen``, and clears the group's arrays (as ``_group_arrays`` hands them out):
-    at those documents only, or over every document where it reached more than one in
-    ``scratch.DENSE_SHARE`` (adding the zeros elsewhere changes nothing)."""
-    if scratch.dense(np.count_nonzero(reached), len(acc)):
-        np.add(acc, part, out=acc)
-        np.logical_or(seen, reached, out=seen)
-        part.fill(0)
-        reached.fill(False)
-        return
-    hit = np.flatnonzero(reached)
-    acc[hit] += part[hit]
-    seen[hit] = True
-    scratch.clear((part, reached), hit)
+def tile_size(num_docs: int, parts: int = 1) -> int:
+    """Documents per tile of stage 2's pass: ``TILE_DOCS``, or fewer where that would leave one
+    of ``parts`` threads without a tile (at least ``MIN_TILE_DOCS``): every tile cuts each
+    probed list once more, which costs where the lists are short (the trained SciFact store at
+    1×, 5,183 documents, interleaved: four tiles per thread 0.96× as fast at k = 10, one run
+    whose output the rerun with one per thread overwrote, 0.99×:
+    ``benchmarks/results/stop78/query_path_ab_tile_threads_x1_stop78.md``)."""
+    even = -(-num_docs // parts) if parts > 1 else TILE_DOCS
+    return int(min(TILE_DOCS, max(MIN_TILE_DOCS, even)))
 
 
-_CALLER = threading.local()
 _NO_ROWS = np.zeros(0, np.int32)  # the lists hold their residuals (entry j: packed row j)
-
-
-def _group_arrays(num_docs: int, groups: int) -> list[tuple]:
-    """The calling thread's (floor −∞, acc 0, seen False) per document for each of ``groups``
-    query-token groups scored on workers, kept so between calls (``accumulate`` waits for its
-    workers and resets what they touched, so no other call shares them)."""
-    arrays = getattr(_CALLER, "arrays", [])
-    if arrays and len(arrays[0][0]) != num_docs:
-        arrays = []
-    while len(arrays) < groups:
-        arrays.append(
-            (
-                np.full(num_docs, -np.inf, np.float32),
-                np.zeros(num_docs, np.float32),
-                np.zeros(num_docs, bool),
-            )
-        )
-    _CALLER.arrays = arrays
-    return arrays[:groups]
 
 
 def warm_up() -> None:
