@@ -1008,7 +1008,7 @@ class CentroidSearcher:
         q = np.asarray(q, np.float32)
         u_q = np.asarray(u_q, np.float32)
         live = u_q > 0
-        float_query = (q[live], u_q[live]) if live.any() else (q, u_q)  # stage 4's float pass
+        float_query = (q[live], u_q[live]) if live.any() and not live.all() else (q, u_q)
         kept = weighed_tokens(u_q, self.config.light_share)
         if kept.any() and not kept.all():
             # a query token of weight 0 changes no score (Eq. 2: it adds 0 to both sums), one
