@@ -1,4 +1,4 @@
-r"""Twenty-nine query-path changes measured against the code they replaced, interleaved per query.
+r"""Thirty query-path changes measured against the code they replaced, interleaved per query.
 
   .venv/bin/python benchmarks/query_path_ab.py \
       [--stores=scifact:outputs/zero_shot_scifact/index,cisi:outputs/zero_shot_cisi/index]
@@ -15,6 +15,12 @@ here, verbatim in behaviour, only to be measured against:
     in ``LISTS_IN_MEMORY_MAX``). The price of the scattered reads: what a search pays past
     that size, where it ranked by centroid scores before. Timed: ``CentroidSearcher`` queries
     with ``residual_candidates=True``, as ``probe_scores``' (the same rankings).
+  * ``float_all`` (``centroid_search.REFINE_FLOAT``, ``REFINE_FLOAT_MAX``, stop 79): a model
+    with saliences re-scores every refined document from the store's float vectors (3·k, at
+    most 300), so that the compressed pass of stage 4 is not run — against the best 2·k (at
+    most 200) of that pass re-scored (``refine_float`` 2, ``refine_float_max`` 200: the search
+    before). Timed: ``CentroidSearcher`` queries at the defaults at k = 10 and k = 100
+    (rankings may differ; a model without saliences has no float refinement: the same).
   * ``tile_threads`` (``probe_scores.accumulate``, stop 78): stage 2's threads each scoring
     every ``threads``-th tile of documents into the caller's arrays — against cutting the
     query tokens into groups, each worker's scored into arrays of its own and added in
@@ -1076,7 +1082,7 @@ FILL_DOCS = cs.FILL_DOCS or 3000  # the "fill" pair's documents (the default, el
 
 
 CHANGES = (
-    "tile_threads", "light", "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
+    "float_all", "tile_threads", "light", "dense_clear", "tiles", "touch_lines", "touch", "by_position", "rows_branch", "residual_default", "select_ties", "probe_select", "select", "at_best", "store_reads", "probe_split", "probe_int16", "gather_max", "probe_scores", "cluster_residuals", "residual_chunk", "segment_max",
     "gather_padded", "fetch", "host_top1", "rescore", "means", "fill", "reach", "reach_linear",
 )  # fmt: skip
 
@@ -1149,6 +1155,16 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
 
     def tile_threads(which):  # stage 2's threads by document tiles, or by query-token groups
         probe_scores.accumulate = NEW["accumulate"] if which == "after" else grouped(grouped_kernel)
+
+    def float_all(which):  # every refined document from float vectors, or the best 2·k
+        config = searcher.centroid.config
+        if config.refine_float:  # a model with saliences (else no float refinement either way)
+            after = which == "after"
+            searcher.centroid.config = dataclasses.replace(
+                config,
+                refine_float=cs.REFINE_FLOAT if after else 2.0,
+                refine_float_max=cs.REFINE_FLOAT_MAX if after else 200,
+            )
 
     def light(which):  # the light query tokens left out of the compressed stages
         config = searcher.centroid.config
@@ -1252,6 +1268,7 @@ def bench_store(name: str, index_dir: str, rounds: int) -> tuple[list[dict], dic
         lists["copy"] = residual.centroid._build_token_lists()
         lists["by_position"] = residual.centroid._build_token_lists(by_position=True)
     changes = (
+        ("float_all", float_all, searcher),  # every refined document from float vectors
         ("tile_threads", tile_threads, searcher),  # stage 2's threads by document tiles
         ("light", light, searcher),  # the light query tokens not probed
         ("dense_clear", dense_clear, searcher),  # stage 2's per-document arrays cleared

@@ -294,10 +294,10 @@ def test_float_refinement_scores_the_best_refined_documents_with_eq2_exactly(
 @pytest.mark.parametrize("k", [10, 20])
 def test_float_refinement_is_on_by_default_for_models_with_saliences(store, salience, k):
     """The default ``refine_float`` (None): a model with saliences has the best
-    max(2·k, ``refine_float_min``) refined documents scored from the float store, Eq. 1–2
+    max(3·k, ``refine_float_min``) refined documents scored from the float store, Eq. 1–2
     exactly (a k = 10 search ranks its top 10 out of 30 exact scores, a k = 20 search its top 20
-    out of 40: which documents make the top k is decided by exact scores); one without keeps
-    the compressed scores."""
+    out of all 60 refined: which documents make the top k is decided by exact scores); one
+    without keeps the compressed scores."""
     index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=2))
     wide = dict(probes=index.num_centroids, interaction_docs=60, refine_docs=60)
     default = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(**wide), salience)
@@ -305,7 +305,7 @@ def test_float_refinement_is_on_by_default_for_models_with_saliences(store, sali
     compressed = cs.CentroidSearcher(
         store, index, cs.CentroidSearchConfig(**wide, refine_float=0.0), salience
     )
-    m = max(2 * k, 30)
+    m = min(max(math.ceil(cs.REFINE_FLOAT * k), 30), 60)
     rescored = []  # how many documents each search scores from the float store
     refine_stored = default.refine_stored
     default.refine_stored = lambda q, docs, u: (
@@ -1034,6 +1034,32 @@ def test_every_refined_document_from_float_vectors_skips_the_compressed_pass(sto
     whole = _float_top1(store, q)
     np.testing.assert_allclose(scores, whole[docs], rtol=1e-5, atol=1e-6)
     assert list(docs) == sorted(docs, key=lambda d: -whole[d])[:10]
+
+
+@pytest.mark.parametrize("k", [20, 100])
+def test_the_default_rescores_every_refined_document_from_float_vectors(store, index, k):
+    """By default (stop 79) a model with saliences re-scores every refined document from the
+    float store, 3·k of them up to ``REFINE_FLOAT_MAX`` (2·k before, after a compressed pass
+    over all 3·k that only chose them): no compressed stage-4 pass, and the ranking is the
+    refined documents' by Eq. 1–2's exact scores."""
+    config = cs.CentroidSearchConfig(interaction_docs=200)
+    searcher = cs.CentroidSearcher(store, index, config)
+    assert searcher.config.refine_float == cs.REFINE_PER_K
+    q = _query(23, n=6)
+    stage4, rescored = [], []
+    refine, refine_stored = searcher.refine, searcher.refine_stored
+    searcher.refine = lambda q_, s_t, docs, u_q, keep=None, best_centroids=None: (
+        stage4.append(keep is None and best_centroids is None)
+        or refine(q_, s_t, docs, u_q, keep=keep, best_centroids=best_centroids)
+    )
+    searcher.refine_stored = lambda q_, docs, u_q: (
+        rescored.append(len(docs)) or refine_stored(q_, docs, u_q)
+    )
+    ((docs, scores),), counts = searcher.search(q.vectors, q.salience, np.arange(6), k)
+    assert counts.refined == min(math.ceil(cs.REFINE_PER_K * k), store.num_docs)
+    assert rescored == [counts.refined] and not any(stage4)
+    whole = _float_top1(store, q)
+    np.testing.assert_allclose(scores, whole[docs], rtol=1e-5, atol=1e-6)
 
 
 def test_weighed_tokens_leave_out_the_lightest_tokens_up_to_their_share():

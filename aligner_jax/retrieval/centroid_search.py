@@ -30,10 +30,11 @@ For one query (token vectors q [n, D], saliences u^q), four stages, each vectori
      the residual term can move a token by more than the margin (SciFact zero-shot, margin
      0.15: −0.01 nDCG@10, −14 % CPU) (other alignment strategies refine these documents from the float
      store through ``refine.Refiner``, see ``searcher``). With ``refine_float`` (by default on
-     for models with saliences) the best ⌈refine_float·k⌉ of them (2·k), at least 30 and at most 200,
-     are scored again from the token store's float vectors, Eq. 1–2 exactly
-     (``refine_stored``): a residual's error can change which token a query token selects, and
-     with it the u^d that weights it.
+     for models with saliences) the best ⌈refine_float·k⌉ of them (3·k: every refined one), at
+     least 30 and at most 300, are scored again from the token store's float vectors, Eq. 1–2
+     exactly (``refine_stored``): a residual's error can change which token a query token
+     selects, and with it the u^d that weights it. Where that is every refined document the
+     compressed pass is not run.
 
 With ``CentroidSearchConfig.residual_candidates`` (on by default where the token lists fit,
 below) stage 2 scores every token of the probed clusters with its residual, q·(c + r̂), WARP's
@@ -132,9 +133,10 @@ RESIDUAL_PER_REFINE = 1.5  # of those, residual-interaction documents per refine
 RESCORE_PER_REFINE = 3.0  # with residual candidates: stage-2 documents re-scored per refined one
 RESCORE_K = 100  # ... at k >= this; proportionally fewer below (none at k <= RESCORE_K / 3)
 RESCORE_BELOW_REACH = 0.7  # ... for queries whose refined candidates stage 2 reached below this
-REFINE_FLOAT = 2.0  # float re-scored documents per requested one, models with saliences
+# float re-scored documents per requested one, models with saliences: every refined document
+REFINE_FLOAT = REFINE_PER_K  # (stop 79; 2·k before)
 REFINE_FLOAT_MIN = 30  # float re-scored documents at least (when refine_float > 0)
-REFINE_FLOAT_MAX = 200  # and at most (a k = 1,000 evaluation re-scores the best 200)
+REFINE_FLOAT_MAX = 300  # and at most (a k = 1,000 evaluation re-scores the best 300)
 IMPUTE_DEPTH = 2.0  # a token's imputed score: its ⌈2·(probes + 1)⌉-th centroid's (query_styles.py)
 MEAN_WEIGHT = 0.2  # weight of the documents' mean vectors in stage 2's estimate (tune_search.py)
 MEAN_DOCS = 3000  # stage 2's best documents that get it
@@ -207,6 +209,17 @@ class CentroidSearchConfig:
     returned rose 0.827 → 0.904 at 1× (0.907 re-scoring 3·k) and 0.568 → 0.583 at 10×
     (there the rest never reached stage 4), for p50 10.5 → 13.1 ms at 1×
     (``benchmarks/results/tune_float_stop57/``; nDCG@10 and R@100 unchanged on those queries).
+    Every refined document (``REFINE_PER_K`` · k, at most 300) since stop 79: where the float
+    refinement takes every refined document, the compressed pass of stage 4 is not run
+    (``_ranked``), and that pass over 3·k documents cost more than float vectors for the last
+    third of them. On the same 200 train queries at k = 100, interleaved per query
+    (``benchmarks/results/stop79/``): the trained 2-bit store at 1× p50 1.06× as fast, top-100
+    overlap with exhaustive search 0.945 → 0.952; grown 100× (63.9M tokens) 1.07× as fast,
+    0.414 → 0.417; nDCG@10, R@100 and the k = 10 search (30 refined, all float already)
+    unchanged. Of 1× and 100× only the 1× store meets ``tune_search.py``'s rule (top-100
+    overlap ≥ 0.95), and only with this. Taking stage 3's best 2·k to the float refinement
+    without the compressed pass instead was 1.21–1.26× as fast but lost top-100 overlap
+    (0.945 → 0.922 at 1×): not adopted.
     ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
