@@ -212,14 +212,16 @@ class CentroidSearchConfig:
     Every refined document (``REFINE_PER_K`` · k, at most 300) since stop 79: where the float
     refinement takes every refined document, the compressed pass of stage 4 is not run
     (``_ranked``), and that pass over 3·k documents cost more than float vectors for the last
-    third of them. On the same 200 train queries at k = 100, interleaved per query
-    (``benchmarks/results/stop79/``): the trained 2-bit store at 1× p50 1.06× as fast, top-100
-    overlap with exhaustive search 0.945 → 0.952; grown 100× (63.9M tokens) 1.07× as fast,
-    0.414 → 0.417; nDCG@10, R@100 and the k = 10 search (30 refined, all float already)
-    unchanged. Of 1× and 100× only the 1× store meets ``tune_search.py``'s rule (top-100
-    overlap ≥ 0.95), and only with this. Taking stage 3's best 2·k to the float refinement
-    without the compressed pass instead was 1.21–1.26× as fast but lost top-100 overlap
-    (0.945 → 0.922 at 1×): not adopted.
+    third of them. On the same 200 train queries at k = 100 (``tune_search.py``,
+    ``benchmarks/results/stop79/tune_float_all/``) top-100 overlap with exhaustive search rose
+    0.945 → 0.952 on the trained 2-bit store at 1× (the rule's top-100 criterion, ≥ 0.95, met
+    only so; its k = 10 overlap, 0.947, misses the rule either way) and 0.414 → 0.417 grown
+    100× (63.9M tokens); nDCG@10, R@100 and the k = 10 search (30 refined, all float already)
+    unchanged. Interleaved per query on the test queries (``query_path_ab.py
+    --changes=float_all``): 1.05× as fast at k = 100 at 1× and at 100×, 1.00× at k = 10.
+    Taking stage 3's best 2·k to the float refinement without the compressed pass instead was
+    1.21–1.26× as fast on the train queries but lost top-100 overlap (0.945 → 0.922 at 1×,
+    0.414 → 0.409 at 100×): not adopted.
     ``query_tokens_ref``: with automatic probes, a query of n < this many probing tokens reaches
     ``documents_per_probe(k) · query_tokens_ref / n`` documents per token (as many in all as a
     query of this length, up to ``MAX_PROBES`` per token); None: every query token reaches
