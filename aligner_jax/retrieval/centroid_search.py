@@ -217,8 +217,9 @@ class CentroidSearchConfig:
     0.945 → 0.952 on the trained 2-bit store at 1× (the rule's top-100 criterion, ≥ 0.95, met
     only so; its k = 10 overlap, 0.947, misses the rule either way) and 0.414 → 0.417 grown
     100× (63.9M tokens); nDCG@10, R@100 and the k = 10 search (30 refined, all float already)
-    unchanged. Interleaved per query on the test queries (``query_path_ab.py
-    --changes=float_all``): 1.05× as fast at k = 100 at 1× and at 100×, 1.00× at k = 10.
+    unchanged. Interleaved per query on the test queries
+    (``benchmarks/results/stop79/query_path_ab_float_all*.md``): 1.05× as fast at k = 100 at
+    1× and at 100×, 1.00× at k = 10.
     Taking stage 3's best 2·k to the float refinement without the compressed pass instead was
     1.21–1.26× as fast on the train queries but lost top-100 overlap (0.945 → 0.922 at 1×,
     0.414 → 0.409 at 100×): not adopted.
