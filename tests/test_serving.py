@@ -219,6 +219,22 @@ def test_beta_d_keeps_the_top_tokens_by_salience(built, tmp_path, exhaustive):
         _searcher(tmp_path / "shard", record, "fusion", exhaustive.encoder).search("bees")
 
 
+def _rrf_bounds(qdrant, text, prefetch, k=60):
+    """Each fused document's lowest and highest RRF score (Σ 1 / (k + r)) when documents whose
+    prefetch scores tie (to 1e-6) may take each other's ranks: engines order ties differently."""
+    spec = qdrant.spec(qdrant.encoder.encode([text], "query")[0], text, prefetch)
+    lo, hi = {}, {}
+    for mode in ("sparse", "multivector"):
+        hits = qdrant.target.query(targets.QuerySpec(mode, spec.multivector, spec.sparse, prefetch))
+        scores = np.array([h.score for h in hits])
+        for h in hits:
+            ranks = np.flatnonzero(np.isclose(scores, h.score, rtol=1e-6, atol=0))
+            doc = h.payload["doc_id"]
+            lo[doc] = lo.get(doc, 0.0) + 1 / (k + ranks.max())
+            hi[doc] = hi.get(doc, 0.0) + 1 / (k + ranks.min())
+    return lo, hi
+
+
 def test_qdrant_client_local_mode_gives_the_same_answers(built, published, exhaustive):
     path, record = published
     client = targets.ClientTarget("toy", location=":memory:")
@@ -228,14 +244,23 @@ def test_qdrant_client_local_mode_gives_the_same_answers(built, published, exhau
         config = querying.QueryConfig(mode=mode, prefetch_limit=6)
         embedded = _searcher(path, record, mode, exhaustive.encoder, prefetch_limit=6)
         local = querying.QdrantSearcher(client, embedded.encoder, embedded.sparse, config)
-        k = 30 if mode == "fusion" else 10  # the whole union: RRF ties come in any order
+        k = 30 if mode == "fusion" else 10  # fusion: the whole union of both prefetches
         try:
             a, b = embedded.search_batch(QUERIES, k), local.search_batch(QUERIES, k)
+            bounds = (
+                [_rrf_bounds(embedded, text, k) for text in QUERIES] if mode == "fusion" else []
+            )
         finally:
             embedded.target.close()
-        for x, y in zip(a, b, strict=True):
-            if mode == "fusion":
-                x, y = (sorted(z, key=lambda h: (-round(h[1], 9), h[0])) for z in (x, y))
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if mode == "fusion":  # tied prefetch scores come in either engine's order
+                assert dict(x).keys() == dict(y).keys() == bounds[i][0].keys(), QUERIES[i]
+                for hits in (x, y):
+                    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+                    lo, hi = (np.array([bound[d] for d, _ in hits]) for bound in bounds[i])
+                    scores = np.array([s for _, s in hits])
+                    assert np.all((scores >= lo * (1 - 1e-5)) & (scores <= hi * (1 + 1e-5)))
+                continue
             assert [d for d, _ in x] == [d for d, _ in y], mode
             np.testing.assert_allclose([s for _, s in x], [s for _, s in y], rtol=1e-5)
     with pytest.raises(errors.ConfigError, match="already exists"):
