@@ -234,6 +234,33 @@ def _rss_gib() -> float:
     return float("nan")
 
 
+def speed_probe(repeats: int = 9, seed: int = 0) -> dict:
+    """The machine's speed just now, in ms (medians of ``repeats``): ``matmul``, a product the
+    size of stage 1's centroid scores (16,384 × 128 float32 centroids against 32 query tokens)
+    at the process's BLAS threads; ``stream``, a sum over 256 MiB, memory-bound. The machine is
+    shared and its speed drifts between runs (a row's p50 moved 46 → 92 ms with the same code
+    and index, stops 80–81): rows measured minutes apart compare only where their probes
+    agree; comparisons that matter are interleaved in one process (``scale_ratio.py``,
+    ``query_path_ab.py``)."""
+    rng = np.random.default_rng(seed)
+    centroids = rng.standard_normal((16_384, 128), np.float32)
+    queries = rng.standard_normal((32, 128), np.float32)
+    block = np.ones(1 << 26, np.float32)  # 256 MiB
+
+    def median_ms(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(1000.0 * (time.perf_counter() - t))
+        return round(float(np.median(times)), 3)
+
+    return {
+        "matmul": median_ms(lambda: centroids @ queries.T),
+        "stream": median_ms(lambda: float(block.sum())),
+    }
+
+
 def k10_path(rankings: Path) -> Path:
     """Where a search child writes the rankings of its k = 10 round."""
     return rankings.with_name(rankings.stem + "_k10.json")
@@ -268,6 +295,7 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
     store, index = searcher.store, searcher.index
     load_s = time.perf_counter() - start
     rss_after_load = _rss_gib()
+    probe_before = speed_probe()
     times, times_10, rankings, rankings_10 = [], [], {}, {}
     for timed, k_round in ((None, k), (times, k), (times_10, 10)):  # a warm-up round first
         for qid, q, u in queries:
@@ -290,6 +318,7 @@ def search_child(index_dir: Path, queries_path: Path, out: Path, k: int = 100) -
                 "p50_ms_k10": float(np.percentile(times_10, 50)),
                 "p99_ms_k10": float(np.percentile(times_10, 99)),
                 "machine_load": load_avg,
+                "speed_probe_ms": {"before": probe_before, "after": speed_probe()},
                 "probes": searcher.probes,
                 "interaction_docs": searcher.interaction_docs,
                 "refine_docs": searcher.refine_docs,
@@ -467,7 +496,10 @@ def markdown(rows: list[dict]) -> str:
         "the k = 10 search; the share of distractors in the exhaustive top 10; the overlap over "
         "the collection's own documents (both lists without distractors). `load avg`: the "
         "1-minute load average when the search started (the machine has 2 cores: above 2, "
-        "latencies are inflated by other jobs).",
+        "latencies are inflated by other jobs), and where recorded the machine's speed then "
+        "(``speed_probe``: a centroid-score product and a 256 MiB sum, ms, before the timed "
+        "rounds): rows whose probes differ were measured on a machine running at another "
+        "speed.",
         "",
         "| model | dim | bits | scale | search rules | tokens | build s | build peak RSS GiB | "
         "index B/token | load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | "
@@ -485,10 +517,18 @@ def markdown(rows: list[dict]) -> str:
             f"{r['tokens'] / 1e6:.1f}M | {r['build_s']:.0f} | {r['build_peak_rss_gib']:.2f} | "
             f"{r['bytes_per_token']:.1f} | {r['load_s']:.2f} | {r['rss_after_load_gib']:.2f} | "
             f"{r['search_peak_rss_gib']:.2f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
-            f"{k10} | {quality_cells(r)} | {r['machine_load']:.1f} |"
+            f"{k10} | {quality_cells(r)} | {load_cell(r)} |"
             + (f" {r.get('measured', '')} |" if dated else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def load_cell(r: dict) -> str:
+    """The load average, and the speed probe taken before the timed rounds where the row has
+    one (``speed_probe``)."""
+    probe = (r.get("speed_probe_ms") or {}).get("before")
+    cell = f"{r['machine_load']:.1f}"
+    return cell + (f"; probe {probe['matmul']:.2f} / {probe['stream']:.1f} ms" if probe else "")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -758,6 +798,7 @@ def main(argv) -> None:
                 "p99_ms_k10": search["p99_ms_k10"],
                 "threads": FLAGS.threads,
                 "machine_load": search["machine_load"],
+                "speed_probe_ms": search["speed_probe_ms"],
                 "num_centroids": search["num_centroids"],
                 "probes": search["probes"],
                 "refine_docs": search["refine_docs"],

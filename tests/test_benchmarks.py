@@ -808,3 +808,21 @@ def test_lists_build_ab_predecessor_gives_what_the_current_code_gives(tmp_path, 
     for a, b in zip(got, want, strict=True):
         for field in ("offsets", "docs", "rows"):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_scale_rows_record_the_machine_speed_next_to_the_load():
+    """``scale.speed_probe`` times a fixed product and a memory-bound sum (positive medians, in
+    ms); a row that holds one shows it in the table's load cell, a row without one only its
+    load average."""
+    from benchmarks import scale
+
+    probe = scale.speed_probe(repeats=3)
+    assert set(probe) == {"matmul", "stream"}
+    assert all(np.isfinite(v) and v > 0 for v in probe.values())
+    row = json.loads((REPO / "benchmarks/results/scale.json").read_text())["rows"][0]
+    plain = {k: v for k, v in row.items() if k not in ("speed_probe_ms", "measured")}
+    assert scale.load_cell(plain) == f"{row['machine_load']:.1f}"
+    timed = plain | {"speed_probe_ms": {"before": {"matmul": 2.345, "stream": 31.26}}}
+    assert scale.load_cell(timed) == f"{row['machine_load']:.1f}; probe 2.35 / 31.3 ms"
+    line = [x for x in scale.markdown([timed]).splitlines() if x.startswith(f"| {row['model']}")]
+    assert line[0].endswith(f"| {row['machine_load']:.1f}; probe 2.35 / 31.3 ms |")
