@@ -567,8 +567,9 @@ def plot(rows: list[dict], path: Path) -> None:
         if max(tokens) / min(tokens) > 100:  # 1-2-5 labels of 6-digit counts would overlap
             ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0,)))
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
-    for ax in axes[:2]:  # latencies span decades; the RSS panel keeps matplotlib's labels
-        plotting.plain_log_axis(ax.yaxis)
+    for key, ax in panels:  # plain numbers; finer where 1-2-5 would label one or two values
+        values = [r[key] for r in rows if r.get(key)] or [1.0]
+        plotting.plain_log_axis(ax.yaxis, fine=max(values) / min(values) < 4)
     handles, labels = axes[0].get_legend_handles_labels()
     ncol = 2
     legend_rows = -(-len(labels) // ncol)

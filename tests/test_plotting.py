@@ -159,3 +159,25 @@ def test_replot_redraws_table_and_plots_from_sweep_json(tmp_path):
     assert (tmp_path / "sweep.md").read_text() == pruning_sweep.markdown(_report())
     for png in ("toy_ndcg_vs_beta_d.png", "toy_ndcg_vs_cost.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("limits", "fine", "labels"),
+    [
+        ((0.6, 1.2), True, ["0.6", "0.7", "0.8", "0.9", "1"]),
+        ((0.6, 1.2), False, ["1"]),  # 1-2-5 labels one value under a decade: why ``fine``
+        ((3.0, 120.0), False, ["5", "10", "20", "50", "100"]),
+    ],
+)
+def test_plain_log_axis_labels_plain_numbers_finer_under_a_decade(limits, fine, labels):
+    plt = plotting.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(*limits)
+    plotting.plain_log_axis(ax.yaxis, fine=fine)
+    fig.canvas.draw()
+    low, high = limits
+    shown = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert shown == labels
+    assert not [t for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+    plt.close(fig)

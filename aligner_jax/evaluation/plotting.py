@@ -103,11 +103,14 @@ def _distance(box, xy) -> float:
     return math.hypot(dx, dy)
 
 
-def plain_log_axis(axis) -> None:
-    """A log ``axis`` labelled 1, 2, 5, 10, 20, 50… in plain numbers (no 2×10¹)."""
+def plain_log_axis(axis, fine: bool = False) -> None:
+    """A log ``axis`` labelled 1, 2, 5, 10, 20, 50… in plain numbers (no 2×10¹); ``fine``: at
+    every integer multiple of a power of ten (0.6, 0.7, 0.8, 0.9, 1…), for an axis spanning
+    less than a decade, where 1-2-5 would label one value or none."""
     from matplotlib import ticker  # noqa: PLC0415 (reason: plotting only)
 
-    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    subs = tuple(float(x) for x in range(1, 10)) if fine else (1.0, 2.0, 5.0)
+    axis.set_major_locator(ticker.LogLocator(subs=subs))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(ticker.NullFormatter())
 
