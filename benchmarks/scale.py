@@ -498,8 +498,7 @@ def markdown(rows: list[dict]) -> str:
         "1-minute load average when the search started (the machine has 2 cores: above 2, "
         "latencies are inflated by other jobs), and where recorded the machine's speed then "
         "(``speed_probe``: a centroid-score product and a 256 MiB sum, ms, before the timed "
-        "rounds): rows whose probes differ were measured on a machine running at another "
-        "speed.",
+        "rounds): rows whose probes differ ran on a machine going at another speed.",
         "",
         "| model | dim | bits | scale | search rules | tokens | build s | build peak RSS GiB | "
         "index B/token | load s | RSS after load GiB | search peak RSS GiB | p50 / p99 ms | "
