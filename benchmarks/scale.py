@@ -238,10 +238,10 @@ def speed_probe(repeats: int = 9, seed: int = 0) -> dict:
     """The machine's speed just now, in ms (medians of ``repeats``): ``matmul``, a product the
     size of stage 1's centroid scores (16,384 × 128 float32 centroids against 32 query tokens)
     at the process's BLAS threads; ``stream``, a sum over 256 MiB, memory-bound. The machine is
-    shared and its speed drifts between runs (a row's p50 moved 46 → 92 ms with the same code
-    and index, stops 80–81): rows measured minutes apart compare only where their probes
-    agree; comparisons that matter are interleaved in one process (``scale_ratio.py``,
-    ``query_path_ab.py``)."""
+    shared and its speed drifts between runs (a row's p50 was 91.8 ms at stop 80 and 25.0 ms
+    at stop 81, both quiet, with the same code and index): rows measured apart compare only
+    where their probes agree; comparisons that matter are interleaved in one process
+    (``scale_ratio.py``, ``query_path_ab.py``)."""
     rng = np.random.default_rng(seed)
     centroids = rng.standard_normal((16_384, 128), np.float32)
     queries = rng.standard_normal((32, 128), np.float32)
