@@ -562,13 +562,13 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("tokens")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        plotting.plain_log_axis(ax.xaxis)
-        if max(tokens) / min(tokens) > 100:  # 1-2-5 labels of 6-digit counts would overlap
+        plotting.plain_log_axis(ax.xaxis)  # 1-2-5 ticks, labelled in millions (not 5e+07)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+        if max(tokens) / min(tokens) > 100:  # 1-2-5 labels would overlap: decades only
             ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0,)))
-            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
-    for key, ax in panels:  # plain numbers; finer where 1-2-5 would label one or two values
-        values = [r[key] for r in rows if r.get(key)] or [1.0]
-        plotting.plain_log_axis(ax.yaxis, fine=max(values) / min(values) < 4)
+    for ax in axes:  # plain numbers; finer where 1-2-5 would label one or two values
+        low, high = ax.get_ylim()
+        plotting.plain_log_axis(ax.yaxis, fine=high / low < 4)
     handles, labels = axes[0].get_legend_handles_labels()
     ncol = 2
     legend_rows = -(-len(labels) // ncol)
