@@ -414,6 +414,10 @@ def test_add_encoded_refuses_a_known_id_and_leaves_the_index_as_it_was(tmp_path)
     assert (store.directory / ts.MANIFEST).read_bytes() == before
     assert ts.TokenStore(store.directory).num_docs == 20
     assert list(store.directory.glob("shard-00005.*"))  # written, not committed
+    nan = dataclasses.replace(docs[29], vectors=np.full_like(docs[29].vectors, np.nan))
+    with pytest.raises(errors.ConfigError, match=r"add_encoded: document 'doc29': .*NaN.*nothing"):
+        updates.add_encoded(store.directory, [*docs[20:22], nan])
+    assert (store.directory / ts.MANIFEST).read_bytes() == before
     summary = updates.add_encoded(store.directory, docs[20:23])
     assert summary["added_docs"] == 3 and summary["new_shards"] == ["shard-00003"]
     grown = ts.TokenStore(store.directory)
@@ -557,6 +561,44 @@ def test_token_store_writer_writes_a_store_the_readers_take(tmp_path):
         ts.TokenStoreWriter(tmp_path / "w", model)
     with pytest.raises(errors.ConfigError, match="expected \\[m, 8\\]"):
         ts.TokenStoreWriter(tmp_path / "v", model).add("x", np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "doc_id, vectors, salience, token_ids, message",
+    [
+        ("x", np.full((3, 8), np.nan), None, None, "document 'x': vectors hold NaN or infinite"),
+        ("x", np.full((3, 8), -np.inf), None, None, "NaN or infinite"),
+        ("x", np.full((3, 8), 1e6), None, None, "beyond float16's range"),
+        ("x", np.ones((3, 8), np.complex64), None, None, "dtype complex64, expected real"),
+        ("x", np.zeros((0, 8)), None, None, "at least one token vector"),
+        ("x", np.ones((3, 8)), np.ones(2), None, "salience of shape \\(2,\\), expected \\[3\\]"),
+        ("x", np.ones((3, 8)), [np.nan, 1, 1], None, "salience must be finite and >= 0"),
+        ("x", np.ones((3, 8)), [-1.0, 1, 1], None, "salience must be finite and >= 0"),
+        ("x", np.ones((3, 8)), None, np.arange(5), "token_ids of shape \\(5,\\)"),
+        ("x", np.ones((3, 8)), None, [0.5, 1.5, 2.5], "token_ids of dtype float64"),
+        (None, np.ones((3, 8)), None, None, "id must be a string or an integer"),
+        ("  ", np.ones((3, 8)), None, None, "id is empty"),
+        (" d0 ", np.ones((3, 8)), None, None, "'d0' was added already"),
+    ],
+)
+def test_token_store_writer_refuses_a_document_the_index_cannot_use_and_keeps_the_rest(
+    tmp_path, doc_id, vectors, salience, token_ids, message
+):
+    """A bad document is refused at ``add`` in one line naming it (a NaN once made a non-finite
+    centroid and every fast search returned nothing); the documents around it are kept."""
+    rng = np.random.default_rng(2)
+    model = {"name": "elsewhere", "fingerprint": "abc", "dim": 8, "salience": "none"}
+    writer = ts.TokenStoreWriter(tmp_path / "w", model, shard_size=2)
+    good = rng.normal(size=(4, 8)).astype(np.float32)
+    writer.add("d0", good)
+    with pytest.raises(errors.ConfigError, match="^TokenStoreWriter.add: .*" + message):
+        writer.add(doc_id, vectors, salience, token_ids)
+    for i in range(1, 6):
+        writer.add(f"d{i}", rng.normal(size=(4, 8)).astype(np.float32))
+    store = writer.close()
+    assert store.doc_ids == [f"d{i}" for i in range(6)]
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=4))
+    assert np.isfinite(np.asarray(index.centroids, np.float32)).all()
 
 
 def test_scann_beyond_its_measured_limit_is_refused_in_one_line(tmp_path):

@@ -210,7 +210,11 @@ def test_python_index_is_the_cli_index(toy_index, tmp_path):
     shutil.copytree(directory, copy)
     reopened = aligner_jax.Index.open(copy)
     assert reopened.num_docs == 12
-    reopened.delete(["d1"])
+    with pytest.raises(ConfigError, match=r"^Index.delete: 1 ids are not in .*\['d99'\]"):
+        reopened.delete(["d99"])  # the Python API's name, not the CLI flag's
+    with pytest.raises(ConfigError, match="^Index.delete: an id must be a string or an integer"):
+        reopened.delete([1.5])
+    reopened.delete([" d1 "])  # ids are stored stripped (doc_ids.clean): this is d1
     hits = reopened.searcher().search("honey bees in the hive", k=3)
     assert "d1" not in [h.doc_id for h in hits] and hits[0].doc_id == "d10"
     with pytest.raises(ConfigError, match="already in"):
@@ -234,9 +238,14 @@ def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
     assert [h.doc_id for h in hits] == ["a"]
     assert hits[0].title is None and hits[0].text is None  # store_text=False
     assert hits[0].metadata == {"year": 2020}
+    searcher = index.searcher(mode="exhaustive")  # an integer id added names the same document
+    assert [h.doc_id for h in searcher.search("honey", k=2, subset=[7, " a"])] == ["a", "7"]
+    with pytest.raises(ConfigError, match="^subset: an id is empty"):
+        searcher.search("honey", k=2, subset=[""])
     assert ts.read_manifest(index.directory)["indexing"]["store_text"] is False
     for bad, match in [
         ([{"text": "no id"}], "document 0: 'id' must be"),
+        ([{"id": " ", "text": "a"}], "document 0: 'id' is empty"),
         ([{"id": "x"}], r"document 0 \(id 'x'\): 'text' must be a string"),
         ([{"id": "x", "text": "a"}, {"id": "x", "text": "b"}], "repeats document 0"),
         ([{"id": "x", "text": "a", "metadata": [1]}], "'metadata' must be a dict"),

@@ -37,6 +37,7 @@ from typing import Any
 
 from absl import logging
 
+from aligner_jax.common import doc_ids
 from aligner_jax.common.errors import BeirDownloadError, BeirFormatError, ConfigError
 
 BEIR_URL_TEMPLATE = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
@@ -296,17 +297,13 @@ def _record_id(path: Path, line_number: int, record: dict[str, Any]) -> str:
             f'{path}:{line_number}: record has no "_id" field (keys: {sorted(record)}). Every '
             f'line needs a unique non-empty string "_id".'
         )
-    value = record["_id"]
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
+    try:
+        doc_id = doc_ids.clean(record["_id"])
+    except ValueError as reason:
         raise BeirFormatError(
-            f'{path}:{line_number}: "_id" must be a string or an integer, found '
-            f"{type(value).__name__} {_preview(value)}. Write it as a JSON string."
-        )
-    doc_id = str(value).strip()
-    if not doc_id:
-        raise BeirFormatError(
-            f'{path}:{line_number}: "_id" is empty. Every line needs a unique non-empty "_id".'
-        )
+            f'{path}:{line_number}: "_id" {reason}. Every line needs a unique non-empty string '
+            '"_id".'
+        ) from None
     _check_no_lone_surrogate(path, line_number, "_id", doc_id)
     return doc_id
 

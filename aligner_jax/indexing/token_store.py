@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import errors, fileio, half, scratch
+from aligner_jax.common import doc_ids, errors, fileio, half, scratch
 
 FORMAT = "aligner_jax.indexing.token_store/1"
 MANIFEST = "manifest.json"
@@ -568,6 +568,66 @@ def _npy_bytes(shape: tuple, dtype) -> int:
     return header.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
+def checked_document(
+    doc_id, vectors, salience=None, token_ids=None, dim: int | None = None
+) -> EncodedDocument:
+    """A document encoded elsewhere, checked as the index will need it: ``doc_id`` by
+    ``doc_ids.clean``; ``vectors [m, dim]`` of real numbers, ``m >= 1``, finite once stored as
+    float16; ``salience [m]`` finite and >= 0 (the unary weights u, Eq. 3; default 1);
+    ``token_ids [m]`` integers (default 0). A ``ConfigError`` names the document and the fault
+    (one NaN would otherwise make a non-finite centroid that hides every search result)."""
+    try:
+        doc_id = doc_ids.clean(doc_id)
+    except ValueError as reason:
+        raise errors.ConfigError(f"a document id {reason}") from None
+    where = f"document {doc_id!r}"
+    vectors = _real_array(where, "vectors", vectors, "fiu")
+    dim = vectors.shape[-1] if dim is None else dim
+    if vectors.ndim != 2 or vectors.shape[1] != dim or not len(vectors):
+        raise errors.ConfigError(
+            f"{where}: vectors of shape {vectors.shape}, expected [m, {dim}] with m >= 1 (a "
+            "document needs at least one token vector)"
+        )
+    m = len(vectors)
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = vectors.astype(VECTOR_DTYPE)
+    if not np.isfinite(stored).all():
+        raise errors.ConfigError(
+            f"{where}: vectors hold NaN or infinite values, or values beyond float16's range "
+            f"(|x| > 65504) that become infinite on disk; largest |x|: {np.abs(vectors).max()}"
+        )
+    if salience is None:
+        salience = np.ones(m, VECTOR_DTYPE)
+    salience = _real_array(where, "salience", salience, "fiu", m)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~(np.isfinite(salience.astype(VECTOR_DTYPE)) & (salience >= 0))
+    if bad.any():
+        raise errors.ConfigError(
+            f"{where}: salience must be finite and >= 0 (the weights u, Eq. 3), found "
+            f"{salience[bad][:3].tolist()}"
+        )
+    token_ids = _real_array(
+        where, "token_ids", np.zeros(m, np.int32) if token_ids is None else token_ids, "iu", m
+    )
+    return EncodedDocument(doc_id, stored, salience, token_ids)
+
+
+def _real_array(where: str, name: str, value, kinds: str, length: int | None = None):
+    """``value`` as an array whose dtype kind is in ``kinds`` (and ``[length]`` when given)."""
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # a ragged list
+        raise errors.ConfigError(f"{where}: {name} is not an array ({error})") from None
+    if array.dtype.kind not in kinds:
+        wanted = "integers" if kinds == "iu" else "real numbers"
+        raise errors.ConfigError(f"{where}: {name} of dtype {array.dtype}, expected {wanted}")
+    if length is not None and array.shape != (length,):
+        raise errors.ConfigError(
+            f"{where}: {name} of shape {array.shape}, expected [{length}] (one per token vector)"
+        )
+    return array
+
+
 class TokenStoreWriter:
     """Writes a token store from vectors computed elsewhere: the same shard files, manifest and
     checksums as ``aligner-index``, so every reader, ``aligner-index --index_dir=DIR
@@ -609,22 +669,19 @@ class TokenStoreWriter:
         self.store: TokenStore | None = None
 
     def add(self, doc_id: str, vectors, salience=None, token_ids=None) -> None:
-        """One document: ``vectors [m, dim]`` (float16 on disk), ``salience [m]`` (default 1),
-        ``token_ids [m]`` (default 0)."""
-        doc_id = str(doc_id)
-        if doc_id in self._ids:
-            raise errors.ConfigError(f"TokenStoreWriter: document id {doc_id!r} added twice")
-        vectors = np.asarray(vectors)
-        m = len(vectors)
-        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+        """One document (``checked_document``'s rules): refused with a ``ConfigError`` naming
+        it before anything of it is written; the documents added before it are kept."""
+        try:
+            doc = checked_document(doc_id, vectors, salience, token_ids, self.dim)
+        except errors.ConfigError as error:
+            raise errors.ConfigError(f"TokenStoreWriter.add: {error}") from None
+        if doc.doc_id in self._ids:
             raise errors.ConfigError(
-                f"TokenStoreWriter: document {doc_id!r}: vectors of shape {vectors.shape}, "
-                f"expected [m, {self.dim}]"
+                f"TokenStoreWriter.add: document {doc.doc_id!r} was added already; ids must be "
+                "unique"
             )
-        salience = np.ones(m, np.float32) if salience is None else np.asarray(salience)
-        token_ids = np.zeros(m, np.int32) if token_ids is None else np.asarray(token_ids)
-        self._ids.add(doc_id)
-        self._pending.append(EncodedDocument(doc_id, vectors, salience, token_ids))
+        self._ids.add(doc.doc_id)
+        self._pending.append(doc)
         if len(self._pending) == self.shard_size:
             self._flush()
 

@@ -130,6 +130,10 @@ def add_encoded(index_dir: str, documents: Iterable[ts.EncodedDocument]) -> dict
     first = max(s["index"] for s in manifest["shards"]) + 1
     entries, shard, seen = [], [], set()
     for doc in documents:
+        try:
+            doc = ts.checked_document(doc.doc_id, doc.vectors, doc.salience, doc.token_ids, dim)
+        except ConfigError as error:
+            raise ConfigError(f"add_encoded: {error}; nothing was added") from None
         if doc.doc_id in existing or doc.doc_id in seen:
             raise ConfigError(
                 f"add_encoded: document id {doc.doc_id!r} is already in {directory} (or given "
@@ -163,16 +167,17 @@ def parse_ids(spec: str) -> list[str]:
     return ids
 
 
-def delete_documents(index_dir: str, ids: list[str]) -> dict:
+def delete_documents(index_dir: str, ids: list[str], where: str = "--delete") -> dict:
     """Deletes the live documents ``ids`` (never returned by search; kept on disk, their store
-    positions listed in the manifest's ``deleted``): one commit."""
+    positions listed in the manifest's ``deleted``): one commit. ``where`` names the caller
+    (the flag or the function) in an error."""
     directory = Path(index_dir)
     manifest = ts.read_manifest(directory)
     live = ts.TokenStore(directory).live_positions()
     unknown = [d for d in ids if d not in live]
     if unknown:
         raise ConfigError(
-            f"--delete: {len(unknown)} ids are not in {directory} or were deleted already "
+            f"{where}: {len(unknown)} ids are not in {directory} or were deleted already "
             f"(e.g. {unknown[:3]}); nothing was deleted"
         )
     deleted = sorted(set(manifest.get("deleted", [])) | {live[d] for d in ids})

@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from aligner_jax.common import fileio
+from aligner_jax.common import doc_ids, fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncoderBundle, EncodingConfig
@@ -128,17 +128,10 @@ def to_documents(docs) -> list[documents_lib.IndexDocument]:
         record = dict(record)
         key = "id" if "id" in record else "_id"
         doc_id = record.pop(key, None)
-        if hasattr(doc_id, "item"):
-            doc_id = doc_id.item()
-        if (
-            isinstance(doc_id, bool)
-            or not isinstance(doc_id, (str, int))
-            or not str(doc_id).strip()
-        ):
-            raise ConfigError(
-                f"{where}: 'id' must be a non-empty string or integer, got {doc_id!r}"
-            )
-        doc_id = str(doc_id).strip()
+        try:
+            doc_id = doc_ids.clean(doc_id)
+        except ValueError as reason:
+            raise ConfigError(f"{where}: 'id' {reason}") from None
         where = f"Index.add: document {i} (id {doc_id!r})"
         if doc_id in seen:
             raise ConfigError(
@@ -259,12 +252,14 @@ class Index:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise ConfigError(f"Index.delete: expected a list of document ids, got {ids!r:.60}")
         ids = list(ids)
-        if not ids or not all(isinstance(d, str) for d in ids):
-            raise ConfigError(
-                f"Index.delete: expected a non-empty list of string ids, got {ids!r:.60}"
-            )
+        if not ids:
+            raise ConfigError("Index.delete: expected a non-empty list of document ids, got []")
+        try:
+            ids = [doc_ids.clean(d) for d in ids]
+        except ValueError as reason:
+            raise ConfigError(f"Index.delete: an id {reason}") from None
         with indexer.writer_lock(self.directory):
-            return updates.delete_documents(str(self.directory), ids)
+            return updates.delete_documents(str(self.directory), ids, where="Index.delete")
 
     def searcher(self, mode: str = "fast", **options):
         """A :class:`Searcher` over the index as it is now (``Searcher.load`` options)."""

@@ -33,7 +33,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from aligner_jax.common import blas, checks, errors, progress
+from aligner_jax.common import blas, checks, doc_ids, errors, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding import loading
@@ -597,9 +597,12 @@ class Searcher:
                 raise ConfigError(
                     f"subset={subset!r:.60}: expected a list of document ids, e.g. ['d1', 'd2']"
                 )
-            ids = list(subset)
+            try:
+                ids = [doc_ids.clean(d) for d in subset]
+            except ValueError as reason:
+                raise ConfigError(f"subset: an id {reason}") from None
             position = self.doc_positions
-            unknown = [d for d in ids if not isinstance(d, str) or d not in position]
+            unknown = [d for d in ids if d not in position]
             if unknown:
                 raise ConfigError(
                     f"subset: {len(unknown)} id(s) are not documents of {self.store.directory} "
