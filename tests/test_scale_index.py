@@ -563,6 +563,34 @@ def test_token_store_writer_writes_a_store_the_readers_take(tmp_path):
         ts.TokenStoreWriter(tmp_path / "v", model).add("x", np.zeros((2, 3)))
 
 
+def test_a_store_written_elsewhere_is_searched_by_vectors_after_search_index(tmp_path):
+    """The WORKSPACE path: ``TokenStoreWriter`` → ``aligner-index --search_index`` →
+    ``Searcher.load`` → ``search_vectors`` (once refused: no ``encoder.json``); a text query
+    says how to give the model, in one line."""
+    from aligner_jax.indexing import updates
+    from aligner_jax.retrieval import search_job
+    from aligner_jax.retrieval.searcher import Searcher
+
+    docs = index_utils.random_documents(80, 16, seed=3)
+    directory = tmp_path / "elsewhere"
+    with ts.TokenStoreWriter(directory, {"name": "mine", "fingerprint": "m", "dim": 16}) as w:
+        for d in docs:
+            w.add(d.doc_id, d.vectors, d.salience, d.token_ids)
+    updates.rebuild_search_index(str(directory))
+    fast = Searcher.load(str(directory))
+    exhaustive = Searcher.load(str(directory), mode="exhaustive")
+    assert fast.encoder is None and exhaustive.encoder is None
+    query = docs[7].vectors[:5]
+    assert fast.search_vectors(query, k=1)[0].doc_id == "doc7"
+    assert exhaustive.search_vectors(query, k=1)[0].doc_id == "doc7"
+    with pytest.raises(errors.ConfigError, match="records no query encoder .*search_vectors"):
+        fast.search("a text query")
+    with pytest.raises(errors.ConfigError, match="records no query encoder .*--gin_file"):
+        search_job.search_job(str(directory), query="a text query")
+    with pytest.raises(errors.ConfigError, match="checkpoint='ckpt' replaces the model"):
+        Searcher.load(str(directory), checkpoint="ckpt")
+
+
 @pytest.mark.parametrize(
     "doc_id, vectors, salience, token_ids, message",
     [

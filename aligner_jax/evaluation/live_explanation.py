@@ -19,12 +19,9 @@ def explain_hit(searcher: search_lib.Searcher, query: str, doc_id: str, doc_text
     ``query_words`` lists the most salient query words, each with its salience and the document
     words it aligns to (rank, similarity S_ij, document salience), under the searcher's
     alignment strategy; the document is re-encoded whole by the searcher's model."""
+    encoder = searcher.query_encoder()
     ex = explanation.explain(
-        searcher.encoder.bundle,
-        query,
-        doc_text,
-        alignment=searcher.alignment,
-        encoder=searcher.encoder,
+        encoder.bundle, query, doc_text, alignment=searcher.alignment, encoder=encoder
     )
     words = []
     for k in ex.top_query_words:

@@ -108,7 +108,7 @@ def live_documents(searcher: search_lib.Searcher, index_dir: str) -> None:
 def truncation_note(searcher: search_lib.Searcher, texts: list[str]) -> str:
     """How many of ``texts`` the query encoder cut (``""`` when none), and the documents the
     index cut when it was built."""
-    encoder = searcher.encoder
+    encoder = searcher.query_encoder()
     cut = encoder.count_truncated(texts, encoder.tokenize(texts, "query"), "query")
     docs = int(searcher.store.manifest.get("stats", {}).get("truncated_docs", 0))
     parts = []
@@ -168,6 +168,7 @@ def search_job(
     )
     load_s = time.perf_counter() - t0
     live_documents(searcher, index_dir)
+    searcher.query_encoder()  # an index written by TokenStoreWriter: give --gin_file
     if query is not None:
         ranked = searcher.search(query, k=k, offset=offset, filter=conditions)
         titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}

@@ -33,7 +33,7 @@ from typing import Any
 import gin
 import numpy as np
 
-from aligner_jax.common import blas, checks, doc_ids, errors, progress
+from aligner_jax.common import blas, checks, doc_ids, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
 from aligner_jax.encoding import loading
@@ -238,6 +238,15 @@ def whole_query_encoder(bundle) -> Encoder:
     return Encoder(bundle, EncodingConfig(), query_maxlen=limit)
 
 
+def no_encoder_message(directory) -> str:
+    """Why a text query cannot be searched in an index that records no model."""
+    return (
+        f"{directory} records no query encoder (no encoder.json: a store written by "
+        "TokenStoreWriter): search it with search_vectors(query_vectors), or give the model "
+        "(Searcher.load(..., encoder=...); aligner-search: --gin_file of the model)"
+    )
+
+
 class Searcher:
     """Retrieves and ranks documents of a token store for queries (encoded, or free text with
     an ``encoder``)."""
@@ -304,7 +313,9 @@ class Searcher:
 
         Args:
           index_dir: a token store folder with its ``search_index/`` (``aligner-index
-            --search_index``) and ``encoder.json``.
+            --search_index``) and ``encoder.json``; a store without ``encoder.json`` (written by
+            ``TokenStoreWriter``) opens without a query encoder: ``search_vectors`` answers,
+            ``search`` of a text says to give ``encoder=``.
           mode: ``fast`` (the compressed centroid index), ``exhaustive`` (every document
             refined with the float store: the quality ceiling) or ``device`` (``exhaustive``
             with ``mesh=sharded_search.document_mesh()`` unless a mesh is given: the documents
@@ -347,21 +358,21 @@ class Searcher:
                 f"{type(encoder).__name__}"
             )
         store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
-        if encoder is None:
-            spec_path = store.directory / "encoder.json"
-            if not spec_path.exists():
-                raise errors.MissingPathError(
-                    f"{spec_path} does not exist: this index does not record its model; "
-                    "rebuild it with aligner-index, or give the model (Searcher.load(..., "
-                    "encoder=...); aligner-search: --gin_file of the model or --checkpoint)"
-                )
+        if encoder is None and (store.directory / "encoder.json").exists():
             spec = ts.read_json(
-                spec_path,
+                store.directory / "encoder.json",
                 "rebuild it with aligner-index, or give the model (Searcher.load(..., "
                 "encoder=...); aligner-search: --gin_file of the model or --checkpoint)",
             )
             encoder = whole_query_encoder(loading.encoder_from_spec(spec, checkpoint))
-        ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
+        if encoder is not None:
+            ts.check_model_matches(store.manifest, encoder.bundle.info(), store.directory)
+        elif checkpoint is not None:
+            raise ConfigError(
+                f"Searcher.load: checkpoint={checkpoint!r} replaces the model recorded in "
+                f"{store.directory / 'encoder.json'}, which does not exist; give "
+                "encoder=aligner_jax.Encoder(...) instead"
+            )
         if mode != "exhaustive":  # the store and the search index of one committed generation
             store, index = ci.CentroidIndex.open_snapshot(index_dir, verify_checksums, store=store)
         if mode == "exhaustive":
@@ -399,6 +410,13 @@ class Searcher:
         searcher._load_args = (index_dir, mode, alignment, verify_checksums, centroid_config, mesh)
         searcher._load_overrides = overrides
         return searcher
+
+    def query_encoder(self) -> Encoder:
+        """The encoder of text queries; a ``ConfigError`` says how to give one when the index
+        records no model (a store written by ``TokenStoreWriter``)."""
+        if self.encoder is None:
+            raise ConfigError(no_encoder_message(self.store.directory))
+        return self.encoder
 
     @property
     def generation(self) -> int | None:
@@ -456,8 +474,7 @@ class Searcher:
         subset: Iterable[str] | None = None,
     ) -> list[SearchResults]:
         """``search`` for several queries (encoded together), one :class:`SearchResults` each."""
-        if self.encoder is None:
-            raise ConfigError("this Searcher has no encoder: open it with Searcher.load")
+        self.query_encoder()
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise ConfigError(
                 f"search_batch: expected a list of query strings, got {type(texts).__name__}"
@@ -485,7 +502,7 @@ class Searcher:
         Afterwards :meth:`search_batch` searches any query outside that envelope alone (a single
         query of every length, and k ≤ 128, compiled at load), so a warmed searcher compiles
         nothing more (``aligner-serve`` warms its searchers so). Returns the shapes run."""
-        encoder = self.encoder
+        encoder = self.query_encoder()
         longest = encoder.maxlen(aligner_lib.QUERY)
         encoder_buckets = encoder.config.bucket_lengths(longest, aligner_lib.QUERY)[:lengths]
         rows, batches, shapes = 2, [], 0

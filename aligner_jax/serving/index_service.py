@@ -314,7 +314,7 @@ class IndexService:
     def _writer(self, snapshot: Snapshot) -> index_api.Index:
         """The index opened for writing (``aligner_jax.Index``), with the served model."""
         if self._index is None:
-            encoder = Encoder(snapshot.searcher.encoder.bundle, EncodingConfig())
+            encoder = Encoder(snapshot.searcher.query_encoder().bundle, EncodingConfig())
             self._index = index_api.Index.open(self.index_dir, encoder=encoder)
         return self._index
 

@@ -67,7 +67,7 @@ def _minicoil(
     live = np.flatnonzero(~store.deleted)
     ids = [store.doc_ids[r] for r in live]
     docs = exporter.store_documents(store, set(ids), corpus)
-    encoder = search_lib.Searcher.load(str(store.directory), mode="exhaustive").encoder
+    encoder = search_lib.Searcher.load(str(store.directory), mode="exhaustive").query_encoder()
     t0 = time.perf_counter()
     index = lexical_lib.build(config, ids, [beir.document_text(docs[i]) for i in ids], encoder)
     seconds = time.perf_counter() - t0

@@ -103,9 +103,10 @@ class QdrantSearcher:
                 f"--index_dir={store_dir}: its model is not the published one "
                 f"({record['model'].get('name')}); give the index that was published"
             )
-        sparse = sparse_vectors(record, minicoil_index, record_dir, loaded.encoder)
+        encoder = loaded.query_encoder()
+        sparse = sparse_vectors(record, minicoil_index, record_dir, encoder)
         target.open(None if sparse is None else sparse.name)
-        return cls(target, loaded.encoder, sparse, config)
+        return cls(target, encoder, sparse, config)
 
     def spec(self, encoded: EncodedText, text: str, k: int) -> targets.QuerySpec:
         cfg = self.config
