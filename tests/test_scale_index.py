@@ -515,7 +515,9 @@ def test_residual_codec_round_trip(bits):
 
 
 def test_a_store_of_many_shards_builds_and_searches_with_few_open_files(tmp_path):
-    """120 shards (360 shard arrays) build and search under a limit of 64 open files."""
+    """120 shards (360 shard arrays) build and search, fast and exhaustively, under a limit of
+    64 open files: the map cache sizes itself to the limit (at 96 maps, exhaustive search once
+    failed with "Too many open files")."""
     store = _store(tmp_path, num_docs=240, shard_size=2, dim=8)
     script = textwrap.dedent(
         f"""
@@ -523,12 +525,15 @@ def test_a_store_of_many_shards_builds_and_searches_with_few_open_files(tmp_path
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         from aligner_jax.indexing import centroid_index as ci, token_store as ts
         from aligner_jax.retrieval import centroid_search as cs
-        ts.TokenStore.MAX_OPEN_ARRAYS = 16
+        from aligner_jax.retrieval.searcher import Searcher, SearchConfig
         store = ts.TokenStore({str(store.directory)!r})
+        assert store.max_open_arrays == 16  # a quarter of the limit, not MAX_OPEN_ARRAYS (96)
         index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(num_centroids=8))
         searcher = cs.CentroidSearcher(store, index)
         q = np.asarray(store.document(5)[0], np.float32)
         (ranking,), _ = searcher.search(q, np.ones(len(q), np.float32), np.arange(len(q)), 3)
+        exhaustive = Searcher(store, SearchConfig(backend="exact", k_prime=0))
+        assert exhaustive.search_vectors(q, k=3)[0].doc_id == store.doc_ids[5]
         import os
         print(len(os.listdir("/proc/self/fd")), int(ranking[0][0]))
         """

@@ -15,6 +15,7 @@ import hashlib
 import json
 import mmap
 import os
+import resource
 import secrets
 import signal
 import tempfile
@@ -258,6 +259,12 @@ class NpyRows:
         offset = self._offset + start * self._row_items * self.dtype.itemsize
         rows = np.fromfile(self.path, self.dtype, count=count, offset=offset)
         return rows.reshape((max(stop - start, 0),) + self.shape[1:])
+
+
+def open_file_limit() -> int:
+    """The process's soft limit on open files (``ulimit -n``); 1 << 20 when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def load_npy(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:

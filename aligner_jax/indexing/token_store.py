@@ -231,12 +231,18 @@ class TokenStore:
     document ``i`` are the global rows ``offsets[i]:offsets[i+1]``.
 
     Shard files are mapped when first read and kept in a small least-recently-used cache
-    (``MAX_OPEN_ARRAYS`` maps, one open file each): a store of any number of shards holds at
+    (``max_open_arrays`` maps, one open file each): a store of any number of shards holds at
     most that many files open, so a 100M-token store (thousands of shards) searches and builds
     under ``ulimit -n 1024``. Opening reads only the offsets and document ids of every shard.
     """
 
     MAX_OPEN_ARRAYS = 96
+
+    @property
+    def max_open_arrays(self) -> int:
+        """The cache's size: ``MAX_OPEN_ARRAYS``, or a quarter of the process's open-file limit
+        when that is lower (at least 4): under ``ulimit -n 64`` a search keeps 16 maps."""
+        return min(self.MAX_OPEN_ARRAYS, max(4, fileio.open_file_limit() // 4))
 
     def __init__(
         self,
@@ -349,12 +355,12 @@ class TokenStore:
         key = (kind, s)
         with self._open_lock:  # searches read from several threads (the cache, and np.load's
             array = self._open.get(key)  # header parsing, which CPython 3.11 races on)
-            if array is None and not evict and len(self._open) >= self.MAX_OPEN_ARRAYS:
+            if array is None and not evict and len(self._open) >= self.max_open_arrays:
                 return None
             if array is None:
                 array = self._map(self._shards[s]["files"][kind])
                 self._open[key] = array
-                while len(self._open) > self.MAX_OPEN_ARRAYS:
+                while len(self._open) > self.max_open_arrays:
                     self._open.popitem(last=False)  # unmapped (file closed) when collected
             else:
                 self._open.move_to_end(key)
