@@ -108,6 +108,10 @@ def test_bad_corpus_and_flags_name_the_problem(tmp_path):
     proc = run_python(*_index_cmd(bad, tmp_path / "i"))
     assert proc.returncode != 0
     assert f"{bad}:2" in proc.stderr and "duplicate" in proc.stderr
+    bad.write_text('{"_id": "a", "text": "fine"}\n{"_id": "b", "text": "again"}\n')
+    proc = run_python(*_index_cmd(bad, tmp_path / "i"))  # the fixed file, the same folder
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ts.TokenStore(tmp_path / "i").doc_ids == ["a", "b"]
     proc = run_python(*_index_cmd(tmp_path / "missing.jsonl", tmp_path / "i2"))
     assert proc.returncode != 0 and "--corpus=" in proc.stderr
     proc = run_python(*_index_cmd(bad, tmp_path / "i3", "--process_index=2", "--process_count=2"))

@@ -137,6 +137,11 @@ def check_or_write_config(directory: Path, settings: dict) -> None:
     """Records ``settings`` (model, indexing settings, corpus) in ``index_config.json``, or
     refuses a directory started with other ones."""
     path = directory / CONFIG_FILE
+    if path.exists() and not _holds_work(directory):
+        # only the settings of a job that stopped before its first shard (a corpus refused at
+        # a later line, a Ctrl-C while loading the model): nothing to resume, start again
+        fileio.remove(directory / ENCODER_FILE)
+        fileio.remove(path)
     if path.exists():
         existing = ts.read_json(path, "delete the index directory and index again")
         if existing != settings:
@@ -161,6 +166,11 @@ def check_or_write_config(directory: Path, settings: dict) -> None:
     else:
         directory.mkdir(parents=True, exist_ok=True)
         fileio.atomic_write_json(path, settings)
+
+
+def _holds_work(directory: Path) -> bool:
+    """Whether an index directory holds a manifest or any shard (complete or partly written)."""
+    return (directory / ts.MANIFEST).exists() or any(directory.glob("shard-*"))
 
 
 def write_encoder_spec(directory: Path, bundle) -> None:
