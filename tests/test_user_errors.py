@@ -435,6 +435,24 @@ def test_delete_names_no_id(toy_index, tmp_path):
         updates.update_index(str(toy_index[0]), delete=",")
 
 
+def test_an_empty_update_flag_or_a_missing_add_file_is_named(toy_index, tmp_path):
+    """``--delete=`` once ran as if absent (and said --corpus was required); a missing
+    ``--add`` file was described as a whole BEIR folder."""
+    from fixtures import run_python
+
+    from aligner_jax.indexing import updates
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    before = (index_dir / ts.MANIFEST).read_bytes()
+    proc = run_python("-m", "aligner_jax.index", f"--index_dir={index_dir}", "--delete=")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("--delete= is empty; expected:")
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(errors.MissingPathError, match=f"^--add={missing}: no such file; give a"):
+        updates.update_index(str(index_dir), add=str(missing))
+    assert (index_dir / ts.MANIFEST).read_bytes() == before
+
+
 def test_an_empty_corpus_is_refused_naming_it_before_anything_is_written(tmp_path):
     from aligner_jax.data import corpus_sources
 

@@ -54,6 +54,11 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
     by ``aligner_jax.Index.add``) into new shards."""
     from_file = isinstance(corpus, (str, os.PathLike))
     label = f"--add={corpus}" if from_file else "Index.add"
+    if from_file and not Path(corpus).is_file():
+        raise errors.MissingPathError(
+            f"{label}: no such file; give a corpus.jsonl of the documents to add (one "
+            '{"_id", "title", "text"} per line)'
+        )
     directory = Path(index_dir)
     manifest = ts.read_manifest(directory)
     if encoder is None:
