@@ -65,7 +65,12 @@ def synthetic(tmp_path_factory):
                 d.doc_id,
                 f"title {d.doc_id}",
                 f"text of {d.doc_id}",
-                {"group": i % 100, "year": 1990 + i % 30, "venue": {"name": f"v{i % 3}"}},
+                {
+                    "group": i % 100,
+                    "year": 1990 + i % 30,
+                    "venue": {"name": f"v{i % 3}"},
+                    "tags": [f"t{i % 4}", f"t{i % 5}"],
+                },
             )
             for i, d in enumerate(docs[start : start + 64], start=start)
         ]
@@ -157,6 +162,14 @@ def test_filters_compose_equality_membership_ranges_nested_fields_and_subsets(sy
     assert kept(filter={"doc_id": {"in": ["doc3", "doc4"]}}) == {"doc3", "doc4"}
     assert kept(subset=["doc5", "doc9"], filter={"group": 5}) == {"doc5"}
     assert kept(filter={"group": {"in": []}}) == set()
+    # a list-valued field matches by any element (Qdrant's rule); ne: by none
+    assert kept(filter={"tags": "t1"}) == {ids[i] for i in range(NUM_DOCS) if 1 in (i % 4, i % 5)}
+    assert kept(filter={"tags": {"in": ["t4"]}}) == {ids[i] for i in range(NUM_DOCS) if i % 5 == 4}
+    assert kept(filter={"tags": {"gt": "t3"}}) == {ids[i] for i in range(NUM_DOCS) if i % 5 == 4}
+    assert kept(filter={"tags": {"ne": "t0"}}) == {
+        ids[i] for i in range(NUM_DOCS) if 0 not in (i % 4, i % 5)
+    }
+    assert kept(filter={"tags": {"ne": None}}) == set(ids)
     assert kept(filter={}) == set(ids)
 
 

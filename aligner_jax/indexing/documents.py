@@ -23,7 +23,9 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 ``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}``
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
-field (``"venue.name"``), and ``doc_id`` / ``title`` for the document's id and title. The result is a boolean mask over
+field (``"venue.name"``), and ``doc_id`` / ``title`` for the document's id and title. A field
+holding a list matches when any element does (``{"tags": "a"}`` keeps ``["a", "b"]``; ``ne``:
+when none equals), as in Qdrant. The result is a boolean mask over
 store positions, which search applies during candidate generation.
 """
 
@@ -208,6 +210,29 @@ def _sql_value(value):
     return int(value) if isinstance(value, bool) else value  # JSON true is 1 in SQLite
 
 
+def _column_test(field: str):
+    """``test(predicate, values) -> (sql, params)`` for one field: a column (``doc_id``,
+    ``title``) as it is; a metadata field by its value, and a field holding a list by any of its
+    elements (Qdrant's rule: ``{"tags": "a"}`` keeps ``{"tags": ["a", "b"]}``). ``IS NULL``
+    tests the field itself (a missing field is null, a list is not)."""
+    values_of = lambda values: [_sql_value(v) for v in values]  # noqa: E731
+    if field in COLUMNS:
+        return lambda predicate, values: (f"{field} {predicate}", values_of(values))
+    path = _json_path(field)
+
+    def test(predicate: str, values: list) -> tuple[str, list]:
+        scalar = f"json_extract(metadata, ?) {predicate}"
+        if "NULL" in predicate:
+            return scalar, [path]
+        sql = (
+            f"(CASE json_type(metadata, ?) WHEN 'array' THEN EXISTS (SELECT 1 FROM "
+            f"json_each(metadata, ?) WHERE json_each.value {predicate}) ELSE {scalar} END)"
+        )
+        return sql, [path, path, *values_of(values), path, *values_of(values)]
+
+    return test
+
+
 def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
     """``(where clause, parameters)`` of a filter (see the module docstring). A malformed filter
     is a ``ConfigError`` naming the field and the operators that exist."""
@@ -220,10 +245,7 @@ def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
     for field, condition in filter.items():
         if not isinstance(field, str) or not field:
             raise ConfigError(f"filter: field names are non-empty strings, got {field!r}")
-        if field in COLUMNS:
-            column, column_params = field, []
-        else:
-            column, column_params = "json_extract(metadata, ?)", [_json_path(field)]
+        test = _column_test(field)
         if not isinstance(condition, Mapping):
             condition = {"eq": condition}
         if not condition:
@@ -238,23 +260,24 @@ def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
                 if not values:
                     clauses.append("0")
                     continue
-                marks = ", ".join("?" * len(values))
-                clauses.append(f"{column} IN ({marks})")
-                params += column_params + [_sql_value(v) for v in values]
+                clause, clause_params = test(f"IN ({', '.join('?' * len(values))})", values)
             elif op in RANGE_OPERATORS:
                 _check_value(field, op, value)
                 if value is None:
                     if op not in ("eq", "ne"):
                         raise ConfigError(f"filter: {field!r} {op} null: null is not ordered")
-                    clauses.append(f"{column} IS {'NOT ' if op == 'ne' else ''}NULL")
-                    params += column_params
+                    clause, clause_params = test(f"IS {'NOT ' if op == 'ne' else ''}NULL", [])
+                elif op == "ne":  # of an array: no element equals the value
+                    clause, clause_params = test("= ?", [value])
+                    clause = f"NOT {clause}"
                 else:
-                    clauses.append(f"{column} {RANGE_OPERATORS[op]} ?")
-                    params += column_params + [_sql_value(value)]
+                    clause, clause_params = test(f"{RANGE_OPERATORS[op]} ?", [value])
             else:
                 raise ConfigError(
                     f"filter: {field!r} has an unknown operator {op!r}; use one of {OPERATORS}"
                 )
+            clauses.append(clause)
+            params += clause_params
     return (" AND ".join(clauses) or "1"), params
 
 
