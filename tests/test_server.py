@@ -171,6 +171,9 @@ def test_concurrent_queries_are_batched_and_each_gets_its_own_answer(read_only):
         ({"k": 3}, 422, "body.query: Field required"),
         ({"query": BEES, "kk": 3}, 422, "body.kk: Extra inputs are not permitted"),
         ({"query": BEES, "filter": ["topic"]}, 422, "body.filter"),
+        ({"query": BEES, "k": "5"}, 422, "body.k: Input should be a valid integer"),
+        ({"query": BEES, "k": 5.0}, 422, "body.k: Input should be a valid integer"),
+        ({"query": BEES, "k": True}, 422, "body.k: Input should be a valid integer"),
     ],
 )
 def test_bad_searches_get_a_4xx_naming_the_field(client, body, status, message):
@@ -197,7 +200,10 @@ def test_oversized_and_malformed_bodies_are_refused(read_only):
     r = read_only.post(
         "/search", content=b"{not json", headers={"Content-Type": "application/json"}
     )
-    assert r.status_code == 422 and "JSON" in r.json()["detail"]
+    assert r.status_code == 422
+    assert (
+        r.json()["detail"].startswith("the body is not valid JSON (") and "at character 1" in r.text
+    )
     form = {"Content-Type": "application/x-www-form-urlencoded"}  # curl -d without -H
     r = read_only.post("/search", content=json.dumps({"query": BEES}), headers=form)
     assert r.status_code == 422 and "-H 'Content-Type: application/json'" in r.json()["detail"]
@@ -290,6 +296,12 @@ def test_add_and_delete_publish_new_snapshots(client):
         ),
         ({"documents": [{"id": "a", "text": "  "}]}, "empty title and text for ids ['a']"),
         ({"documents": [{"id": "", "text": "x"}]}, "body.documents.0.id"),
+        ({"documents": [{"id": " ", "text": "x"}]}, "body.documents.0.id: Value error, is empty"),
+        ({"documents": [{"id": 1.5, "text": "x"}]}, "body.documents.0.id"),
+        (
+            {"documents": [{"id": 7, "text": "x"}, {"id": " 7", "text": "y"}]},
+            "repeated in the request: ['7']",
+        ),
         ({"documents": [{"text": "x"}]}, "body.documents.0.id: Field required"),
         ({"documents": [{"id": "a", "text": "x", "body": "y"}]}, "Extra inputs"),
     ],
@@ -297,6 +309,16 @@ def test_add_and_delete_publish_new_snapshots(client):
 def test_bad_writes_get_a_422_naming_the_field(client, body, message):
     r = client.post("/documents", json=body, headers=AUTH)
     assert r.status_code == 422 and message in r.json()["detail"], r.text
+
+
+def test_integer_ids_name_the_same_documents_as_their_strings(client):
+    """As in a BEIR corpus and ``Index.add`` (``common/doc_ids``): once refused over HTTP."""
+    r = client.post("/documents", json={"documents": [{"id": 77, "text": "bees"}]}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    r = client.request("DELETE", "/documents", json={"ids": [" 77"]}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["deleted"] == 1, r.text
+    r = client.request("DELETE", "/documents", json={"ids": [True]}, headers=AUTH)
+    assert r.status_code == 422 and "body.ids.0" in r.json()["detail"], r.text
 
 
 def test_a_write_during_searches_never_shows_half_an_update(index_copy, query_encoder):
@@ -396,7 +418,10 @@ def test_explain_without_an_explainer_is_501(index_copy, query_encoder):
     assert r.status_code == 501
 
 
-def test_search_page_is_served(read_only):
+def test_search_page_is_served(read_only, client):
+    default = index_service.ServeLimits().max_k
+    assert f'max="{default}" value="{min(10, default)}"' in read_only.get("/").text
+    assert 'max="50" value="10"' in client.get("/").text  # the server's --max_k, not 100
     r = read_only.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text

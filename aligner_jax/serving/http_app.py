@@ -21,20 +21,21 @@ module is the HTTP surface: bodies and their bounds, the write token, errors as 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
-from aligner_jax.common import errors
+from aligner_jax.common import doc_ids, errors
 from aligner_jax.data import beir
 from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import search_page
@@ -45,8 +46,13 @@ from aligner_jax.serving.index_service import ApiError, IndexService, ServeLimit
 # ---------------------------------------------------------------------------------------------
 
 
+#: A document id as every entry point takes it (``common/doc_ids``): a string or an integer,
+#: stored as the stripped string ("7", 7 and " 7" name one document).
+DocId = Annotated[StrictStr | StrictInt, AfterValidator(doc_ids.clean)]
+
+
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "k": "5", 5.0 or true: refused
     query: str = Field(description="Free-text query.", examples=["statins reduce heart risk"])
     k: int = Field(10, ge=1, description="Hits to return (at most the server's --max_k).")
     offset: int = Field(0, ge=0, description="Hits to skip (pagination).")
@@ -76,14 +82,14 @@ class SearchResponse(BaseModel):
 
 
 class ExplainRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     query: str
-    doc_id: str
+    doc_id: DocId
 
 
 class Document(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: DocId
     text: str
     title: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -95,8 +101,8 @@ class AddRequest(BaseModel):
 
 
 class DeleteRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ids: list[str]
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ids: list[DocId]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +174,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     """One line naming each bad field: ``body.k: Input should be greater than or equal to 1``."""
     parts = []
     for e in exc.errors():
+        if e.get("type") == "json_invalid":  # loc ("body", character)
+            at = e.get("loc", ("body", "?"))[-1]
+            reason = e.get("ctx", {}).get("error", "")
+            parts.append(f"the body is not valid JSON ({reason} at character {at})")
+            continue
         where = ".".join(str(x) for x in e.get("loc", ()))
         parts.append(f"{where}: {e.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
@@ -210,7 +221,7 @@ def create_app(
         version="1",
     )
     app.add_middleware(BodyLimit, limits=limits)
-    page_html = search_page.render(explainer.css if explainer else "")
+    page_html = search_page.render(explainer.css if explainer else "", limits.max_k)
     app.state.service = service
 
     @app.exception_handler(ApiError)
@@ -346,8 +357,7 @@ def create_app(
                 f"documents: {len(docs)}, more than the server's --max_documents="
                 f"{limits.max_documents} per request",
             )
-        ids = [d.id for d in docs]
-        dup = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+        dup = sorted(i for i, n in collections.Counter(d.id for d in docs).items() if n > 1)
         if dup:
             raise ApiError(422, f"documents: ids repeated in the request: {dup[:3]}")
         empty = [d.id for d in docs if not (d.text.strip() or d.title.strip())]

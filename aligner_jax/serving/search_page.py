@@ -150,7 +150,7 @@ _PAGE = """<!DOCTYPE html>
 <div class="legend" id="index"></div>
 <form id="form">
   <input id="q" name="q" type="search" placeholder="Search the index…" autofocus required>
-  <label>k <input id="k" name="k" type="number" min="1" max="100" value="10"></label>
+  <label>k <input id="k" name="k" type="number" min="1" max="{max_k}" value="{k}"></label>
   <button type="submit">Search</button>
 </form>
 <div id="status"></div>
@@ -164,6 +164,9 @@ API: <a href="/docs">/docs</a>.</p>
 """
 
 
-def render(explanation_css: str = "") -> str:
-    """The page, with the explanation fragments' styles (``live_explanation.CSS``)."""
-    return _PAGE.format(css=explanation_css + _PAGE_CSS, script=_SCRIPT)
+def render(explanation_css: str = "", max_k: int = 100) -> str:
+    """The page, with the explanation fragments' styles (``live_explanation.CSS``) and its
+    ``k`` field bounded by the server's ``--max_k``."""
+    return _PAGE.format(
+        css=explanation_css + _PAGE_CSS, script=_SCRIPT, max_k=max_k, k=min(10, max_k)
+    )
