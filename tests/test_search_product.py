@@ -186,6 +186,13 @@ def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
         assert [h.doc_id for h in page] == [h.doc_id for h in deep][o:]
         assert [h.rank for h in page] == list(range(o + 1, o + 11))
     assert len(exhaustive.search_vectors(q, k=10, offset=NUM_DOCS - 4)) == 4
+    # asked for more than its candidates reach, the fast index refines every document: the
+    # last page is the exhaustive one, not a short or empty page
+    last = fast.search_vectors(q, k=10, offset=NUM_DOCS - 4)
+    assert last.exact and [h.doc_id for h in last] == [
+        h.doc_id for h in exhaustive.search_vectors(q, k=10, offset=NUM_DOCS - 4)
+    ]
+    assert len(fast.search_vectors(q, k=NUM_DOCS + 5)) == NUM_DOCS
 
 
 def test_hits_carry_content_and_still_unpack_as_pairs(toy_searcher):

@@ -710,8 +710,9 @@ class Searcher:
         ``allowed`` (bool ``[num_docs]``, e.g. :meth:`allowed` of a filter): only these
         documents are ranked. At most ``SearchConfig.filter_exact_docs`` of them (or with
         exhaustive search) are all refined (exact: exhaustive search restricted to them);
-        more restrict candidate generation, and a query whose candidates that pass are fewer
-        than ``k`` has all of them refined instead."""
+        more restrict candidate generation. A query whose candidates (that pass) are fewer
+        than ``k`` has all the allowed (or live) documents refined instead, so it gets
+        ``min(k, documents)`` hits."""
         cfg = self.config
         k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
@@ -746,16 +747,15 @@ class Searcher:
             return self._run_centroid(
                 query_ids, queries, strategies, show_progress, k, allowed, subset
             )
-        if subset is None:
-            find = lambda ids, batch: self.token_search(batch)  # noqa: E731
-        else:
+        pool = subset if subset is not None else np.flatnonzero(live)
+        whole = min(k, len(pool))
 
-            def find(ids, batch):  # candidates that pass; all of them when fewer than k pass
-                found = []
-                for cands, s, d in self.token_search(batch):
-                    kept = cands[allowed[cands]]
-                    found.append((kept if len(kept) >= k else subset, s, d))
-                return found
+        def find(ids, batch):  # candidates that pass; the whole pool when fewer than k are found
+            found = []
+            for cands, s, d in self.token_search(batch):
+                kept = cands if subset is None else cands[allowed[cands]]
+                found.append((kept if len(kept) >= whole else pool, s, d))
+            return found
 
         return self._refine_all(query_ids, queries, find, strategies, show_progress, k)
 
@@ -909,14 +909,16 @@ class Searcher:
     ) -> SearchOutput:
         """One query at a time through the four stages of :mod:`centroid_search` (or its
         WARP-style XTR scorer with ``refine='xtr'``). With ``allowed`` only those documents are
-        candidates; when fewer than ``k`` of them are reached, all of ``subset`` (the allowed
-        documents) are refined from the float store instead (exact)."""
+        candidates. When fewer than ``k`` candidates are reached (a ``k`` near the number of
+        documents, or a filter), all of ``subset`` (the allowed documents; without a filter every
+        live one) are refined from the float store instead (exact)."""
         xtr_mode = self.config.refine == "xtr"
         names = ["xtr"] if xtr_mode else [str(s) for s in strategies]
         fast = strategies in ((scoring.AlignmentStrategy.parse("top_k:1"),),)
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         search_ms, num_candidates, costs, exact = [], [], [], []
         ids = self.store.doc_ids
+        pool_size = len(subset) if subset is not None else int((~self.store.deleted).sum())
         bar = progress.Progress(len(queries), "search", "query", enabled=show_progress)
         start_all = time.perf_counter()
         for qid, q in zip(query_ids, queries, strict=True):
@@ -937,9 +939,10 @@ class Searcher:
                     q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
                 )
                 reached, refined = counts.candidates, counts.refined
-                if subset is not None and len(rankings[0][0]) < min(k, len(subset)):
-                    rankings = self._refine_subset(q, subset, strategies, k)
-                    reached = refined = len(subset)
+                if len(rankings[0][0]) < min(k, pool_size):  # too few reached: refine them all
+                    pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
+                    rankings = self._refine_subset(q, pool, strategies, k)
+                    reached = refined = len(pool)
                     exact[-1] = True
             search_ms.append(1000.0 * (time.perf_counter() - t0))
             for name, (docs, scores) in zip(names, rankings, strict=True):
