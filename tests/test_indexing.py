@@ -83,6 +83,12 @@ def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert _checksums(target) == _checksums(tmp_path / "ref")
     assert not list(target.glob(".*.tmp"))  # temporary files of killed writes are cleaned up
+    resumed = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert summary["tokens_encoded"] == summary["num_tokens"] == store.num_tokens
+    # the rate counts this run's tokens, not the skipped shards' (resumed runs write the tail)
+    shards = ts.TokenStore(target).manifest["shards"]
+    written = shards[len(shards) - resumed["shards_written"] :]
+    assert resumed["tokens_encoded"] == sum(s["num_tokens"] for s in written)
 
 
 def test_two_processes_split_the_shards(corpus, tmp_path):

@@ -93,6 +93,7 @@ class IndexingSummary:
     shards_written: int
     shards_skipped: int
     encode_seconds: float
+    tokens_encoded: int  # by this run (num_tokens counts the skipped shards' too)
     truncated_docs: int
     empty_docs: int
     complete: bool
@@ -260,7 +261,7 @@ def _build_token_store(
     check_or_write_config(directory, settings)
     write_encoder_spec(directory, encoder.bundle)
     entries, written, skipped = [], 0, 0
-    encode_seconds, total_docs, total_tokens = 0.0, 0, 0
+    encode_seconds, total_docs, total_tokens, tokens_encoded = 0.0, 0, 0, 0
     total = len(documents) if hasattr(documents, "__len__") else None
     if total is not None and process_count > 1:
         total = -(-total // process_count)
@@ -284,6 +285,7 @@ def _build_token_store(
         entries.append(entry)
         written += 1
         total_tokens += entry["num_tokens"]
+        tokens_encoded += entry["num_tokens"]
         encode_seconds += time.perf_counter() - t0
     bar.close()
     if total_docs == 0:
@@ -303,6 +305,7 @@ def _build_token_store(
         shards_written=written,
         shards_skipped=skipped,
         encode_seconds=encode_seconds,
+        tokens_encoded=tokens_encoded,
         truncated_docs=stats["truncated_docs"],
         empty_docs=stats["empty_docs"],
         complete=complete,
@@ -311,7 +314,7 @@ def _build_token_store(
 
 def format_summary(summary: IndexingSummary) -> str:
     """The one-screen end-of-job summary."""
-    rate = summary.num_tokens / summary.encode_seconds if summary.encode_seconds else 0.0
+    rate = summary.tokens_encoded / summary.encode_seconds if summary.encode_seconds else 0.0
     state = "complete" if summary.complete else "INCOMPLETE (other processes' shards missing)"
     return "\n".join(
         [
