@@ -125,6 +125,8 @@ def test_qrels_duplicates_and_graded_scores(tmp_path):
         ('{"_id": "x", "text": null}', '"text" must be a string'),
         ('{"_id": "x", "title": ["a"], "text": "t"}', '"title" must be a string'),
         ('{"_id": "x", "title": "only a title"}', 'no "text" field'),
+        ('{"_id": "x", "text": "t", "score": NaN}', "NaN is not JSON"),  # once a traceback
+        ('{"_id": "x", "text": "t", "w": [-Infinity]}', "-Infinity is not JSON"),
     ],
 )
 def test_corpus_bad_records_name_file_and_line(tmp_path, line, fragment):

@@ -4,6 +4,7 @@ index, and API misuse refused in one clear line."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 
@@ -251,13 +252,21 @@ def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
     index.add(
         [
             {"id": "a", "title": "Bees", "text": "Bees make honey.", "year": 2020},
-            {"_id": 7, "text": "Chess is a board game.", "metadata": {"year": 2010}},
+            {
+                "_id": 7,
+                "text": "Chess is a board game.",
+                "metadata": {"year": 2010},
+                "day": datetime.date(2010, 5, 1),
+                "counts": np.array([1, 2]),
+            },
         ]
     )
     hits = index.searcher(mode="exhaustive").search("honey", k=2, filter={"year": 2020})
     assert [h.doc_id for h in hits] == ["a"]
     assert hits[0].title is None and hits[0].text is None  # store_text=False
     assert hits[0].metadata == {"year": 2020}
+    chess = index.searcher(mode="exhaustive").search("chess", k=1, filter={"day": "2010-05-01"})
+    assert chess[0].metadata == {"year": 2010, "day": "2010-05-01", "counts": [1, 2]}
     searcher = index.searcher(mode="exhaustive")  # an integer id added names the same document
     assert [h.doc_id for h in searcher.search("honey", k=2, subset=[7, " a"])] == ["a", "7"]
     with pytest.raises(ConfigError, match="^subset: an id is empty"):
@@ -269,6 +278,9 @@ def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
         ([{"id": "x"}], r"document 0 \(id 'x'\): 'text' must be a string"),
         ([{"id": "x", "text": "a"}, {"id": "x", "text": "b"}], "repeats document 0"),
         ([{"id": "x", "text": "a", "metadata": [1]}], "'metadata' must be a dict"),
+        ([{"id": "x", "text": "a", "when": object()}], r"metadata\.when is a object \(<obj"),
+        ([{"id": "x", "text": "a", "v": [1.0, float("inf")]}], r"metadata\.v\[1\] is inf"),
+        ([{"id": "x", "text": "a", "m": {3: "a"}}], "metadata.m has the key 3"),
         ({"id": "x", "text": "a"}, "wrap one document in a list"),
         ([], "no documents"),
     ]:

@@ -249,6 +249,14 @@ def _iter_decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
             yield line_number, line.rstrip("\r\n")
 
 
+class _NotJson(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: accepted by Python's parser, not by JSON."""
+
+
+def _reject_constant(name: str):
+    raise _NotJson(name)
+
+
 def iter_jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Streams `(line_number, record)` from a JSON-lines file; blank lines are skipped.
 
@@ -261,7 +269,12 @@ def iter_jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, parse_constant=_reject_constant)
+        except _NotJson as e:
+            raise BeirFormatError(
+                f"{path}:{line_number}: {e} is not JSON (Python writes it for a float that is "
+                "not a number); write null or a number"
+            ) from None
         except json.JSONDecodeError as e:
             raise BeirFormatError(
                 f"{path}:{line_number}: malformed JSON at column {e.colno}: {e.msg}. Each line "

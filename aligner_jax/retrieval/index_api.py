@@ -25,6 +25,7 @@ corpus (``documents.metadata_of``).
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -93,18 +94,31 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _clean(value):
-    """JSON-ready metadata: numpy scalars as Python numbers, NaN cells as null."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (TypeError, ValueError):
-            pass
+def _clean(value, where: str, key: str = "metadata"):
+    """JSON-ready metadata: numpy scalars as Python numbers and arrays as lists, dates and times
+    as ISO 8601 strings, NaN cells as null; anything else (an object, an infinity, a non-string
+    key) is a ``ConfigError`` naming the field, never stored as its ``str``."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # numpy (and pandas) scalars and arrays
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        for k in value:
+            if not isinstance(k, str):
+                raise ConfigError(f"{where}: {key} has the key {k!r}; metadata keys are strings")
+        return {k: _clean(v, where, f"{key}.{k}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return None if _missing(value) else value
+        return [_clean(v, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if _missing(value):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} is {value}, which JSON cannot hold; give a number")
+    if not isinstance(value, (str, int, float, bool)):
+        raise ConfigError(
+            f"{where}: {key} is a {type(value).__name__} ({value!r:.40}); metadata values are "
+            "strings, numbers, booleans, null, lists or dicts (convert it, e.g. str(value))"
+        )
+    return value
 
 
 def to_documents(docs) -> list[documents_lib.IndexDocument]:
@@ -152,7 +166,7 @@ def to_documents(docs) -> list[documents_lib.IndexDocument]:
             raise ConfigError(f"{where}: 'metadata' must be a dict, got {type(meta).__name__}")
         if _missing(meta):
             record.pop("metadata", None)
-        metadata = _clean(documents_lib.metadata_of(record))
+        metadata = _clean(documents_lib.metadata_of(record), where)
         out.append(documents_lib.IndexDocument(doc_id, title, text, metadata))
     if not out:
         raise ConfigError("Index.add: no documents given")
