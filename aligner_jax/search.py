@@ -11,13 +11,14 @@ or any store ``aligner-eval`` has searched); the query encoder is the one record
 (``encoder.json``), or ``--checkpoint`` (refused if its fingerprint differs). ``--mode=exhaustive``
 refines every document (the quality ceiling). ``--show=text`` prints a snippet of each hit,
 ``--filter='{"year": {"gte": 2015}}'`` keeps documents whose metadata match, ``--offset`` pages.
+With ``--query`` only warnings are logged (``--verbosity=0`` shows the load's log).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from aligner_jax.common import cli
 from aligner_jax.retrieval import search_job
@@ -45,6 +46,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.index_dir:
         raise app.UsageError("--index_dir is required")
+    if FLAGS.query is not None and not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # one query: its ranking, not the load's log
     out = cli.run_job(
         "aligner-search",
         search_job.search_job,

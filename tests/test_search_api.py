@@ -63,6 +63,18 @@ def test_index_writes_a_self_describing_search_index(built):
         assert (built / ci.SUBDIR / f"{name}.npy").stat().st_size == entry["bytes"]
 
 
+def test_search_binary_prints_the_ranking_and_no_log_for_one_query(built):
+    """``aligner-search --query``: the ranking on stdout, stderr free of the load's INFO lines
+    and of a second copy of the truncation note."""
+    from fixtures import run_module
+
+    r = run_module("aligner_jax.search", f"--index_dir={built}", "--query=honey bees in the hive")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "query: honey bees in the hive" and lines[1].split()[:1] == ["1"]
+    assert not [line for line in r.stderr.splitlines() if line[:1] in "IW" and line[1:5].isdigit()]
+
+
 def test_free_text_search_ranks_the_relevant_document_first(built):
     searcher = search_lib.Searcher.load(str(built))
     ranked = searcher.search("honey bees in the hive", k=3)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import threadpoolctl
-from absl import logging
 
 from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, MissingPathError
@@ -117,9 +116,7 @@ def truncation_note(searcher: search_lib.Searcher, texts: list[str]) -> str:
         parts.append(f"{what} cut at {encoder.maxlen('query')} tokens")
     if docs:
         parts.append(f"the index cut {docs} documents at {encoder.maxlen('doc')} tokens")
-    if parts:
-        logging.warning("aligner-search: %s", "; ".join(parts))
-    return "; ".join(parts)
+    return "; ".join(parts)  # printed with the ranking or the summary
 
 
 def search_job(
