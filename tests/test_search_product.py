@@ -71,6 +71,7 @@ def synthetic(tmp_path_factory):
                     "year": 1990 + i % 30,
                     "venue": {"name": f"v{i % 3}"},
                     "tags": [f"t{i % 4}", f"t{i % 5}"],
+                    "doi.org": i % 2,
                 },
             )
             for i, d in enumerate(docs[start : start + 64], start=start)
@@ -171,6 +172,9 @@ def test_filters_compose_equality_membership_ranges_nested_fields_and_subsets(sy
         ids[i] for i in range(NUM_DOCS) if 0 not in (i % 4, i % 5)
     }
     assert kept(filter={"tags": {"ne": None}}) == set(ids)
+    # a dot inside a key is written \. (a bare dot reaches a nested field)
+    assert kept(filter={"doi\\.org": 1}) == {ids[i] for i in range(NUM_DOCS) if i % 2}
+    assert kept(filter={"doi.org": 1}) == set()
     assert kept(filter={}) == set(ids)
 
 

@@ -23,7 +23,8 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 ``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}``
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
-field (``"venue.name"``), and ``doc_id`` / ``title`` for the document's id and title. A field
+field (``"venue.name"``; ``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the
+document's id and title. A field
 holding a list matches when any element does (``{"tags": "a"}`` keeps ``["a", "b"]``; ``ne``:
 when none equals), as in Qdrant. The result is a boolean mask over
 store positions, which search applies during candidate generation.
@@ -190,7 +191,9 @@ def fill_missing(
 
 # -- filters ------------------------------------------------------------------------------------
 def _json_path(field: str) -> str:
-    parts = field.split(".")
+    """SQLite's JSON path of a dotted field name; ``\\.`` is a dot inside a key
+    (``"doi\\.org"`` is the key ``doi.org``, ``"venue.name"`` the nested field)."""
+    parts = [p.replace("\0", ".") for p in field.replace("\\.", "\0").split(".")]
     if not all(parts):
         raise ConfigError(f"filter: field {field!r} has an empty part (write e.g. 'venue.name')")
     return "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
