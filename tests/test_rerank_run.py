@@ -12,9 +12,9 @@ QUERIES = {"q0", "q1"}
 DOCS = {"d0", "d1", "d2"}
 
 
-def _write(tmp_path, text: str, name: str = "first.trec"):
+def _write(tmp_path, text: str | bytes, name: str = "first.trec"):
     path = tmp_path / name
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
 
 
@@ -44,6 +44,11 @@ def test_read_run_keeps_known_queries_and_counts_the_others(tmp_path):
         ("q0 Q0 d0 one 2.0 t\n", r"first.trec:1: rank 'one' / score '2.0'"),
         ("q0 Q0 d0 1 nan t\n", r"first.trec:1: score 'nan' is not a finite number"),
         ("\n\n", r"--rerank_run=.*first.trec: the file is empty"),
+        (
+            b"q0 Q0 d0 1 2.0 t\n\xff\xfe1 Q0 d0 1 2.7 x\n",
+            r"first.trec:2: invalid UTF-8 \(byte 0xff",
+        ),
+        ("q9 Q0 d0 1 2.0 t\n", r"first.trec: none of its 1 queries \(e.g. \['q9'\]\) is a query"),
     ],
 )
 def test_read_run_errors_name_file_and_line(tmp_path, text, message):

@@ -232,8 +232,9 @@ def _require_file(path: Path, what: str) -> None:
     raise BeirFormatError(f"{path}: {what} not found. {_LAYOUT_HELP}")
 
 
-def _iter_decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yields (1-based line number, decoded line without its line ending) for a UTF-8 file."""
+def iter_decoded_lines(path: Path, error=BeirFormatError) -> Iterator[tuple[int, str]]:
+    """Yields (1-based line number, decoded line without its line ending) for a UTF-8 file
+    (a byte-order mark is skipped); a line that is not UTF-8 raises ``error`` naming it."""
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
             if line_number == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -241,9 +242,9 @@ def _iter_decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise BeirFormatError(
+                raise error(
                     f"{path}:{line_number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column "
-                    f"{e.start + 1}). BEIR files must be UTF-8; re-encode the file, e.g. "
+                    f"{e.start + 1}). The file must be UTF-8; re-encode it, e.g. "
                     f"`iconv -f latin1 -t utf-8`, or fix that line."
                 ) from None
             yield line_number, line.rstrip("\r\n")
@@ -265,7 +266,7 @@ def iter_jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
     """
     path = Path(path)
     _require_file(path, path.name)
-    for line_number, line in _iter_decoded_lines(path):
+    for line_number, line in iter_decoded_lines(path):
         if not line.strip():
             continue
         try:
@@ -461,7 +462,7 @@ def _iter_qrels_rows(path: Path) -> Iterator[_QrelRow]:
     """Validated qrels lines (header checked, 3 tab-separated columns, integer score)."""
     _require_file(path, "qrels file")
     header_seen = False
-    for line_number, line in _iter_decoded_lines(path):
+    for line_number, line in iter_decoded_lines(path):
         if not line.strip():
             continue
         columns = [c.strip() for c in line.split("\t")]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aligner_jax.common import fileio
 from aligner_jax.common.errors import RunFileError
+from aligner_jax.data import beir
 
 RUN_FILE = "run.trec"  # the TREC run of an evaluation folder
 RESULTS_FILE = "results.json"  # BEIR's interchange format of the same rankings
@@ -78,37 +79,40 @@ def read_run(
     results: dict[str, dict[str, float]] = {}
     skipped: dict[str, int] = {}
     num_lines = 0
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            num_lines += 1
-            where = f"{path}:{number}"
-            if len(fields) not in (5, 6):
-                raise RunFileError(f"{where}: {len(fields)} fields, {expected}")
-            qid, _, doc_id, rank, score = fields[:5]
-            try:
-                value = float(score)
-                int(rank)
-            except ValueError:
-                raise RunFileError(
-                    f"{where}: rank {rank!r} / score {score!r}: {expected}"
-                ) from None
-            if not math.isfinite(value):
-                raise RunFileError(f"{where}: score {score!r} is not a finite number")
-            if qid not in query_ids:
-                skipped[qid] = skipped.get(qid, 0) + 1
-                continue
-            if doc_id not in doc_ids:
-                raise RunFileError(
-                    f"{where}: document {doc_id!r} is not in the corpus; was the run made on "
-                    "another collection?"
-                )
-            docs = results.setdefault(qid, {})
-            if doc_id in docs:
-                raise RunFileError(f"{where}: document {doc_id!r} is listed twice for {qid!r}")
-            docs[doc_id] = value
+    for number, line in beir.iter_decoded_lines(path, RunFileError):
+        fields = line.split()
+        if not fields:
+            continue
+        num_lines += 1
+        where = f"{path}:{number}"
+        if len(fields) not in (5, 6):
+            raise RunFileError(f"{where}: {len(fields)} fields, {expected}")
+        qid, _, doc_id, rank, score = fields[:5]
+        try:
+            value = float(score)
+            int(rank)
+        except ValueError:
+            raise RunFileError(f"{where}: rank {rank!r} / score {score!r}: {expected}") from None
+        if not math.isfinite(value):
+            raise RunFileError(f"{where}: score {score!r} is not a finite number")
+        if qid not in query_ids:
+            skipped[qid] = skipped.get(qid, 0) + 1
+            continue
+        if doc_id not in doc_ids:
+            raise RunFileError(
+                f"{where}: document {doc_id!r} is not in the corpus; was the run made on "
+                "another collection?"
+            )
+        docs = results.setdefault(qid, {})
+        if doc_id in docs:
+            raise RunFileError(f"{where}: document {doc_id!r} is listed twice for {qid!r}")
+        docs[doc_id] = value
     if not num_lines:
         raise RunFileError(f"{flag}={path}: the file is empty ({expected})")
+    if not results:
+        raise RunFileError(
+            f"{flag}={path}: none of its {len(skipped)} queries (e.g. {sorted(skipped)[:3]}) is a "
+            f"query of the split searched ({len(query_ids)} queries); was it made for another "
+            "split or collection?"
+        )
     return RunFile(results, num_lines, skipped)
