@@ -342,7 +342,9 @@ def test_default_stages_rank_like_exhaustive_on_planted_queries(store, index, ma
 
 
 def test_searcher_centroid_backend_other_strategies_refine_from_float_store(store, index):
-    """Non-top-1 strategies score the refined documents exactly (float store, Refiner)."""
+    """Non-top-1 strategies score the refined documents exactly (float store, Refiner); top-1
+    among them ranks as it does alone (``aligner-eval --adapt`` once moved the headline
+    top-1 metrics, scored from the float store instead of the compressed index)."""
     cfg = search_lib.SearchConfig(backend="centroid", top_k=5)
     wide = cs.CentroidSearchConfig(probes=index.num_centroids, refine_docs=store.num_docs)
     searcher = search_lib.Searcher(store, cfg, centroid_index=index, centroid_config=wide)
@@ -352,11 +354,32 @@ def test_searcher_centroid_backend_other_strategies_refine_from_float_store(stor
         store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5)
     )
     ref = exhaustive.run(["q"], [q], strategies=("top_k:2", "top_k:1"))
-    for name in ("top_k:2", "top_k:1"):
-        assert list(out.results[name]["q"]) == list(ref.results[name]["q"])
-        np.testing.assert_allclose(
-            list(out.results[name]["q"].values()), list(ref.results[name]["q"].values()), rtol=1e-5
-        )
+    assert list(out.results["top_k:2"]["q"]) == list(ref.results["top_k:2"]["q"])
+    np.testing.assert_allclose(
+        list(out.results["top_k:2"]["q"].values()),
+        list(ref.results["top_k:2"]["q"].values()),
+        rtol=1e-5,
+    )
+
+
+def test_top1_ranks_alike_alone_and_beside_other_strategies(tmp_path):
+    """A model without saliences: top-1 alone is scored from the compressed index; beside
+    other strategies (``aligner-eval --adapt``) it once came from the float store, and the
+    headline metrics moved when --adapt was added."""
+    docs = random_documents(80, DIM, seed=8, max_len=30)
+    model = {"name": "plain", "fingerprint": "p", "dim": DIM, "salience": "none"}
+    with ts.TokenStoreWriter(tmp_path / "plain", model, shard_size=20) as writer:
+        for d in docs:
+            writer.add(d.doc_id, d.vectors, None, d.token_ids)
+    plain = writer.store
+    index = ci.CentroidIndex.build(plain, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2))
+    searcher = search_lib.Searcher(
+        plain, search_lib.SearchConfig(backend="centroid", top_k=10), centroid_index=index
+    )
+    for seed in range(3):
+        q = _query(seed)
+        both = searcher.run(["q"], [q], strategies=("top_k:2", "top_k:1")).results
+        assert both["top_k:1"]["q"] == searcher.run(["q"], [q]).results["top_k:1"]["q"]
 
 
 def test_tombstoned_documents_are_never_returned(store, index):

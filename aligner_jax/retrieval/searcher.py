@@ -914,7 +914,9 @@ class Searcher:
         live one) are refined from the float store instead (exact)."""
         xtr_mode = self.config.refine == "xtr"
         names = ["xtr"] if xtr_mode else [str(s) for s in strategies]
-        fast = strategies in ((scoring.AlignmentStrategy.parse("top_k:1"),),)
+        top1 = scoring.AlignmentStrategy.parse("top_k:1")
+        fast = tuple(strategies) == (top1,)
+        top1_at = list(strategies).index(top1) if not fast and top1 in strategies else None
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
         search_ms, num_candidates, costs, exact = [], [], [], []
         ids = self.store.doc_ids
@@ -938,6 +940,11 @@ class Searcher:
                 rankings, counts = self.centroid.search(
                     q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
                 )
+                if top1_at is not None:  # top-1 as a search with it alone ranks (--adapt)
+                    rankings = list(rankings)
+                    rankings[top1_at] = self.centroid.search(
+                        q.vectors, q.salience, kept, k, None, allowed=allowed
+                    )[0][0]
                 reached, refined = counts.candidates, counts.refined
                 if len(rankings[0][0]) < min(k, pool_size):  # too few reached: refine them all
                     pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
