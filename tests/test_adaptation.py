@@ -10,6 +10,7 @@ import pytest
 from fixtures import write_toy_beir
 
 from aligner_jax.common import cli
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.evaluation import adaptation, beir_eval
 
 
@@ -106,3 +107,16 @@ def test_evaluate_with_adapt_writes_reports(tmp_path):
     assert saved["default"] == pytest.approx(report["metrics"]["ndcg@10"])
     assert report["adaptation"]["oracle"] >= saved["default"]
     assert "| toy |" in (tmp_path / "out" / "adaptation.md").read_text()
+
+
+def test_a_fold_larger_than_the_judged_queries_is_refused_before_the_search(tmp_path):
+    """Once refused only after the corpus was encoded and searched."""
+    data = write_toy_beir(tmp_path / "data")
+    gin.clear_config()
+    try:
+        cli.parse_gin(["eval/zero_shot.gin"], ["AdaptationConfig.fold_size = 50"])
+        with pytest.raises(ConfigError, match=r"more than fold_size=50 judged queries .* got \d+ "):
+            beir_eval.evaluate(dataset_dir=str(data), output_dir=str(tmp_path / "o"), adapt=True)
+    finally:
+        gin.clear_config()
+    assert not (tmp_path / "o").exists()  # nothing encoded, nothing written

@@ -96,6 +96,18 @@ class AdaptationResult:
         return d
 
 
+def check_enough_queries(num_queries: int, fold_size: int) -> None:
+    """Few-shot selection scores each fold's choice on the other queries: it needs more than
+    ``fold_size`` judged queries (checked before any search, and again on the per-query
+    values)."""
+    if num_queries <= fold_size:
+        raise ConfigError(
+            f"few-shot selection needs more than fold_size={fold_size} judged queries to score "
+            f"the remaining ones; got {num_queries} (lower "
+            "--gin.AdaptationConfig.fold_size or evaluate a larger split)"
+        )
+
+
 def make_folds(query_ids: Sequence[str], fold_size: int, seed: int) -> list[list[str]]:
     """Complete folds of ``fold_size`` queries from a seeded permutation of ``query_ids``."""
     order = list(query_ids)
@@ -147,11 +159,7 @@ def select_on_folds(
     for s in names:
         if sorted(per_query[s]) != qids:
             raise ValueError(f"few-shot selection: {s} covers other queries")
-    if len(qids) <= fold_size:
-        raise ConfigError(
-            f"few-shot selection needs more than fold_size={fold_size} queries to "
-            f"score the remaining ones; got {len(qids)}"
-        )
+    check_enough_queries(len(qids), fold_size)
     table = np.array([[per_query[s][q] for q in qids] for s in names])  # [S, Q]
     index = {q: i for i, q in enumerate(qids)}
     folds = make_folds(qids, fold_size, seed)

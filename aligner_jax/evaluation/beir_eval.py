@@ -288,10 +288,14 @@ def evaluate(
         extra = [scoring.AlignmentStrategy.parse(x) for x in adaptation_config.strategies]
         strategies += [x for x in extra if x != strategy]
     candidates, dataset = None, None
-    if rerank_run:  # read (and refused) before any encoding
+    if rerank_run or adapt:  # read (and refused) before any encoding
         fileio.check_output_dir(output_dir, "--output_dir")
         dataset = beir.load_beir(dataset_dir, split=split, unknown_qrels=unknown_qrels)
+    if rerank_run:
         candidates, first_stage_info = read_rerank_run(rerank_run, dataset)
+    if adapt:
+        judged = sum(1 for q in dataset.queries if dataset.qrels.get(q))
+        adaptation_lib.check_enough_queries(judged, adaptation_config.fold_size)
     run = prepare(
         dataset_dir,
         output_dir,
