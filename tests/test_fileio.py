@@ -59,6 +59,16 @@ def test_metrics_json_is_written_last_with_the_files_checksums(tmp_path, monkeyp
     assert saved["files"] == {"run.trec": hashlib.sha256(b"q Q0 d 1 1.0 t\n").hexdigest()}
 
 
+def test_a_rerun_removes_the_files_of_the_run_before_that_it_does_not_write(tmp_path):
+    """A re-run without --adapt once left adaptation.json beside a metrics.json not listing
+    it (and contradicting it); files the job never wrote stay."""
+    (tmp_path / "notes.txt").write_text("the user's")
+    fileio.write_outputs(tmp_path, {"run.trec": "a", "adaptation.json": "{}"}, {})
+    report = fileio.write_outputs(tmp_path, {"run.trec": "b"}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "notes.txt", "run.trec"]
+    assert list(report["files"]) == ["run.trec"]
+
+
 def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
     (tmp_path / "metrics.json").write_text("{}")  # from an earlier run
 

@@ -333,18 +333,29 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
 def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) -> dict:
     """Writes a job's output files and then ``metrics.json`` as the commit marker.
 
-    The previous ``metrics.json`` is removed first, every file is written atomically, and the
-    new ``metrics.json`` (``report`` plus ``files``: each file's sha256) is written last: a
-    folder either has a ``metrics.json`` whose listed files are exactly those beside it, or
-    none (an interrupted run). Returns the report as written."""
+    The previous ``metrics.json`` is removed first, every file is written atomically, the files
+    the previous ``metrics.json`` listed that this run does not write are removed (a re-run
+    without ``--adapt`` leaves no ``adaptation.json`` of the run before), and the new
+    ``metrics.json`` (``report`` plus ``files``: each file's sha256) is written last: a folder
+    either has a ``metrics.json`` whose listed files are exactly the job's files beside it, or
+    none (an interrupted run). Files the job never wrote are left alone. Returns the report as
+    written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    previous = []
+    try:
+        previous = list(json.loads((directory / "metrics.json").read_text()).get("files", {}))
+    except (OSError, ValueError, AttributeError):
+        pass  # none, or unreadable: nothing known to remove
     (directory / "metrics.json").unlink(missing_ok=True)
     sums = {}
     for name, content in files.items():
         data = content.encode("utf-8") if isinstance(content, str) else content
         atomic_write_bytes(directory / name, data)
         sums[name] = hashlib.sha256(data).hexdigest()
+    for name in previous:
+        if name not in sums and Path(name).name == name:  # a file of this folder, by name
+            remove(directory / name)
     report = {**report, "files": sums}
     atomic_write_json(directory / "metrics.json", report, sort_keys=False)
     return report
