@@ -65,7 +65,8 @@ def main(argv: Sequence[str]) -> None:
         _export,
         default_gin_files=(str(trained),) if trained else DEFAULT_GIN_FILES,
         needs_gin_file=needs,
-        on_interrupt=f"{FLAGS.output_dir} may hold part of the export; re-run to replace it",
+        on_interrupt=f"{FLAGS.output_dir} is as it was before (the export is written aside and "
+        "renamed into place once complete)",
         checkpoint=FLAGS.checkpoint,
         output_dir=FLAGS.output_dir,
         layout=FLAGS.format,

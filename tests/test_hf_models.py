@@ -22,6 +22,7 @@ from conftest import importorskip
 from fixtures import REPO, TOY_DOCS, TOY_QUERIES
 from safetensors.numpy import load_file, save_file
 
+from aligner_jax.common import fileio
 from aligner_jax.common.errors import CheckpointError, ConfigError
 from aligner_jax.core import scoring
 from aligner_jax.encoding import loading
@@ -490,6 +491,45 @@ def test_export_layouts_replace_each_other(bert_folder, tmp_path):
     assert set(hf_export.export_model(*args, layout="pylate")) == pylate_files
     with pytest.raises(ConfigError, match=r"--format=onnx: choose one of pylate, transformers"):
         hf_export.export_model(*args, layout="onnx")
+
+
+@pytest.mark.parametrize("failure", ["disk full", "interrupt"])
+def test_a_failed_reexport_leaves_the_earlier_export_whole(
+    bert_folder, tmp_path, monkeypatch, failure
+):
+    """The export is written beside the folder and renamed into place: a full disk or a
+    Ctrl-C once deleted the PyLate files first and left a transformers-only folder (or a new
+    backbone beside old heads)."""
+    import errno
+
+    from aligner_jax.common import errors
+
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+    out = tmp_path / "export"
+    args = (bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    hf_export.export_model(*args)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def fail(*_, **__):
+        if failure == "interrupt":
+            raise KeyboardInterrupt
+        raise fileio.storage_error(out / "aligner_heads.safetensors", errno.ENOSPC) from OSError(
+            errno.ENOSPC, "No space left on device"
+        )
+
+    monkeypatch.setattr(hf_export.aligner_heads, "save_heads", fail)
+    if failure == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            hf_export.export_model(*args, layout="transformers")
+    else:
+        with pytest.raises(errors.OutputWriteError, match="the export there before is unchanged"):
+            hf_export.export_model(*args, layout="transformers")
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".export")) == []
+    monkeypatch.undo()
+    assert "modules.json" not in hf_export.export_model(*args, layout="transformers")
 
 
 PEER_PYTHON = pathlib.Path("/work/peer-venv/bin/python")

@@ -25,11 +25,12 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import tempfile
 
 import numpy as np
 from safetensors.numpy import save
 
-from aligner_jax.common import fileio
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.models import aligner as aligner_lib
 from aligner_jax.models.t5 import T5Config
@@ -206,6 +207,34 @@ def sentence_transformers_files(config: aligner_lib.AlignerConfig) -> dict[str, 
     }
 
 
+def _write_export(config, params: dict, sources: dict, layout: str, folder: pathlib.Path) -> None:
+    """Every file of the export, written into ``folder`` (a new, empty one)."""
+    hf_models.save_backbone(config.backbone, params["backbone"], folder)
+    for name, source in sources.items():
+        fileio.atomic_write(folder / name, _copy(source))
+    if layout == "pylate":
+        (folder / DENSE_DIR).mkdir(exist_ok=True)
+        weight = {"linear.weight": np.ascontiguousarray(projection_matrix(config, params))}
+        fileio.atomic_write_bytes(folder / _DENSE_WEIGHTS, save(weight, {"format": "pt"}))
+        for name, obj in sentence_transformers_files(config).items():
+            fileio.atomic_write_json(folder / name, obj, sort_keys=False)
+    aligner_heads.save_heads(config, params, folder, readme(config, layout))
+
+
+def _swap_in(work: pathlib.Path, output_dir: pathlib.Path) -> None:
+    """Puts the finished export ``work`` at ``output_dir``: renamed into place, the earlier
+    export (if any) renamed aside first and removed after, so the folder holds one whole export
+    at every moment but the instant between the two renames."""
+    old = None
+    if output_dir.exists():
+        old = work.with_name(work.name.replace(".export-tmp", ".export-old"))
+        os.rename(output_dir, old)
+    os.rename(work, output_dir)
+    fileio.fsync_dir(output_dir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def export_model(
     config: aligner_lib.AlignerConfig,
     params: dict,
@@ -219,7 +248,9 @@ def export_model(
     ``tokenizer`` is the resolved tokenizer of ``load_encoder`` (``EncoderBundle.source``);
     ``layout`` is ``pylate`` (also a sentence-transformers / PyLate model) or ``transformers``
     (the backbone folder and the heads only). An existing folder is refused unless it holds an
-    earlier export, whose files are replaced.
+    earlier export, which is replaced as a whole: the new export is written into a temporary
+    folder beside it and renamed into place once complete, so a failed or interrupted export
+    leaves the earlier one as it was (never a mix of two).
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"--format={layout}: choose one of {', '.join(LAYOUTS)}")
@@ -234,21 +265,28 @@ def export_model(
             "empty or new folder"
         )
     sources = _tokenizer_sources(tokenizer)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stale = set(hf_folder.TOKENIZER_FILES) | {hf_folder.WEIGHTS_INDEX_FILE}
-    stale |= set(SENTENCE_TRANSFORMERS_FILES) | {f"{DENSE_DIR}/config.json", _DENSE_WEIGHTS}
-    for name in stale - set(sources):
-        (output_dir / name).unlink(missing_ok=True)
-    if (output_dir / DENSE_DIR).is_dir() and not any((output_dir / DENSE_DIR).iterdir()):
-        (output_dir / DENSE_DIR).rmdir()
-    hf_models.save_backbone(config.backbone, params["backbone"], output_dir)
-    for name, source in sources.items():
-        fileio.atomic_write(output_dir / name, _copy(source))
-    if layout == "pylate":
-        (output_dir / DENSE_DIR).mkdir(exist_ok=True)
-        weight = {"linear.weight": np.ascontiguousarray(projection_matrix(config, params))}
-        fileio.atomic_write_bytes(output_dir / _DENSE_WEIGHTS, save(weight, {"format": "pt"}))
-        for name, obj in sentence_transformers_files(config).items():
-            fileio.atomic_write_json(output_dir / name, obj, sort_keys=False)
-    aligner_heads.save_heads(config, params, output_dir, readme(config, layout))
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("tmp", "old"):  # what a killed export left
+        for stale in output_dir.parent.glob(f".{output_dir.name}.*.export-{suffix}"):
+            shutil.rmtree(stale, ignore_errors=True)
+    work = pathlib.Path(
+        tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".export-tmp", dir=output_dir.parent)
+    )
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(work, 0o777 & ~umask)  # a folder as mkdir makes it (mkdtemp's is private)
+    try:
+        _write_export(config, params, sources, layout, work)
+        _swap_in(work, output_dir)
+    except BaseException as error:
+        shutil.rmtree(work, ignore_errors=True)
+        code = getattr(error.__cause__, "errno", None) or getattr(error, "errno", None)
+        if isinstance(error, OSError) and code in fileio.STORAGE_ERRNOS:
+            kept = "the export there before is unchanged"
+            kept = kept if output_dir.exists() else "nothing was left behind"
+            raise errors.OutputWriteError(
+                f"--output_dir={output_dir}: the export was not written ({os.strerror(code)}); "
+                f"{kept}: free space or fix the folder's permissions and re-run"
+            ) from error
+        raise
     return sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*") if p.is_file())
