@@ -92,6 +92,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
             assert score == pytest.approx(full[qid][doc], abs=1e-6)
     info = report["first_stage"]
     assert report["config"]["first_stage"] == "run" and report["config"]["search"] == "run"
+    assert report["timing"]["query_batch_size"] == 1  # rerank scores one query at a time
     assert (info["lines"], info["skipped_lines"], info["skipped_queries"]) == (8, 1, 1)
     assert info["queries_without_candidates"] == 1
     saved = json.loads((out / "metrics.json").read_text())
@@ -110,6 +111,7 @@ def test_hybrid_default_few_shot_weight_and_the_aligner_limit(toy, tmp_path):
     info = report["first_stage"]
     assert info["lexical"]["kind"] == "bm25" and info["hybrid"]["fusion"] == "score"
     assert info["hybrid"]["weight"] == 0.7 and info["union_candidates_median"] >= 1
+    assert report["timing"]["search_queries_per_s"] > 0  # once 0: the run's wall time unset
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     assert saved["metrics"]["ndcg@10"] > 0.9  # both systems find the toy's relevant documents

@@ -397,8 +397,8 @@ def evaluate(
             "token_search_ms_per_query_p50": percentile(out.token_search_ms, 50),
             "refine_ms_per_query_p50": percentile(out.refine_ms, 50),
             # Latencies are per query (a batched query waits for its batch); throughput apart.
-            "query_batch_size": 1
-            if searcher.centroid is not None
+            "query_batch_size": 1  # rerank scores one query at a time (Searcher.rerank)
+            if searcher.centroid is not None or rerank_run
             else search_config.query_batch_size,
             "search_queries_per_s": len(qids) / out.wall_s if out.wall_s else 0.0,
         },
@@ -534,12 +534,16 @@ def hybrid_search(
     )
     build_s = time.perf_counter() - t0
     texts = dataset.queries
+    t0 = time.perf_counter()
     hybrid = hybrid_lib.search(searcher, index, run.qids, run.queries, texts, strategy, config)
+    wall_s = time.perf_counter() - t0
     name = str(strategy)
     fused = hybrid.fused(config.weight, config.fusion, config.rrf_k, searcher.config.top_k)
     first = [a + b for a, b in zip(hybrid.aligner_ms, hybrid.lexical_ms, strict=True)]
     second = [a + b for a, b in zip(hybrid.rerank_ms, hybrid.fusion_ms, strict=True)]
-    out = search_lib.SearchOutput({name: fused}, first, second, hybrid.num_candidates, hybrid.costs)
+    out = search_lib.SearchOutput(
+        {name: fused}, first, second, hybrid.num_candidates, hybrid.costs, wall_s
+    )
     info = {
         "kind": "hybrid",
         "lexical": dataclasses.asdict(lexical_config),
