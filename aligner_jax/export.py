@@ -20,6 +20,7 @@ training run, unless bound otherwise); with no ``--checkpoint``, the bundled zer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from absl import app, flags
 
@@ -52,6 +53,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
+    if FLAGS.checkpoint and not Path(FLAGS.checkpoint).exists():
+        raise app.UsageError(f"--checkpoint={FLAGS.checkpoint}: no such folder")
     trained = loading.trained_config(FLAGS.checkpoint)
     needs = ""
     if FLAGS.checkpoint and not trained:

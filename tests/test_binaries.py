@@ -330,6 +330,9 @@ def test_export_without_gin_file_takes_the_training_config(tmp_path):
         "by aligner-train in MODEL_DIR): name the model file it was trained with, e.g. "
         "--gin_file=models/minilm.gin"
     )
+    proc = run_module("aligner_jax.export", f"--checkpoint={data}_x", f"--output_dir={out}_3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"--checkpoint={data}_x: no such folder"
 
 
 def _record(path: str, level: int) -> logging.LogRecord:
