@@ -20,7 +20,6 @@ training run, unless bound otherwise); with no ``--checkpoint``, the bundled zer
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from absl import app, flags
 
@@ -53,16 +52,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.output_dir:
         raise app.UsageError("--output_dir is required")
-    if FLAGS.checkpoint and not Path(FLAGS.checkpoint).exists():
-        raise app.UsageError(f"--checkpoint={FLAGS.checkpoint}: no such folder")
     trained = loading.trained_config(FLAGS.checkpoint)
-    needs = ""
-    if FLAGS.checkpoint and not trained:
-        needs = (
-            f"--checkpoint={FLAGS.checkpoint} has no {loading.TRAINED_CONFIG} (written by aligner-train "
-            "in MODEL_DIR): name the model file it was trained with, e.g. "
-            "--gin_file=models/minilm.gin"
-        )
+    needs = loading.gin_file_needed(FLAGS.checkpoint)
     cli.run_job(
         "aligner-export",
         _export,

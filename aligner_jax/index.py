@@ -42,9 +42,7 @@ flags.DEFINE_bool("force_compact", False, "Update: re-cluster (or rebuild) it re
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for name in ("corpus", "dataset_dir", "index_dir", "add", "delete"):
-        if FLAGS[name].present and not FLAGS[name].value.strip():
-            raise app.UsageError(f"--{name}= is empty; expected: {FLAGS[name].help}")
+    cli.refuse_empty("corpus", "dataset_dir", "index_dir", "add", "delete")
     given = FLAGS.corpus or FLAGS.dataset_dir
     rebuild = FLAGS["search_index"].present and FLAGS.search_index and not given
     updates_asked = (rebuild, FLAGS.add, FLAGS.delete, FLAGS.compact, FLAGS.force_compact)

@@ -332,7 +332,9 @@ def test_export_without_gin_file_takes_the_training_config(tmp_path):
     )
     proc = run_module("aligner_jax.export", f"--checkpoint={data}_x", f"--output_dir={out}_3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"--checkpoint={data}_x: no such folder"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"aligner-export: error: no --gin_file: --checkpoint={data}_x: no such folder"
+    )
 
 
 def _record(path: str, level: int) -> logging.LogRecord:

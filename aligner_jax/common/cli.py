@@ -274,6 +274,15 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
         sys.exit(130)
 
 
+def refuse_empty(*names: str) -> None:
+    """A string flag given empty (``--add=``) is a usage error naming it, never the flag left
+    out."""
+    for name in names:
+        flag = flags.FLAGS[name]
+        if flag.present and not str(flag.value or "").strip():
+            raise app.UsageError(f"--{name}= is empty; expected: {flag.help}")
+
+
 def parse_gin_flags(default_gin_files: Sequence[str] = ()) -> list[str]:
     """Parses ``--gin_file`` (or, when none is given, ``default_gin_files``) and the bindings;
     returns the gin files used."""

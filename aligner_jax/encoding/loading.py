@@ -273,6 +273,19 @@ def trained_config(checkpoint: str | None) -> Path | None:
     return None
 
 
+def gin_file_needed(checkpoint: str | None) -> str:
+    """Why ``checkpoint`` alone does not name a model (``""`` when it does: no checkpoint, or
+    its MODEL_DIR's ``config.gin`` is found): what a binary without ``--gin_file`` says."""
+    if not checkpoint or trained_config(checkpoint):
+        return ""
+    if not Path(checkpoint).exists():
+        return f"--checkpoint={checkpoint}: no such folder"
+    return (
+        f"--checkpoint={checkpoint} has no {TRAINED_CONFIG} (written by aligner-train in "
+        "MODEL_DIR): name the model file it was trained with, e.g. --gin_file=models/minilm.gin"
+    )
+
+
 def bind_encoder_as_trained() -> None:
     """Binds what a training ``config.gin`` gives ``train``/``task_vocabulary`` but
     ``load_encoder`` needs: the model, the backbone weights and the training tokenizer (each

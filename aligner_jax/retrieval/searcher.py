@@ -711,8 +711,9 @@ class Searcher:
         documents are ranked. At most ``SearchConfig.filter_exact_docs`` of them (or with
         exhaustive search) are all refined (exact: exhaustive search restricted to them);
         more restrict candidate generation. A query whose candidates (that pass) are fewer
-        than ``k`` has all the allowed (or live) documents refined instead, so it gets
-        ``min(k, documents)`` hits."""
+        than ``k`` has all the allowed documents refined instead (with the centroid index also
+        unfiltered: every live one, so it gets ``min(k, documents)`` hits; a token index's
+        candidates stay those its k' nearest tokens name)."""
         cfg = self.config
         k = cfg.top_k if k is None else k
         strategies = tuple(scoring.AlignmentStrategy.parse(s) for s in strategies)
@@ -747,15 +748,16 @@ class Searcher:
             return self._run_centroid(
                 query_ids, queries, strategies, show_progress, k, allowed, subset
             )
-        pool = subset if subset is not None else np.flatnonzero(live)
-        whole = min(k, len(pool))
+        if subset is None:  # the token index's k' bounds the candidates (§3.2), as it is
+            find = lambda ids, batch: self.token_search(batch)  # noqa: E731
+        else:
 
-        def find(ids, batch):  # candidates that pass; the whole pool when fewer than k are found
-            found = []
-            for cands, s, d in self.token_search(batch):
-                kept = cands if subset is None else cands[allowed[cands]]
-                found.append((kept if len(kept) >= whole else pool, s, d))
-            return found
+            def find(ids, batch):  # candidates that pass; all of them when fewer than k pass
+                found = []
+                for cands, s, d in self.token_search(batch):
+                    kept = cands[allowed[cands]]
+                    found.append((kept if len(kept) >= k else subset, s, d))
+                return found
 
         return self._refine_all(query_ids, queries, find, strategies, show_progress, k)
 
