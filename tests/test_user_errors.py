@@ -577,6 +577,36 @@ def test_ctrl_c_during_an_update_says_what_to_run(toy_index, capsys):
     assert "as its last committed update left it" in err and "re-run the same command" in err
 
 
+def test_delete_and_add_in_one_command_are_one_commit(toy_index, tmp_path, monkeypatch):
+    """``--delete=d1 --add=new_d1.jsonl`` replaces a document: interrupted while adding, the
+    index keeps d1 (once the delete was committed alone, and re-running the command failed on
+    the id already deleted); completed, d1 has its new text and the search index one update."""
+    from aligner_jax.indexing import centroid_index as ci
+    from aligner_jax.indexing import indexer, updates
+    from aligner_jax.retrieval import searcher
+
+    index_dir = _copy_index(toy_index, tmp_path)
+    before = (index_dir / ts.MANIFEST).read_bytes()
+    new = _write_queries(tmp_path / "new.jsonl", [{"_id": "d1", "text": "volcanic ash clouds"}])
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(indexer, "encode_shard", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            updates.update_index(str(index_dir), delete="d1", add=str(new))
+    assert (index_dir / ts.MANIFEST).read_bytes() == before  # nothing committed
+    summary = updates.update_index(str(index_dir), delete="d1", add=str(new))  # the re-run
+    assert summary["deleted_docs"] == 1 and summary["added_docs"] == 1
+    manifest = ts.read_manifest(index_dir)
+    assert [u["op"] for u in manifest["updates"]][-2:] == ["delete", "add"]
+    meta = json.loads(ci.published_meta(index_dir).read_text())
+    assert meta["updates"][-1]["op"] == "delete+add"  # one generation for both
+    hits = searcher.Searcher.load(str(index_dir)).search("volcanic ash clouds", k=1)
+    assert hits[0].doc_id == "d1" and hits[0].text == "volcanic ash clouds"
+
+
 def test_an_index_dir_that_is_no_folder_is_one_line(tmp_path):
     from aligner_jax.indexing import updates
 

@@ -49,9 +49,13 @@ def _commit(directory: Path, manifest: dict, op: str, **fields) -> None:
     index.commit(pending, manifest)
 
 
-def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dict:
+def add_documents(
+    index_dir: str, corpus, encoder: Encoder | None = None, manifest: dict | None = None
+) -> dict:
     """Encodes the documents of ``corpus`` (a BEIR corpus.jsonl, or documents given in Python
-    by ``aligner_jax.Index.add``) into new shards."""
+    by ``aligner_jax.Index.add``) into new shards, committed in one update. ``manifest``: the
+    index's pending manifest to add to (``--delete`` of the same command: both in one commit),
+    else the committed one."""
     from_file = isinstance(corpus, (str, os.PathLike))
     label = f"--add={corpus}" if from_file else "Index.add"
     if from_file and not Path(corpus).is_file():
@@ -60,18 +64,26 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
             '{"_id", "title", "text"} per line)'
         )
     directory = Path(index_dir)
-    manifest = ts.read_manifest(directory)
+    pending = manifest is not None
+    manifest = manifest if pending else ts.read_manifest(directory)
     if encoder is None:
         spec = ts.read_json(directory / indexer.ENCODER_FILE)
         encoder = Encoder(loading.encoder_from_spec(spec), EncodingConfig())
     ts.check_model_matches(manifest, encoder.bundle.info(), directory)
-    existing = ts.TokenStore(directory).live_positions()  # a deleted id may come back
+    view = ts.TokenStore(directory, manifest=manifest) if pending else ts.TokenStore(directory)
+    existing = view.live_positions()  # a deleted id may come back
     docs = list(beir.iter_corpus(corpus)) if from_file else list(corpus)
     clash = [d.doc_id for d in docs if d.doc_id in existing]
     if clash:
         raise ConfigError(
             f"{label}: {len(clash)} document ids are already in {directory} "
-            f"(e.g. {clash[:3]}); delete them first (--delete) or give new ids"
+            f"(e.g. {clash[:3]}): nothing was added ("
+            + (
+                "was this add committed before? To replace documents, give --delete of their "
+                "ids in the same command)"
+                if from_file
+                else "delete them first with Index.delete, or give new ids)"
+            )
         )
     if not docs:
         raise ConfigError(f"{label}: no documents")
@@ -88,14 +100,16 @@ def add_documents(index_dir: str, corpus, encoder: Encoder | None = None) -> dic
             )
     encode_s = time.perf_counter() - start
     source = str(Path(corpus).resolve()) if from_file else "python"
-    summary = _append(directory, manifest, entries, source)
+    summary = _append(directory, manifest, entries, source, "delete+add" if pending else "add")
     summary.update(doc_maxlen=encoder.maxlen("doc"), encode_s=round(encode_s, 3))
     summary["seconds"] = round(time.perf_counter() - start, 3)
     logging.info("aligner-index --add: %s", summary)
     return summary
 
 
-def _append(directory: Path, manifest: dict, entries: list[dict], source: str) -> dict:
+def _append(
+    directory: Path, manifest: dict, entries: list[dict], source: str, op: str = "add"
+) -> dict:
     """Commits the new shards ``entries`` (written after the manifest's last one): the
     manifest's shards, counts and update log, and the search index's next generation."""
     num_docs = sum(e["num_docs"] for e in entries)
@@ -112,7 +126,7 @@ def _append(directory: Path, manifest: dict, entries: list[dict], source: str) -
     record = _record("add", source=source, num_docs=num_docs)
     manifest["updates"] = manifest.get("updates", []) + [record]
     start = time.perf_counter()
-    _commit(directory, manifest, "add", num_docs=num_docs)
+    _commit(directory, manifest, op, num_docs=num_docs)
     return {
         "added_docs": num_docs,
         "new_shards": [e["name"] for e in entries],
@@ -177,8 +191,16 @@ def delete_documents(index_dir: str, ids: list[str], where: str = "--delete") ->
     positions listed in the manifest's ``deleted``): one commit. ``where`` names the caller
     (the flag or the function) in an error."""
     directory = Path(index_dir)
+    manifest, summary = _mark_deleted(directory, ids, where)
+    _commit(directory, manifest, "delete", num_docs=summary["deleted_docs"])
+    return summary
+
+
+def _mark_deleted(directory: Path, ids: list[str], where: str) -> tuple[dict, dict]:
+    """The manifest with ``ids`` tombstoned (not committed) and the delete's summary."""
     manifest = ts.read_manifest(directory)
     live = ts.TokenStore(directory).live_positions()
+    ids = list(dict.fromkeys(ids))  # an id named twice is deleted once
     unknown = [d for d in ids if d not in live]
     if unknown:
         raise ConfigError(
@@ -188,8 +210,7 @@ def delete_documents(index_dir: str, ids: list[str], where: str = "--delete") ->
     deleted = sorted(set(manifest.get("deleted", [])) | {live[d] for d in ids})
     manifest["deleted"] = deleted
     manifest["updates"] = manifest.get("updates", []) + [_record("delete", num_docs=len(ids))]
-    _commit(directory, manifest, "delete", num_docs=len(ids))
-    return {"deleted_docs": len(set(ids)), "tombstones": len(deleted)}
+    return manifest, {"deleted_docs": len(ids), "tombstones": len(deleted)}
 
 
 recorded_config = ci.recorded_config  # the settings a rebuild keeps
@@ -251,9 +272,13 @@ def update_index(
     with indexer.writer_lock(index_dir):
         if (Path(index_dir) / ts.MANIFEST).exists():
             ci.collect_garbage(Path(index_dir))  # what a killed writer left
-        if delete:
+        if delete and add:  # a replacement: one commit, never the delete without the add
+            manifest, deleted = _mark_deleted(Path(index_dir), parse_ids(delete), "--delete")
+            summary.update(deleted)
+            summary.update(add_documents(index_dir, add, manifest=manifest))
+        elif delete:
             summary.update(delete_documents(index_dir, parse_ids(delete)))
-        if add:
+        elif add:
             summary.update(add_documents(index_dir, add))
         if search_index:
             summary.update(rebuild_search_index(index_dir))
