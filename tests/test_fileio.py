@@ -134,3 +134,64 @@ def test_npy_stream_writes_rows_without_copying_them(tmp_path):
     assert peak < blocks[0].nbytes // 4, peak  # a copy of a block would be 8 MiB
     np.testing.assert_array_equal(np.load(path), np.concatenate(blocks))
     assert fileio.sha256_tracked(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_file_size_limit_is_one_line_for_npy_and_sqlite_writes(tmp_path):
+    """Under ``ulimit -f`` (as on a full disk) NumPy's short write had no errno and SQLite's
+    error was no OSError: ``aligner-index --add`` ended in a traceback instead of one line."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, resource, numpy as np
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
+        from aligner_jax.common import errors, fileio
+        from aligner_jax.indexing import documents
+        for name, write in [
+            ("npy", lambda: fileio.atomic_save_npy({str(tmp_path)!r} + "/a.npy", np.ones(10**6))),
+            ("sqlite", lambda: documents.write_shard({str(tmp_path)!r}, 0, [
+                documents.IndexDocument(f"d{{i}}", "", os.urandom(4000).hex(), {{}})
+                for i in range(100)])),
+        ]:
+            try:
+                write()
+                print(name, "written")
+            except errors.OutputWriteError as e:
+                print(name, "|", e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = dict(line.split(" | ", 1) for line in out.stdout.splitlines())
+    assert lines["npy"].startswith(f"{tmp_path}/a.npy: not written (File too large)")
+    assert lines["sqlite"].startswith(f"{tmp_path}/documents.sqlite: not written (")
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing partial left
+
+
+def test_a_journal_left_by_a_failed_write_is_one_line_where_it_cannot_be_undone(
+    tmp_path, monkeypatch
+):
+    """Read-only, the rollback of a hot journal needs a writer: once a traceback."""
+    import sqlite3
+
+    from aligner_jax.indexing import documents
+
+    documents.write_shard(tmp_path, 0, [documents.IndexDocument("d0", "t", "x", {})])
+
+    class HotJournal:  # the read-only connection's first read: the journal needs a rollback
+        def execute(self, *_):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+
+        def close(self):
+            pass
+
+    def connect(target, *args, **kwargs):
+        if str(target).startswith("file:"):
+            return HotJournal()
+        raise sqlite3.OperationalError("attempt to write a readonly database")  # read-only
+
+    monkeypatch.setattr(documents.sqlite3, "connect", connect)
+    with pytest.raises(errors.IndexIntegrityError, match=r"documents.sqlite: a write that failed"):
+        documents.DocumentTable(tmp_path, [{"index": 0, "num_docs": 1}]).fetch([0])

@@ -111,7 +111,7 @@ def storage_error(path: Any, code: int, partial: str = "") -> errors.OutputWrite
     what the caller knows of the file itself (``"nothing partial is left and "``)."""
     kept = (
         f"{partial}the files completed before it are kept (an indexing job resumes after its "
-        "last complete shard)"
+        "last complete shard; an index update is applied whole or not at all)"
     )
     if code == errno.EACCES:  # also a read: the message must not say "not written"
         return errors.OutputWriteError(
@@ -218,7 +218,18 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, sort_keys: bool = True)
 
 
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
-    return atomic_write(path, lambda f: np.save(f, np.ascontiguousarray(array), allow_pickle=False))
+    """``np.save`` atomically. NumPy writes through ``write`` here, not ``tofile``, whose short
+    write on a full disk raises an ``OSError`` without its errno (and so a traceback, not the
+    one line of ``storage_error``)."""
+    array = np.ascontiguousarray(array)
+    return atomic_write(path, lambda f: np.save(_Writes(f), array, allow_pickle=False))
+
+
+class _Writes:
+    """A file seen only through its ``write`` (NumPy then writes in chunks through it)."""
+
+    def __init__(self, file):
+        self.write = file.write
 
 
 _LOAD_LOCK = threading.Lock()

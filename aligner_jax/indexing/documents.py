@@ -33,6 +33,7 @@ store positions, which search applies during candidate generation.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import sqlite3
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from aligner_jax.common import fileio
+from aligner_jax.common import errors, fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.data import beir
 
@@ -111,9 +112,17 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
             # A writer killed mid-transaction left a hot journal, which only a connection that
             # may write rolls back (SQLite does it on its first read); then read-only again.
             db.close()
-            sqlite3.connect(path, timeout=BUSY_TIMEOUT_S).execute(
-                "SELECT count(*) FROM sqlite_master"
-            ).connection.close()
+            try:
+                sqlite3.connect(path, timeout=BUSY_TIMEOUT_S).execute(
+                    "SELECT count(*) FROM sqlite_master"
+                ).connection.close()
+            except sqlite3.OperationalError as e:
+                raise IndexIntegrityError(
+                    f"{path}: a write that failed left {path.name}-journal, which only a process "
+                    f"allowed to write in {path.parent} can undo ({e}): search it once as a "
+                    f"user who may write there (aligner-search --index_dir={path.parent} "
+                    "--query=test undoes it), or run the next --add"
+                ) from None
             return _connect(path, read_only=True)
     else:
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
@@ -132,13 +141,42 @@ def write_shard(
         title = doc.title if store_text else None
         text = zlib.compress(doc.text.encode("utf-8")) if store_text else None
         rows.append((shard_index, row, doc.doc_id, title, text, meta))
-    db = _connect(Path(directory) / FILE)
+    path = Path(directory) / FILE
     try:
-        with db:  # one transaction: the old rows of the shard go, the new ones come
-            db.execute("DELETE FROM documents WHERE shard = ?", (shard_index,))
-            db.executemany("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?)", rows)
-    finally:
-        db.close()
+        db = _connect(path)
+        try:
+            with db:  # one transaction: the old rows of the shard go, the new ones come
+                db.execute("DELETE FROM documents WHERE shard = ?", (shard_index,))
+                db.executemany("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?)", rows)
+        finally:
+            db.close()
+    except sqlite3.OperationalError as e:
+        raise _write_error(path, e) from e
+
+
+def _write_error(path: Path, error: sqlite3.OperationalError) -> Exception:
+    """SQLite's refusal of a write as the one-line error of a storage that cannot take it, when
+    it is one (a full disk, a file-size limit, a read-only folder); else the error itself."""
+    text = str(error)
+    if "disk is full" in text:
+        return fileio.storage_error(
+            path,
+            errno.ENOSPC,
+            "its partial transaction is undone (by the next writer at the latest) and ",
+        )
+    if "readonly" in text:
+        return fileio.storage_error(
+            path,
+            errno.EROFS,
+            "its partial transaction is undone (by the next writer at the latest) and ",
+        )
+    if "disk I/O error" in text:
+        return errors.OutputWriteError(
+            f"{path}: not written (SQLite: disk I/O error, e.g. a full disk or a file-size "
+            "limit, ulimit -f); its transaction is rolled back by the next writer and the files "
+            "completed before it are kept: free space or raise the limit and re-run"
+        )
+    return error
 
 
 def shard_is_written(directory: str | Path, shard_index: int, doc_ids: Sequence[str]) -> bool:
