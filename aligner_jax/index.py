@@ -4,12 +4,10 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
   python -m aligner_jax.index --gin_file=models/minilm.gin --gin_file=index/default.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" --corpus=corpus.jsonl --index_dir=X
 
-Without ``--gin_file``: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: a
-JSONL file, ``seqio:TASK`` or ``tfds:NAME`` (split ``--corpus_split``); ``--dataset_dir=DIR`` is
-``--corpus=DIR/corpus.jsonl``. Updates (indexing/updates.py): ``--add``, ``--delete``,
-``--compact``; ``--index_dir=DIR --search_index`` rebuilds the search index. A killed job re-run
-resumes after its last complete shard. On N hosts each process encodes its shards and all build
-the search index together: WORKSPACE.md "Running on many hosts".
+Default gin: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: JSONL,
+``seqio:TASK`` or ``tfds:NAME`` (``--corpus_split``), or ``--dataset_dir=DIR``. Updates
+(indexing/updates.py): ``--add``, ``--delete``, ``--compact``, ``--search_index`` alone (a
+rebuild). A killed job resumes; N hosts: WORKSPACE.md "Running on many hosts".
 """
 
 from __future__ import annotations
@@ -47,6 +45,8 @@ def main(argv: Sequence[str]) -> None:
     rebuild = FLAGS["search_index"].present and FLAGS.search_index and not given
     updates_asked = (rebuild, FLAGS.add, FLAGS.delete, FLAGS.compact, FLAGS.force_compact)
     if FLAGS.index_dir and any(updates_asked):
+        if given:  # building an index, or updating one: never one of them silently
+            raise app.UsageError("--corpus/--dataset_dir build an index: not with --add etc.")
         summary = cli.run_job(
             "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, add=FLAGS.add,
             on_interrupt=updates.interrupted(FLAGS.index_dir), delete=FLAGS.delete,

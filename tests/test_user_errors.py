@@ -447,6 +447,13 @@ def test_an_empty_update_flag_or_a_missing_add_file_is_named(toy_index, tmp_path
     proc = run_python("-m", "aligner_jax.index", f"--index_dir={index_dir}", "--delete=")
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("--delete= is empty; expected:")
+    proc = run_python(  # --corpus beside an update was ignored
+        "-m", "aligner_jax.index", f"--index_dir={index_dir}", "--corpus=c.jsonl", "--add=a.jsonl"
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "--corpus/--dataset_dir build an index: not with --add etc."
+    )
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(errors.MissingPathError, match=f"^--add={missing}: no such file; give a"):
         updates.update_index(str(index_dir), add=str(missing))
