@@ -19,7 +19,8 @@ the job's own summary:
    both in centroid mode (the updated index before the deletions) and exhaustive mode (the
    rebuild's run less the deleted ids, as the updated index's); no deleted id returned;
 6. add time / rebuild time, and the centroid drift the index records (``CentroidIndex.drift``:
-   the mean max centroid score of every token at build time minus that of the added tokens),
+   the mean max centroid score of build-time tokens outside the k-means sample minus that of
+   the added tokens),
    beside the same score of the added tokens against the rebuild's centroids.
 
 Writes ``benchmarks/results/incremental.{json,md,png}``; the load average is sampled before

@@ -634,6 +634,26 @@ def test_token_store_writer_refuses_a_document_the_index_cannot_use_and_keeps_th
     assert np.isfinite(np.asarray(index.centroids, np.float32)).all()
 
 
+def test_drift_compares_added_tokens_with_tokens_the_kmeans_never_saw(tmp_path):
+    """Documents of the same distribution as the build's drift ~0: the reference is the score
+    of build tokens outside the k-means sample. Against every build token (the sample's fit
+    its centroids closely) any addition looked like drift and --compact re-clustered."""
+    from aligner_jax.indexing import updates
+
+    docs = index_utils.random_documents(120, 16, seed=11, min_len=20, max_len=40)
+    store = index_utils.write_store(tmp_path / "idx", docs[:100], 16, shard_size=25)
+    config = ci.CentroidIndexConfig(num_centroids=256, sample_per_centroid=2)  # overfits
+    index = ci.CentroidIndex.build(store, config)
+    centroids, cells = np.asarray(index.centroids), np.asarray(index.cells)
+    vectors = np.concatenate([np.asarray(d.vectors, np.float32) for d in docs[:100]])
+    every = float(kmeans.assign_two_level(vectors, centroids, cells)[1].mean())
+    assert index.meta["mean_centroid_score"] < every - 0.03  # the sample's tokens fit better
+    updates.add_encoded(store.directory, docs[100:])
+    drift = ci.CentroidIndex.load(ts.TokenStore(store.directory)).drift()
+    added = index.meta["mean_centroid_score"] - drift
+    assert abs(drift) < 0.02 < every - added
+
+
 def test_scann_beyond_its_measured_limit_is_refused_in_one_line(tmp_path):
     from aligner_jax.indexing import ann
 
