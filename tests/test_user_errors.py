@@ -426,6 +426,9 @@ def test_search_after_every_document_was_deleted_is_one_line(toy_index, tmp_path
     with pytest.raises(errors.ConfigError, match=r"no live documents \(all 12 were deleted"):
         _search(index_dir, query="honey bees")
     assert updates.update_index(str(index_dir), force_compact=True)["rebuilt"]
+    assert updates.update_index(str(index_dir), search_index=True)["search_index_rebuilt"]
+    logged = [u["op"] for u in ts.read_manifest(index_dir)["updates"]]  # once adds/deletes only
+    assert logged[-3:] == ["delete", "force_compact", "search_index"]
 
 
 def test_delete_names_no_id(toy_index, tmp_path):

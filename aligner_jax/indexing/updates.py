@@ -221,23 +221,32 @@ def compact(index_dir: str, force: bool = False) -> dict:
     (re)builds a missing, stale, damaged or older-format index with its recorded settings)."""
     directory = Path(index_dir)
     store = ts.TokenStore(directory)
-    drift = None
+    drift = None  # --force_compact repairs an index that may not load: not measured
     if not force:
         drift = ci.CentroidIndex.load_unchecked(store).drift()
         if drift <= ci.DRIFT_LIMIT:
             logging.info("--compact: drift %.4f <= %.4f, nothing to do", drift, ci.DRIFT_LIMIT)
             return {"drift": drift, "rebuilt": False}
-    ci.CentroidIndex.build(store, recorded_config(directory))
+    _rebuild(store, "compact" if not force else "force_compact", drift=drift)
     return {"drift": drift, "rebuilt": True}
+
+
+def _rebuild(store: ts.TokenStore, op: str, **fields) -> None:
+    """A new search index with the recorded settings, committed with the update logged in the
+    manifest (``updates``) as the adds and deletes are."""
+    index = ci.CentroidIndex.build(store, recorded_config(store.directory), commit=False)
+    manifest = dict(store.manifest)
+    record = _record(op, num_centroids=index.num_centroids, **fields)
+    manifest["updates"] = manifest.get("updates", []) + [record]
+    index.commit(store, manifest)
 
 
 def rebuild_search_index(index_dir: str) -> dict:
     """``aligner-index --index_dir=DIR --search_index``: builds the search index of an existing
     token store again (its recorded settings, else the defaults) — the repair of a missing,
     stale, damaged or other store's ``search_index/``."""
-    directory = Path(index_dir)
     start = time.perf_counter()
-    ci.CentroidIndex.build(ts.TokenStore(directory), recorded_config(directory))
+    _rebuild(ts.TokenStore(Path(index_dir)), "search_index")
     return {"search_index_rebuilt": True, "build_s": round(time.perf_counter() - start, 3)}
 
 
