@@ -119,9 +119,9 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
             except sqlite3.OperationalError as e:
                 raise IndexIntegrityError(
                     f"{path}: a write that failed left {path.name}-journal, which only a process "
-                    f"allowed to write in {path.parent} can undo ({e}): search it once as a "
-                    f"user who may write there (aligner-search --index_dir={path.parent} "
-                    "--query=test undoes it), or run the next --add"
+                    f"allowed to write in {path.parent} can undo ({e}): run the next "
+                    "aligner-index --add there, or search it once as a user who may write there "
+                    f"(aligner-search --index_dir={path.parent} --query=test)"
                 ) from None
             return _connect(path, read_only=True)
     else:
