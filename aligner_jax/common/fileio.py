@@ -353,11 +353,7 @@ def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) 
     written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    previous = []
-    try:
-        previous = list(json.loads((directory / "metrics.json").read_text()).get("files", {}))
-    except (OSError, ValueError, AttributeError):
-        pass  # none, or unreadable: nothing known to remove
+    previous = _listed_files(directory / "metrics.json")
     (directory / "metrics.json").unlink(missing_ok=True)
     sums = {}
     for name, content in files.items():
@@ -370,6 +366,14 @@ def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) 
     report = {**report, "files": sums}
     atomic_write_json(directory / "metrics.json", report, sort_keys=False)
     return report
+
+
+def _listed_files(metrics: Path) -> list[str]:
+    """The files a job's ``metrics.json`` lists; none when it is missing or unreadable."""
+    try:
+        return list(json.loads(metrics.read_text()).get("files", {}))
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 @contextlib.contextmanager

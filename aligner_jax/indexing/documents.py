@@ -24,9 +24,8 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
 field (``"venue.name"``; ``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the
-document's id and title. A field
-holding a list matches when any element does (``{"tags": "a"}`` keeps ``["a", "b"]``; ``ne``:
-when none equals), as in Qdrant. The result is a boolean mask over
+document's id and title. A field holding a list matches when any element does (``{"tags": "a"}``
+keeps ``["a", "b"]``; ``ne``: when none equals), as in Qdrant. The result is a boolean mask over
 store positions, which search applies during candidate generation.
 """
 
@@ -158,18 +157,10 @@ def _write_error(path: Path, error: sqlite3.OperationalError) -> Exception:
     """SQLite's refusal of a write as the one-line error of a storage that cannot take it, when
     it is one (a full disk, a file-size limit, a read-only folder); else the error itself."""
     text = str(error)
-    if "disk is full" in text:
-        return fileio.storage_error(
-            path,
-            errno.ENOSPC,
-            "its partial transaction is undone (by the next writer at the latest) and ",
-        )
-    if "readonly" in text:
-        return fileio.storage_error(
-            path,
-            errno.EROFS,
-            "its partial transaction is undone (by the next writer at the latest) and ",
-        )
+    for words, code in (("disk is full", errno.ENOSPC), ("readonly", errno.EROFS)):
+        if words in text:
+            undone = "its partial transaction is undone (by the next writer at the latest) and "
+            return fileio.storage_error(path, code, undone)
     if "disk I/O error" in text:
         return errors.OutputWriteError(
             f"{path}: not written (SQLite: disk I/O error, e.g. a full disk or a file-size "

@@ -227,7 +227,7 @@ def compact(index_dir: str, force: bool = False) -> dict:
         if drift <= ci.DRIFT_LIMIT:
             logging.info("--compact: drift %.4f <= %.4f, nothing to do", drift, ci.DRIFT_LIMIT)
             return {"drift": drift, "rebuilt": False}
-    _rebuild(store, "compact" if not force else "force_compact", drift=drift)
+    _rebuild(store, "force_compact" if force else "compact", drift=drift)
     return {"drift": drift, "rebuilt": True}
 
 

@@ -165,7 +165,6 @@ def search_job(
     )
     load_s = time.perf_counter() - t0
     live_documents(searcher, index_dir)
-    searcher.query_encoder()  # an index written by TokenStoreWriter: give --gin_file
     if query is not None:
         ranked = searcher.search(query, k=k, offset=offset, filter=conditions)
         titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}

@@ -358,9 +358,10 @@ class Searcher:
                 f"{type(encoder).__name__}"
             )
         store = ts.TokenStore(index_dir, verify_checksums=verify_checksums)
-        if encoder is None and (store.directory / "encoder.json").exists():
+        spec_path = store.directory / "encoder.json"
+        if encoder is None and spec_path.exists():
             spec = ts.read_json(
-                store.directory / "encoder.json",
+                spec_path,
                 "rebuild it with aligner-index, or give the model (Searcher.load(..., "
                 "encoder=...); aligner-search: --gin_file of the model or --checkpoint)",
             )
@@ -370,7 +371,7 @@ class Searcher:
         elif checkpoint is not None:
             raise ConfigError(
                 f"Searcher.load: checkpoint={checkpoint!r} replaces the model recorded in "
-                f"{store.directory / 'encoder.json'}, which does not exist; give "
+                f"{spec_path}, which does not exist; give "
                 "encoder=aligner_jax.Encoder(...) instead"
             )
         if mode != "exhaustive":  # the store and the search index of one committed generation
