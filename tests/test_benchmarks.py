@@ -826,3 +826,64 @@ def test_scale_rows_record_the_machine_speed_next_to_the_load():
     assert scale.load_cell(timed) == f"{row['machine_load']:.1f}; probe 2.35 / 31.3 ms"
     line = [x for x in scale.markdown([timed]).splitlines() if x.startswith(f"| {row['model']}")]
     assert line[0].endswith(f"| {row['machine_load']:.1f}; probe 2.35 / 31.3 ms |")
+
+
+def test_compaction_drift_reference_of_every_token_is_their_mean_best_centroid_score(tmp_path):
+    """``compaction_drift._all_token_reference`` (the rule before stop 83) is the mean, over
+    every stored token, of its best centroid score (brute force over all centroids here: the
+    index has one cell), and the index's own reference is that of the held-out tokens."""
+    import compaction_drift
+
+    from aligner_jax.indexing import centroid_index as ci
+
+    store = _random_store(tmp_path / "s", 80, shard_size=15, seed=3)
+    config = ci.CentroidIndexConfig(num_centroids=16, cells=1, seed=0)
+    index = ci.CentroidIndex.build(store, config, commit=False)
+    vectors = np.asarray(store.vectors(), np.float32)
+    brute = float((vectors @ np.asarray(index.centroids, np.float32).T).max(1).mean())
+    assert compaction_drift._all_token_reference(store, index) == pytest.approx(brute, abs=1e-5)
+    assert 0 < index.meta["mean_centroid_score"] <= 1.0
+
+
+def test_compaction_drift_compares_both_references_on_a_small_index(tmp_path):
+    """The benchmark end to end on the toy corpus (zero-shot MiniLM): a base store of part of
+    the documents, one addition of the rest and one of another corpus, each row's drift the
+    reference minus the added tokens' mean score, ``compacts`` the rule's verdict, and the
+    JSON, Markdown and PNG written."""
+    from fixtures import TOY_DOCS, run_module, write_beir_fixture, write_toy_beir
+
+    data = write_toy_beir(tmp_path)
+    index_dir = tmp_path / "index"
+    r = run_module(
+        "aligner_jax.index",
+        "--gin_file=models/minilm_identity.gin",
+        f"--corpus={data / 'corpus.jsonl'}",
+        f"--index_dir={index_dir}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    other = write_beir_fixture(
+        tmp_path, {"o1": "quantum field theory of gauge bosons", "o2": "medieval poetry"}, {}, {},
+        name="other",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    proc = run_python(
+        REPO / "benchmarks" / "compaction_drift.py",
+        f"--index_dir={index_dir}", f"--other_corpus={other / 'corpus.jsonl'}", "--other_docs=2",
+        "--base_fraction=0.6", f"--work_dir={tmp_path / 'work'}", f"--output_dir={out}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "compaction_drift.json").read_text())
+    base = int(len(TOY_DOCS) * 0.6)
+    assert result["base_docs"] == base
+    same, another = result["rows"]
+    assert (same["docs"], another["docs"]) == (len(TOY_DOCS) - base, 2)
+    for row in result["rows"]:
+        assert row["tokens"] > 0
+        assert row["drift"] == pytest.approx(result["reference_held_out"] - row["mean_score"])
+        assert row["drift_all_token_reference"] == pytest.approx(
+            result["reference_every_token"] - row["mean_score"]
+        )
+        assert row["compacts"] == (row["drift"] > result["drift_limit"])
+    assert "| another corpus | 2 |" in (out / "compaction_drift.md").read_text()
+    assert (out / "compaction_drift.png").stat().st_size > 0
+    assert not (tmp_path / "work").exists()  # the scratch stores are removed
