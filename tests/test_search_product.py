@@ -312,6 +312,30 @@ def test_index_add_takes_a_pandas_frame(tmp_path):
     assert [(h.doc_id, h.title, h.metadata) for h in hits] == [("b", "", {"year": 2010})]
 
 
+def test_publishing_a_python_index_takes_its_own_texts_not_the_working_folders(
+    toy_index, tmp_path, monkeypatch
+):
+    """An index made from Python names no corpus file: its texts and titles (BM25 vectors,
+    Qdrant payload) come from its documents.sqlite. They used to be read from
+    ``./corpus.jsonl`` of the working folder, whatever corpus that was."""
+    from aligner_jax.indexing import token_store as ts
+    from aligner_jax.serving import exporter
+
+    decoy = tmp_path / "corpus.jsonl"
+    decoy.write_text(
+        "".join(
+            json.dumps({"_id": d, "title": "decoy", "text": "unrelated"}) + "\n" for d in TOY_DOCS
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    store = ts.TokenStore(toy_index.directory)
+    docs = exporter.store_documents(store, set(TOY_DOCS))
+    assert {d: (docs[d].title, docs[d].text) for d in TOY_DOCS} == {
+        d: (doc["title"], doc["text"]) for d, doc in TOY_DOCS.items()
+    }
+    assert exporter.corpus_files(store.manifest) == []
+
+
 def test_exhaustive_mode_needs_no_search_index(toy_index, tmp_path):
     copy = tmp_path / "no_search_index"
     shutil.copytree(toy_index.directory, copy)

@@ -589,8 +589,11 @@ def test_minicoil_models_are_reused_or_refused_in_one_line(
 
 
 def test_the_corpus_flag_when_the_corpus_moved(built, tmp_path):
+    """An index without its documents' texts (built before they were stored) reads them
+    from the corpus it names, or from ``--corpus`` where the corpus moved."""
     copy = tmp_path / "index"
     shutil.copytree(built, copy)
+    (copy / "documents.sqlite").unlink()
     manifest = json.loads((copy / ts.MANIFEST).read_text())
     corpus = manifest["corpus"]["path"]
     manifest["corpus"]["path"] = str(tmp_path / "moved")

@@ -37,6 +37,7 @@ from aligner_jax.common import checks, fileio
 from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.core import pruning
 from aligner_jax.data import beir
+from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.serving import sparse as sparse_lib
 from aligner_jax.serving import targets
@@ -75,33 +76,58 @@ class ExportConfig:
 
 def corpus_files(manifest: dict, corpus: str | os.PathLike | None = None) -> list[Path]:
     """The corpus files of a store: the indexed corpus (``corpus``: where it is now, a file or
-    a BEIR folder; default the path the manifest records), then every ``--add`` file."""
-    path = Path(corpus if corpus is not None else manifest.get("corpus", {}).get("path", ""))
-    files = [path / "corpus.jsonl" if path.is_dir() else path]
-    files += [Path(u["source"]) for u in manifest.get("updates", []) if u.get("op") == "add"]
+    a BEIR folder; default the path the manifest records, when it records one), then every
+    ``--add`` file. Documents given in Python (``Index.add``, ``add_encoded``) have no file."""
+    recorded = manifest.get("corpus", {}).get("path")
+    path = Path(corpus) if corpus is not None else (Path(recorded) if recorded else None)
+    files = [] if path is None else [path / "corpus.jsonl" if path.is_dir() else path]
+    for update in manifest.get("updates", []):
+        source = update.get("source")
+        if update.get("op") == "add" and source and Path(source).is_absolute():
+            files.append(Path(source))
     return files
+
+
+def _stored_documents(store: ts.TokenStore, doc_ids: set[str]) -> dict[str, beir.Document]:
+    """The documents ``doc_ids`` as the index's ``documents.sqlite`` holds them (none without
+    one, or in an index kept without text: ``IndexingConfig.store_text = False``)."""
+    if not (store.directory / documents_lib.FILE).exists():
+        return {}
+    shards = sorted(store.manifest["shards"], key=lambda s: s["index"])
+    table = documents_lib.DocumentTable(store.directory, shards)
+    positions = [i for i, d in enumerate(store.doc_ids) if d in doc_ids and not store.deleted[i]]
+    found = {}
+    for row in table.fetch(positions):
+        if row is not None and row["text"] is not None:
+            found[row["doc_id"]] = beir.Document(row["doc_id"], row["title"] or "", row["text"])
+    return found
 
 
 def store_documents(
     store: ts.TokenStore, doc_ids: set[str], corpus: str | os.PathLike | None = None
 ) -> dict[str, beir.Document]:
-    """The documents ``doc_ids`` of the store, read from the corpus files its manifest names
+    """The documents ``doc_ids`` of the store: from the index's own ``documents.sqlite``, else
+    (an index without text, or ``corpus`` given) from the corpus files its manifest names
     (``corpus``: the indexed corpus's current place, ``corpus_files``)."""
-    found: dict[str, beir.Document] = {}
+    found = {} if corpus is not None else _stored_documents(store, doc_ids)
     files = corpus_files(store.manifest, corpus)
-    for path in files:
+    for path in files if doc_ids - found.keys() else []:
         if path.is_file():
             for doc in beir.iter_corpus(path, check_duplicates=False):
-                if doc.doc_id in doc_ids:
+                if doc.doc_id in doc_ids and doc.doc_id not in found:
                     found[doc.doc_id] = doc
     missing = doc_ids - found.keys()
     if missing:
+        where = (
+            f"the corpus files it names ({', '.join(map(str, files))})"
+            if files
+            else ("its documents.sqlite, and it names no corpus file")
+        )
         raise MissingPathError(
             f"{store.directory / ts.MANIFEST}: {len(missing)} documents (e.g. "
-            f"{sorted(missing)[:3]}) are not in the corpus files it names "
-            f"({', '.join(map(str, files))}); their texts are needed for the sparse vectors "
-            "and titles: pass --corpus=PATH (the indexed corpus file or BEIR folder, where it "
-            "is now), or publish with --sparse=none"
+            f"{sorted(missing)[:3]}) are not in {where}; their texts are needed for the sparse "
+            "vectors and titles: pass --corpus=PATH (the indexed corpus file or BEIR folder, "
+            "where it is now), or publish with --sparse=none"
         )
     return found
 
