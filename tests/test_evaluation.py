@@ -314,3 +314,28 @@ def test_search_index_is_built_under_the_index_directory_lock(tmp_path):
     assert not ci.CentroidIndex.exists(store.directory)
     index, _ = beir_eval.open_centroid_index(store, beta_d=1.0)
     assert ci.CentroidIndex.exists(store.directory) and index.meta["config"]["beta_d"] == 1.0
+
+
+def test_another_beta_d_builds_an_index_for_the_run_and_leaves_the_published_one(tmp_path, caplog):
+    """aligner-eval with a ``SearchConfig.beta_d`` other than the search index's builds one for
+    itself with the index's recorded settings (here 8-bit residuals) and does not publish it.
+    It used to replace the published index with a default-settings one (4 bits), which later
+    searches and servers then loaded."""
+    from index_utils import random_documents, write_store
+
+    from aligner_jax.indexing import centroid_index as ci
+
+    store = write_store(tmp_path / "index", random_documents(40, 8), dim=8)
+    ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8, num_centroids=4))
+    store = ts.TokenStore(tmp_path / "index")
+    published = store.manifest["search_index"]
+    index, build_s = beir_eval.open_centroid_index(store, beta_d=0.5)
+    assert build_s > 0
+    assert index.meta["config"]["beta_d"] == 0.5 and index.meta["config"]["residual_bits"] == 8
+    assert "does not save it" in caplog.text
+    after = ts.TokenStore(tmp_path / "index")
+    assert after.manifest["search_index"] == published
+    loaded = ci.CentroidIndex.load(after)
+    assert loaded.meta["config"]["beta_d"] == 1.0 and loaded.meta["config"]["residual_bits"] == 8
+    again, seconds = beir_eval.open_centroid_index(after, beta_d=1.0)
+    assert seconds == 0.0 and again.meta["config"]["residual_bits"] == 8

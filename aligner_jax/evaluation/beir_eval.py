@@ -96,22 +96,35 @@ def ensure_token_store(
 
 
 def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.CentroidIndex, float]:
-    """The store's persisted compressed index, built (once) when missing or stale, holding the
-    index directory's writer lock; returns it and the seconds spent building (0 when loaded)."""
+    """The store's persisted compressed index, built (once) with its recorded settings when
+    missing or damaged, holding the index directory's writer lock; returns it and the seconds
+    spent building (0 when loaded). An index of another β^d (``SearchConfig.beta_d``) is not
+    replaced: this run builds one of its own, with the recorded settings but β^d, and does not
+    publish it (the index that searches and servers load stays as it was)."""
+    config = dataclasses.replace(ci.recorded_config(store.directory), beta_d=beta_d)
+    commit = True
     if ci.CentroidIndex.exists(store.directory):
         try:
             index = ci.CentroidIndex.load(store)
         except errors.IndexIntegrityError as e:
             logging.warning("rebuilding the search index: %s", e)
         else:
-            if index.meta["config"]["beta_d"] == beta_d:
+            built_for = index.meta["config"]["beta_d"]
+            if built_for == beta_d:
                 logging.info("Loaded the search index of %s", store.directory)
                 return index, 0.0
-            logging.info("rebuilding the search index for beta_d=%s", beta_d)
-    config = dataclasses.replace(ci.CentroidIndexConfig(), beta_d=beta_d)
+            logging.warning(
+                "%s: its search index keeps beta_d=%s of each document's tokens; this run "
+                "builds one with beta_d=%s for itself and does not save it (to keep one, "
+                "aligner-index --index_dir=%s --search_index "
+                "--gin.CentroidIndexConfig.beta_d=%s)",
+                store.directory, built_for, beta_d, store.directory, beta_d,
+            )  # fmt: skip
+            commit = False
     with indexer.writer_lock(store.directory):  # one writer per index directory
         start = time.perf_counter()
-        return ci.CentroidIndex.build(store, config), time.perf_counter() - start
+        index = ci.CentroidIndex.build(store, config, commit=commit)
+        return index, time.perf_counter() - start
 
 
 def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) -> None:
