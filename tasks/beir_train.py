@@ -27,6 +27,7 @@ from pathlib import Path
 import gin
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, bm25
 from aligner_jax.tasks import bindings, negatives, sources
 
@@ -84,7 +85,7 @@ def beir_train_source(
     seed = bindings.check_int(f"{_BINDING}.seed", seed, 0)
     bindings.check_choice(f"{_BINDING}.unknown_qrels", unknown_qrels, beir.UNKNOWN_QRELS_MODES)
     if qrels_split is not None and (not isinstance(qrels_split, str) or not qrels_split):
-        raise ValueError(f"{_BINDING}.qrels_split={qrels_split!r}: expected a split name or None.")
+        raise ConfigError(f"{_BINDING}.qrels_split={qrels_split!r}: expected a split name or None.")
     folder = bindings.require_directory(
         f"{_BINDING}.dataset_dir", dataset_dir, "/data/beir/scifact"
     )
@@ -150,7 +151,7 @@ def build_beir_train_examples(config: BeirTrainConfig, split: str) -> sources.Re
         if relevant:
             positives[qid] = relevant
     if not positives:
-        raise ValueError(
+        raise ConfigError(
             f"{config.qrels_file(split)}: no judgment with relevance > 0 for a known query; "
             "beir_train_bm25 needs relevant (query, document) pairs."
         )
@@ -205,7 +206,7 @@ def build_beir_train_examples(config: BeirTrainConfig, split: str) -> sources.Re
     for qid, text in queries.items():
         negs = mined.get(qid)
         if negs is None or len(negs) != config.num_negatives:
-            raise ValueError(
+            raise ConfigError(
                 f"{cache_path}: the cached negatives of query {qid!r} do not match "
                 f"num_negatives={config.num_negatives}; delete the cache file."
             )

@@ -36,6 +36,7 @@ import gin
 import numpy as np
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.tasks import bindings, sources
 
 _BINDING = "msmarco_train_source"
@@ -82,14 +83,14 @@ def iter_tsv(path: Path, min_fields: int, max_split: int = -1) -> Iterator[tuple
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
-                raise ValueError(
+                raise ConfigError(
                     f"{path}:{line_number}: invalid UTF-8; MS MARCO files are UTF-8."
                 ) from None
             if not line.strip():
                 continue
             fields = line.split("\t", max_split) if max_split >= 0 else line.split("\t")
             if len(fields) < min_fields:
-                raise ValueError(
+                raise ConfigError(
                     f"{path}:{line_number}: expected {min_fields} tab-separated fields, found "
                     f"{len(fields)}: {line[:80]!r}."
                 )
@@ -101,7 +102,7 @@ def _sniff_format(path: Path) -> str:
         if len(fields) == 3 and all(f.strip().isdigit() for f in fields):
             return "ids"
         return "text"
-    raise ValueError(f"{path}: the triples file is empty.")
+    raise ConfigError(f"{path}: the triples file is empty.")
 
 
 @gin.configurable
@@ -140,12 +141,12 @@ def msmarco_train_source(
         folder = bindings.require_directory(f"{_BINDING}.data_dir", data_dir, "/data/msmarco")
         triples = _with_gz(folder, TEXT_TRIPLES) or _with_gz(folder, ID_TRIPLES)
         if triples is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{_BINDING}.data_dir={data_dir!r}: {folder} holds neither {TEXT_TRIPLES} nor "
                 f"{ID_TRIPLES} (plain or .gz); set {_BINDING}.triples_file to the triples file."
             )
     else:
-        raise ValueError(
+        raise ConfigError(
             f"msmarco_triples needs its training triples: set the gin binding "
             f"{_BINDING}.data_dir (a folder with {TEXT_TRIPLES} or {ID_TRIPLES}), e.g. "
             f"{bindings.flag(_BINDING + '.data_dir', '/data/msmarco')}, or "
@@ -170,7 +171,7 @@ def msmarco_train_source(
             ("queries_file", queries, QUERIES),
         ):
             if found is None:
-                raise ValueError(
+                raise ConfigError(
                     f"{triples} holds id triples, which need {name} for their texts; none "
                     f"beside it in {folder}: set the gin binding {_BINDING}.{binding}."
                 )
@@ -201,7 +202,7 @@ def _read_groups(
         if config.max_triples is not None and count >= config.max_triples:
             break
         if len(fields) != 3:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}:{line_number}: expected 3 tab-separated fields (query, positive, "
                 f"negative), found {len(fields)}: {'<TAB>'.join(fields)[:80]!r}."
             )
@@ -209,7 +210,7 @@ def _read_groups(
         if config.triples_format == "ids" and not (
             query.isdigit() and positive.isdigit() and negative.isdigit()
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}:{line_number}: expected three integer ids (qid, pid, pid), found "
                 f"{'<TAB>'.join(fields)[:80]!r}; set {_BINDING}.triples_format=\"'text'\" for "
                 "text triples."
@@ -228,7 +229,7 @@ def _read_texts(path: Path, needed: set[str], what: str) -> dict[str, str]:
     missing = needed - texts.keys()
     if missing:
         example = sorted(missing, key=lambda x: (len(x), x))[:3]
-        raise ValueError(
+        raise ConfigError(
             f"{path}: {len(missing)} {what} ids used by the triples are missing (e.g. "
             f"{example}); use the {what} file that matches the triples."
         )

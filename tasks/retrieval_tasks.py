@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable
 import gin
 import seqio
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.tasks import beir_train, features, msmarco, selfsup, sources
 
 MSMARCO_TRIPLES = "msmarco_triples"
@@ -95,7 +96,7 @@ BEIR_TRAIN_AND_SELFSUP = "beir_train_and_selfsup"
 def supervised_rate(supervised_fraction: float = 0.5) -> float:
     """Share of ``beir_train_and_selfsup`` examples drawn from the labelled split."""
     if not 0.0 < supervised_fraction < 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"supervised_rate.supervised_fraction={supervised_fraction}: must be in (0, 1)"
         )
     return supervised_fraction

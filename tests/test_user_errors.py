@@ -135,6 +135,27 @@ def test_train_without_model_dir(run_binary):
     assert "MODEL_DIR" in _one_line_error(proc, "aligner-train")
 
 
+@pytest.mark.parametrize(
+    ("binding", "expected"),
+    [
+        ("beir_train_source.dataset_dir='/nope/beir'", "/nope/beir does not exist"),
+        ("beir_train_source.num_negatives=-1", "expected an integer ≥ 0"),
+    ],
+)
+def test_a_bad_task_binding_is_one_line(run_binary, tmp_path, binding, expected):
+    """The tasks' own checks of their bindings are user errors: one line, no traceback (they
+    raised plain ValueErrors, which kept about 50 frames and gin's notes)."""
+    proc = run_binary(
+        "train",
+        "--gin_file=runs/scifact_minilm.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+        "--gin.train.backbone_weights='random'",
+        "--gin.DATA_DIR='../shared/data/beir/scifact'",
+        f"--gin.{binding}",
+    )
+    assert expected in _one_line_error(proc, "aligner-train")
+
+
 @pytest.mark.parametrize("file_name", ["corpus.jsonl", "queries.jsonl"])
 def test_lone_surrogate_in_an_id_is_refused_naming_file_and_line(tmp_path, file_name):
     data = write_toy_beir(tmp_path)
