@@ -245,6 +245,19 @@ def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):
         trainer.train()
 
 
+def test_resuming_with_other_data_bindings_is_refused(toy, tmp_path):
+    """The task's data bindings are part of the pipeline a checkpoint records: resuming with
+    another number of negatives (or folder) is refused, naming what changed. It used to resume
+    and train on other examples, and config.gin then recorded only the new bindings."""
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
+    trainer.train()
+    gin.clear_config()
+    bindings = _bindings(tmp_path / "m", toy, 6, **{"beir_train_source.num_negatives": 2})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(ValueError, match=r"another input pipeline \(sources: .*'num_negatives'"):
+        trainer.train()
+
+
 def test_every_gin_file_parses():
     """Every gin file in gin/ parses (model files alone, run/eval files with what they need)."""
     needs = {
@@ -280,7 +293,8 @@ def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
     cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path, toy, 1))
     config = input_pipeline.DataConfig()
     path = input_pipeline.save_batches(config, 5, tmp_path / "b.npz")
-    cached = input_pipeline.DataConfig(**{**config.identity(), "cached_batches": str(path)})
+    fields = {k: v for k, v in config.identity().items() if k != "sources"}
+    cached = input_pipeline.DataConfig(**{**fields, "cached_batches": str(path)})
     assert cached.identity() == config.identity()
     stream = input_pipeline.train_batches(config)
     expected = [next(stream) for _ in range(5)]
@@ -294,9 +308,7 @@ def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
     with pytest.raises(ValueError, match=r"b\.npz holds 5 batches and the run needs more"):
         next(replay)
 
-    other = input_pipeline.DataConfig(
-        **{**cached.identity(), "batch_size": 4, "cached_batches": str(path)}
-    )
+    other = input_pipeline.DataConfig(**{**fields, "batch_size": 4, "cached_batches": str(path)})
     with pytest.raises(ValueError, match=r"b\.npz was saved from another pipeline.*batch_size"):
         input_pipeline.train_batches(other)
     missing = input_pipeline.DataConfig(cached_batches=str(tmp_path / "none.npz"))

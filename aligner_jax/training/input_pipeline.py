@@ -39,6 +39,25 @@ from aligner_jax.common.errors import ConfigError
 DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
 
 
+# The configurables that point the registered tasks at their data (tasks/): a job resumed with
+# other values of theirs would train on other examples than its checkpoint's batches count.
+SOURCES = ("beir_train_source", "msmarco_train_source", "selfsup_train_source", "supervised_rate")
+
+
+def source_bindings() -> dict:
+    """``{configurable: {parameter: value}}`` of the gin bindings of ``SOURCES`` (macros
+    resolved; values as JSON keeps them), those bound at all."""
+    out = {}
+    for name in SOURCES:
+        try:
+            bound = gin.get_bindings(name)
+        except ValueError:  # not registered: the tasks were not imported (cached batches)
+            continue
+        if bound:
+            out[name] = json.loads(json.dumps(bound, sort_keys=True, default=repr))
+    return out
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -71,8 +90,11 @@ class DataConfig:
         checks.integer("DataConfig.seed", self.seed, minimum=0)
 
     def identity(self) -> dict:
+        """What a resumed job must share with the checkpoint: these fields but
+        ``cached_batches``, and the bindings of the tasks' data sources (``SOURCES``)."""
         identity = dataclasses.asdict(self)
         del identity["cached_batches"]
+        identity["sources"] = source_bindings()
         return identity
 
     @property
@@ -151,6 +173,8 @@ def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, 
             f"DataConfig.cached_batches: {path} is not a saved batch file ({e})"
         ) from e
     want = config.identity()
+    saved.pop("sources", None)  # the saving host's task bindings: this one may have no tasks
+    want.pop("sources")
     if saved != want:
         diff = {k: (saved.get(k), want.get(k)) for k in want if saved.get(k) != want.get(k)}
         raise ConfigError(

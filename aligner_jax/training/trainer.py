@@ -474,11 +474,17 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
         return state, 0
     if checkpoint.restore == "latest" and latest is not None:
         state, data_state = checkpointing.restore(mngr, latest, abstract_state)
-        if data_state.get("pipeline") != data.identity():
+        saved, now = dict(data_state.get("pipeline") or {}), data.identity()
+        if "sources" not in saved or data.cached_batches:  # recorded since stop 84; a replay
+            saved.pop("sources", None)  # (cached batches) may run where no task is registered
+            now.pop("sources")
+        if saved != now:
+            changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
             raise ConfigError(
                 f"{mngr.directory}/{latest}: the checkpoint was written with another input "
-                f"pipeline {data_state.get('pipeline')} than now {data.identity()}; resume with the "
-                "same task/seed/batch size or use another MODEL_DIR"
+                f"pipeline ({', '.join(f'{k}: {saved.get(k)} then, {now.get(k)} now' for k in changed)}); "
+                "resume with the same task, data bindings, seed and batch size, or use another "
+                "MODEL_DIR"
             )
         start = int(data_state["batches_consumed"])
         logging.info("resumed from step %d (%d batches consumed)", latest, start)
