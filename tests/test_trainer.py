@@ -120,8 +120,25 @@ def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
     )
     with pytest.raises(
         errors.NonFiniteLossError, match=r"loss is (nan|inf) at step \d.*checkpoint"
-    ):
+    ) as stopped:
         trainer.train()
+    # The step named is the log's numbering (1-based): the one after the last step logged.
+    logged = [json.loads(x)["step"] for x in (tmp_path / "m" / "train_log.jsonl").open()]
+    assert f"at step {(logged[-1] if logged else 0) + 1}:" in str(stopped.value)
+    assert "--gin.LEARNING_RATE=" in str(stopped.value)
+
+
+@pytest.mark.parametrize("binding", ["train.summary_period=0", "train.stop_after_steps=0"])
+def test_periods_below_one_are_refused_before_training(toy, tmp_path, binding):
+    """``summary_period=0`` used to fail after the first step (modulo by zero, a traceback)."""
+    name, value = binding.split("=")
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"],
+        _bindings(tmp_path / "m", toy, 6, **{name: int(value)}),
+    )
+    with pytest.raises(errors.ConfigError, match=rf"{name}=0: must be >= 1"):
+        trainer.train()
+    assert not (tmp_path / "m" / "train_log.jsonl").exists()
 
 
 def _run(*args: str, **env) -> subprocess.CompletedProcess:
@@ -243,6 +260,22 @@ def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):
     )
     with pytest.raises(ValueError, match="another input pipeline"):
         trainer.train()
+
+
+def test_fewer_steps_than_the_newest_checkpoint_is_refused(toy, tmp_path):
+    """TRAIN_STEPS below the newest checkpoint used to "train steps 3..2 of 2", report success
+    and rewrite config.gin with the smaller TRAIN_STEPS."""
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
+    trainer.train()
+    written = (tmp_path / "m" / "config.gin").read_text()
+    gin.clear_config()
+    bindings = _bindings(tmp_path / "m", toy, 2, WARMUP_STEPS=1)
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(
+        errors.ConfigError, match=r"newest checkpoint is step 3, past TRAIN_STEPS=2"
+    ):
+        trainer.train()
+    assert (tmp_path / "m" / "config.gin").read_text() == written
 
 
 def test_resuming_with_other_data_bindings_is_refused(toy, tmp_path):

@@ -29,7 +29,8 @@ def constant_schedule(value: float = 1e-4) -> optax.Schedule:
 def _linear_decay(peak_value, warmup_steps, total_steps, end_value) -> optax.Schedule:
     if total_steps <= warmup_steps:
         raise ConfigError(
-            f"warmup_linear_decay: total_steps={total_steps} must exceed warmup_steps={warmup_steps}"
+            f"warmup_linear_decay: total_steps={total_steps} must exceed warmup_steps="
+            f"{warmup_steps} (with the run gins: --gin.TRAIN_STEPS > --gin.WARMUP_STEPS)"
         )
     return optax.join_schedules(
         [

@@ -122,6 +122,9 @@ def train(
         raise ConfigError(
             f"TRAIN_STEPS (train.num_train_steps) is {num_train_steps!r}: add --gin.TRAIN_STEPS=1000"
         )
+    checks.integer("train.summary_period", summary_period, minimum=1)
+    if stop_after_steps is not None:
+        checks.integer("train.stop_after_steps", stop_after_steps, minimum=1)
     data = data or input_pipeline.DataConfig()
     checkpoint = checkpoint or checkpointing.CheckpointConfig()
     config = loading_lib.config_for_weights(model.config, backbone_weights)
@@ -155,6 +158,12 @@ def train(
         mngr = checkpointing.manager(model_dir, checkpoint)
         fresh = _FreshState(abstract_state, init_state, state_from, state_shardings, seed)
         state, start_step = _restore_or_init(mngr, checkpoint, data, fresh, model, backbone_weights)
+        if start_step > num_train_steps:
+            raise ConfigError(
+                f"{checkpointing.checkpoint_dir(model_dir)}: its newest checkpoint is step "
+                f"{start_step}, past TRAIN_STEPS={num_train_steps}: nothing to train (raise "
+                "--gin.TRAIN_STEPS to go on, or use another MODEL_DIR)"
+            )
         base_rng = jax.random.PRNGKey(seed + 1)
 
         def train_step(state: TrainState, batch):
@@ -205,10 +214,12 @@ def train(
                     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
                 if not np.isfinite(metrics_host["total_loss"]):
                     raise NonFiniteLossError(
-                        f"training loss is {metrics_host['total_loss']} at step {step}: stopping "
-                        f"without saving this state. The last checkpoint is step {last_saved} in "
-                        f"{checkpointing.checkpoint_dir(model_dir)}; lower the learning rate "
-                        "(--gin.train.learning_rate=...), check the data, or use float32."
+                        f"training loss is {metrics_host['total_loss']} at step {step + 1}: "
+                        f"stopping without saving this state. The last checkpoint is step "
+                        f"{last_saved} in {checkpointing.checkpoint_dir(model_dir)} (its weights "
+                        "may already be diverging: if a resume stops again, start again in "
+                        "another MODEL_DIR); lower the learning rate (--gin.LEARNING_RATE=... "
+                        "with the run gins, the schedule's peak), check the data, or use float32."
                     )
                 lr = optimizers.learning_rate_at(learning_rate, step)
                 record = {"step": step + 1, "lr": lr, **metrics_host}
