@@ -481,6 +481,26 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
     assert toy_searcher.documents.fetch([int(second.doc_id[1:])])[0]["metadata"]["kind"] == "even"
     with pytest.raises(ConfigError, match="--filter=year: not JSON"):
         search_job.search_job(index_dir, query="bees", filter="year")
+    # A filter that keeps nothing says so (it printed the query line alone).
+    out = search_job.search_job(index_dir, query="bees", filter='{"year": {"gte": "2010"}}')
+    assert out.splitlines()[-1] == "note: the filter kept 0 of 12 live documents"
+
+
+def test_aligner_search_queries_with_an_offset_write_the_ranks_of_that_page(toy_index, tmp_path):
+    """``--queries --offset=N`` wrote the page's hits as ranks 1.. in the run file, as if they
+    were the first; they are ranks N+1.., as ``--query`` prints them."""
+    from aligner_jax.retrieval import search_job
+
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"_id": "q1", "text": "honey bees in the hive"}) + "\n")
+    index_dir, out = str(toy_index.directory), tmp_path / "page2.trec"
+    summary = search_job.search_job(index_dir, queries=str(queries), output=str(out), k=3, offset=2)
+    assert "k=3, ranks 3..5" in summary
+    page = [line.split() for line in out.read_text().splitlines()]
+    full = tmp_path / "whole.trec"
+    search_job.search_job(index_dir, queries=str(queries), output=str(full), k=5)
+    first = [line.split() for line in full.read_text().splitlines()]
+    assert [(r[2], r[3]) for r in page] == [(r[2], r[3]) for r in first[2:]]
 
 
 def test_fetching_hits_reads_rows_through_the_primary_key_not_a_table_scan(synthetic):

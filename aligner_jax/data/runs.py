@@ -29,11 +29,12 @@ def ranked(scored: Mapping[str, float]) -> list[tuple[str, float]]:
     return sorted(((str(d), float(s)) for d, s in scored.items()), key=_sort_key, reverse=True)
 
 
-def format_run(results: Mapping[str, Mapping[str, float]], tag: str) -> str:
-    """``results[qid][doc_id] = score`` as the text of a TREC run file."""
+def format_run(results: Mapping[str, Mapping[str, float]], tag: str, first_rank: int = 1) -> str:
+    """``results[qid][doc_id] = score`` as the text of a TREC run file, ranks from
+    ``first_rank`` (a later page of a ranking: offset + 1)."""
     lines = []
     for qid, docs in results.items():
-        for rank, (doc_id, score) in enumerate(ranked(docs), start=1):
+        for rank, (doc_id, score) in enumerate(ranked(docs), start=first_rank):
             lines.append(f"{qid} Q0 {doc_id} {rank} {score!r} {tag}\n")
     return "".join(lines)
 
@@ -45,8 +46,10 @@ def format_results(results: Mapping[str, Mapping[str, float]]) -> str:
     return json.dumps(ordered, indent=None, separators=(",", ":")) + "\n"
 
 
-def write_run(path: str | Path, results: Mapping[str, Mapping[str, float]], tag: str) -> None:
-    fileio.atomic_write_text(path, format_run(results, tag))
+def write_run(
+    path: str | Path, results: Mapping[str, Mapping[str, float]], tag: str, first_rank: int = 1
+) -> None:
+    fileio.atomic_write_text(path, format_run(results, tag, first_rank))
 
 
 @dataclasses.dataclass

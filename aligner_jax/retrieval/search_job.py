@@ -94,14 +94,16 @@ def check_output(output: str) -> Path:
     return path
 
 
-def live_documents(searcher: search_lib.Searcher, index_dir: str) -> None:
-    """Refuses an index whose every document was deleted (nothing could be returned)."""
+def live_documents(searcher: search_lib.Searcher, index_dir: str) -> int:
+    """The index's live documents; refuses an index whose every document was deleted (nothing
+    could be returned)."""
     store = searcher.store
     if store.num_docs and store.deleted.all():
         raise ConfigError(
             f"--index_dir={index_dir}: no live documents (all {store.num_docs} were deleted with "
             f"--delete); add some with aligner-index --index_dir={index_dir} --add=CORPUS.jsonl"
         )
+    return int(store.num_docs - store.deleted.sum())
 
 
 def truncation_note(searcher: search_lib.Searcher, texts: list[str]) -> str:
@@ -164,13 +166,16 @@ def search_job(
         index_dir, mode=mode, checkpoint=checkpoint, encoder=encoder, alignment=alignment
     )
     load_s = time.perf_counter() - t0
-    live_documents(searcher, index_dir)
+    live = live_documents(searcher, index_dir)
     if query is not None:
         ranked = searcher.search(query, k=k, offset=offset, filter=conditions)
         titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}
         if not any(titles.values()):  # an index without documents.sqlite: the corpus file's
             titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
         note = truncation_note(searcher, [query])
+        if ranked.filtered_docs is not None and conditions is not None:
+            kept = f"the filter kept {ranked.filtered_docs} of {live} live documents"
+            note = f"{note}; {kept}" if note else kept
         text = format_ranking(query, ranked, titles, 240 if show == "text" else 0)
         return text + (f"\nnote: {note}" if note else "")
     beir.check_not_a_corpus(queries, items, searcher.store.doc_ids, f"--index_dir={index_dir}")
@@ -182,10 +187,11 @@ def search_job(
             latency.append(1000.0 * (time.perf_counter() - t))
             bar.update(1)
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    runs.write_run(output_path, results, tag=f"aligner_jax-{mode}")
+    runs.write_run(output_path, results, tag=f"aligner_jax-{mode}", first_rank=offset + 1)
     note = truncation_note(searcher, list(items.values()))
+    page = f", ranks {offset + 1}..{offset + k}" if offset else ""
     return (
-        f"aligner-search: {len(items)} queries ({mode}, k={k}, {threads} threads), index loaded "
+        f"aligner-search: {len(items)} queries ({mode}, k={k}{page}, {threads} threads), index loaded "
         f"in {load_s:.2f}s, p50 {np.percentile(latency, 50):.1f} ms/query with query encoding; "
         f"truncated: {note or 'none'}; wrote {output}"
     )
