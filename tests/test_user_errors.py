@@ -712,3 +712,27 @@ def test_every_binding_a_message_or_docstring_shows_survives_a_shell():
                 except (ValueError, SyntaxError):
                     wrong.append(f"{path.name}:{number}: --gin.{name}={value}")
     assert not wrong, "bindings a shell turns into non-literals:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("file_name", ["corpus.jsonl", "queries.jsonl"])
+def test_whitespace_inside_an_id_is_refused_naming_file_and_line(tmp_path, file_name):
+    """Such ids were indexed, then written into TREC runs that --rerank_run and trec_eval split
+    at the space (``q1 Q0 doc 1 1 0.66``: "7 fields")."""
+    data = write_toy_beir(tmp_path)
+    path = data / file_name
+    lines = path.read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "_id": "doc\t2"})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        errors.BeirFormatError, match=re.escape(f"{file_name}:2: \"_id\" 'doc\\t2' contains white")
+    ):
+        beir.load_beir(data)
+
+
+def test_whitespace_inside_an_id_is_refused_by_the_python_index_and_the_writer(tmp_path):
+    from aligner_jax.indexing import token_store as ts
+
+    model = {"name": "test", "fingerprint": "f", "dim": 4, "projection": "dense"}
+    with pytest.raises(errors.ConfigError, match="contains whitespace"):
+        with ts.TokenStoreWriter(tmp_path / "s", model) as writer:
+            writer.add("doc 1", np.eye(4, dtype=np.float32)[:2])

@@ -3,6 +3,8 @@ Python ``Index``, the token-store writer) and every way they are named again (de
 
 An id is a non-empty string or an integer (JSON's two id types; not a bool), stored as the
 string with surrounding whitespace removed: ``7``, ``"7"`` and ``" 7 "`` name one document.
+Whitespace inside an id is refused: TREC run files and qrels separate their fields by it, so such
+an id could not be written to a run (or read back by ``--rerank_run`` and trec_eval).
 This module imports nothing.
 """
 
@@ -22,4 +24,10 @@ def clean(value) -> str:
     doc_id = str(value).strip()
     if not doc_id:
         raise ValueError("is empty")
+    if any(c.isspace() for c in doc_id):
+        shown = doc_id if len(doc_id) <= 40 else doc_id[:37] + "..."
+        raise ValueError(
+            f"{shown!r} contains whitespace, which separates the fields of TREC run and qrels "
+            "files (replace it, e.g. by '_')"
+        )
     return doc_id
