@@ -481,6 +481,8 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
     assert toy_searcher.documents.fetch([int(second.doc_id[1:])])[0]["metadata"]["kind"] == "even"
     with pytest.raises(ConfigError, match="--filter=year: not JSON"):
         search_job.search_job(index_dir, query="bees", filter="year")
+    with pytest.raises(ConfigError, match=r"^--offset=-1: must be >= 0$"):  # named "offset=-1"
+        search_job.search_job(index_dir, query="bees", offset=-1)
     # A filter that keeps nothing says so (it printed the query line alone).
     out = search_job.search_job(index_dir, query="bees", filter='{"year": {"gte": "2010"}}')
     assert out.splitlines()[-1] == "note: the filter kept 0 of 12 live documents"

@@ -630,3 +630,20 @@ def test_minicoil_on_a_server_saves_its_models_beside_the_record(
     finally:
         client.close()
     _assert_same_ranking(got, minicoil_reference.search({"q": QUERIES[0]}, 10)["q"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"query": "   "}, r"--query is empty"),
+        ({"query": "bees", "k": 0}, r"--k=0: must be >= 1"),
+        ({"query": "bees", "sparse": "minicoil"}, r"--sparse: for publishing"),
+        ({"query": "bees", "overwrite": True, "corpus": "c.jsonl"}, r"--overwrite, --corpus: for"),
+    ],
+)
+def test_a_query_refuses_a_blank_text_and_the_publishing_flags(tmp_path, kwargs, match):
+    """A blank --query used to return every document at ~1.0, and --sparse, --overwrite or
+    ExportConfig bindings beside --query were ignored without a word."""
+    with pytest.raises(errors.ConfigError, match=match):
+        publish_job.publish_job(None, qdrant_path=str(tmp_path / "nothing"), **kwargs)
+    assert not (tmp_path / "nothing").exists()

@@ -152,6 +152,8 @@ def search_job(
         raise ConfigError(f"--threads={threads}: must be >= 1")
     if k < 1:
         raise ConfigError(f"--k={k}: must be >= 1")
+    if offset < 0:
+        raise ConfigError(f"--offset={offset}: must be >= 0")
     conditions = parse_filter(filter)
     check_index_dir(index_dir)
     items = beir.load_queries(queries) if queries is not None else {}

@@ -10,11 +10,13 @@ models), printed as a ranked list.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.data import beir
 from aligner_jax.indexing import token_store as ts
@@ -126,10 +128,32 @@ def publish_job(
         )
 
     if query is not None:
-        if minicoil_models is not None:
+        if not query.strip():
+            raise ConfigError("--query is empty: give the text to search for")
+        if k < 1:
+            raise ConfigError(f"--k={k}: must be >= 1")
+        publishing = [
+            flag
+            for flag, given in (
+                ("--minicoil_models", minicoil_models is not None),
+                ("--sparse", sparse is not None),
+                ("--overwrite", overwrite),
+                ("--corpus", corpus is not None),
+                (
+                    "--gin.ExportConfig.*",
+                    any(
+                        checks.is_bound(f"ExportConfig.{f.name}")
+                        for f in dataclasses.fields(exporter.ExportConfig)
+                    ),
+                ),
+            )
+            if given
+        ]
+        if publishing:
             raise ConfigError(
-                "--minicoil_models is for publishing; a query uses the models saved with the "
-                "publication"
+                f"{', '.join(publishing)}: for publishing; a query (--query) reads the "
+                "publication as it was made (its sparse vectors and models are the ones saved "
+                "with it)"
             )
         published = exporter.read_record(record_path)
         config = querying.QueryConfig(**({"mode": mode} if mode else {}))
