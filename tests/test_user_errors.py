@@ -736,3 +736,19 @@ def test_whitespace_inside_an_id_is_refused_by_the_python_index_and_the_writer(t
     with pytest.raises(errors.ConfigError, match="contains whitespace"):
         with ts.TokenStoreWriter(tmp_path / "s", model) as writer:
             writer.add("doc 1", np.eye(4, dtype=np.float32)[:2])
+
+
+@pytest.mark.parametrize(
+    ("gin_file", "warned"), [("models/minilm.gin", True), ("models/minilm_identity.gin", False)]
+)
+def test_untrained_heads_on_a_pretrained_backbone_are_named(gin_file, warned, caplog):
+    """models/minilm.gin without a checkpoint (as WORKSPACE's TPU-pod indexing example was
+    written) indexed with random 128-d projection and salience heads without a word."""
+    from aligner_jax.encoding import loading
+
+    cli.parse_gin([gin_file])
+    with caplog.at_level("WARNING"):
+        bundle = loading.load_encoder()
+    said = "randomly initialised (pretrained backbone 'minilm'" in caplog.text
+    assert said == warned, caplog.text
+    assert bundle.config.projection == ("dense" if warned else "identity")

@@ -212,12 +212,22 @@ def load_encoder(
         )
         params = aligner_lib.init_head_params(config, seed)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
+    heads_loaded = False
     if backbone_weights.startswith(hf_models.PREFIX):
         folder = hf_models.folder_of(backbone_weights)
         if aligner_heads.has_heads(folder):
             params = dict(params)
             heads = aligner_heads.load_heads(folder, params)
             params.update(jax.tree_util.tree_map(jnp.asarray, heads))
+            heads_loaded = True
+    if backbone is not None and not heads_loaded and any(k != "backbone" for k in params):
+        logging.warning(
+            "the model's %s projection and %s salience heads are randomly initialised (pretrained "
+            "backbone %r, no load_encoder.checkpoint): its vectors and saliences are not a trained "
+            "model's. Give --gin.load_encoder.checkpoint=MODEL_DIR (an aligner-train run), or use "
+            "models/minilm_identity.gin for the zero-shot model",
+            config.projection, config.salience, backbone_weights,
+        )  # fmt: skip
     label = name or f"{backbone_weights}/{config.projection}/{config.salience}"
     return EncoderBundle(config=config, params=params, tokenizer=tok, name=label, source=source)
 
