@@ -10,8 +10,9 @@ The top-level modules are the binaries: ``python -m aligner_jax.VERB`` is ``alig
 
 Python use (the names below are imported lazily: ``import aligner_jax`` stays light)::
 
-    import gin, aligner_jax
-    gin.parse_config_file(".../gin/models/minilm_identity.gin")
+    import aligner_jax
+    from aligner_jax.common import cli
+    cli.parse_gin(["models/minilm_identity.gin"])        # gin/ is on its search path
     bundle = aligner_jax.load_encoder()                  # the bundled all-MiniLM-L6-v2
     encoder = aligner_jax.Encoder(bundle)
     store = aligner_jax.TokenStore(".../index")          # written by aligner-index / aligner-eval
