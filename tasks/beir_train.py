@@ -144,7 +144,8 @@ def _write_cache(path: Path, key: dict, mined: dict[str, list[str]]) -> None:
 def build_beir_train_examples(config: BeirTrainConfig, split: str) -> sources.RetrievalExamples:
     """The example table of ``beir_train_bm25`` (see the module docstring)."""
     qrels_split = config.qrels_split or split
-    dataset = beir.load_beir(config.dataset_dir, qrels_split, config.unknown_qrels)
+    skip = bindings.flag(f"{_BINDING}.unknown_qrels", "skip")
+    dataset = beir.load_beir(config.dataset_dir, qrels_split, config.unknown_qrels, skip)
     positives: dict[str, list[str]] = {}
     for qid in dataset.queries:
         relevant = [d for d, score in dataset.qrels.get(qid, {}).items() if score > 0]

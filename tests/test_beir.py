@@ -255,7 +255,31 @@ def test_unknown_qrels_error_by_default(tmp_path):
     assert f"{qrels_path}:3:" in message
     assert "unknown document" in message
     assert "3 judgment line(s)" in message
-    assert 'unknown_qrels="skip"' in message and "--unknown_qrels=skip" in message
+    assert "pass --unknown_qrels=skip to drop and count them" in message
+
+
+def test_unknown_qrels_in_a_training_task_name_its_binding(tmp_path):
+    """The training task said "flag --unknown_qrels=skip", which aligner-train does not have."""
+    import gin
+
+    from aligner_jax.common import cli
+
+    folder = _folder_with_unknown_qrels(tmp_path)
+    cli.parse_gin([], ["import aligner_jax.tasks"])
+    from aligner_jax.tasks import beir_train
+
+    config = beir_train.beir_train_source(dataset_dir=str(folder), qrels_split="test")
+    with pytest.raises(errors.BeirFormatError) as e:
+        beir_train.build_beir_train_examples(config, "train")
+    assert "pass --gin.beir_train_source.unknown_qrels=\"'skip'\" to drop" in str(e.value)
+    gin.clear_config()
+
+
+def test_a_qrels_file_without_judgments_says_so(tmp_path):
+    folder = _folder_with_unknown_qrels(tmp_path)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
+    with pytest.raises(errors.BeirFormatError, match=r"test.tsv: holds no judgment"):
+        beir.load_beir(folder)
 
 
 def test_unknown_qrels_skip_counts(tmp_path):

@@ -576,7 +576,10 @@ def _word_stats(texts: list[str]) -> tuple[float, int]:
 
 
 def load_beir(
-    dataset_dir: str | os.PathLike, split: str = "test", unknown_qrels: str = "error"
+    dataset_dir: str | os.PathLike,
+    split: str = "test",
+    unknown_qrels: str = "error",
+    skip_flag: str = "--unknown_qrels=skip",
 ) -> BeirDataset:
     """Loads and validates one split of a BEIR folder.
 
@@ -586,6 +589,7 @@ def load_beir(
       unknown_qrels: what to do with judgments naming a query or document that is not in the
         files: "error" (default; the message names the first offending line and the count) or
         "skip" (drop them and count them in `stats`).
+      skip_flag: how the caller's user asks for "skip" (the error names it).
 
     Returns:
       A `BeirDataset` whose `queries` are the queries judged in the split (BEIR convention).
@@ -641,8 +645,7 @@ def load_beir(
                 f"{qrels_path}:{first}: judgment names an unknown {what}; {num_lines} judgment "
                 f"line(s) are affected ({len(unknown_query_lines)} name queries absent from "
                 f"{queries_path.name}, {len(unknown_doc_lines)} name documents absent from "
-                f'{corpus_path.name}). Fix the files, or pass unknown_qrels="skip" '
-                f"(flag --unknown_qrels=skip) to drop and count them."
+                f"{corpus_path.name}). Fix the files, or pass {skip_flag} to drop and count them."
             )
         stats.skipped_qrels = num_lines
     if not known:
@@ -650,6 +653,9 @@ def load_beir(
             f"{qrels_path}: no judgment is left after skipping {stats.skipped_qrels} line(s) "
             f"naming unknown queries or documents; check that the ids match {queries_path.name} "
             f"and {corpus_path.name}."
+            if stats.skipped_qrels
+            else f"{qrels_path}: holds no judgment (a header at most); give the split's "
+            "(query-id, corpus-id, score) lines."
         )
     qrels = _collect_qrels(qrels_path, iter(known), stats)
     queries = {qid: text for qid, text in all_queries.items() if qid in qrels}
