@@ -262,6 +262,21 @@ def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):
         trainer.train()
 
 
+def test_a_stop_after_steps_run_saves_its_last_step_and_another_model_is_refused(toy, tmp_path):
+    """``stop_after_steps`` saves the step it stops at (between checkpoint periods it used to
+    lose the steps since the last one); resuming with another model (projection_dim) is one
+    CheckpointError naming the checkpoint (it was orbax's traceback)."""
+    bindings = _bindings(tmp_path / "m", toy, 6, **{"train.stop_after_steps": 2})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    trainer.train()
+    assert sorted(p.name for p in (tmp_path / "m" / "checkpoints").iterdir()) == ["2"]
+    gin.clear_config()
+    bindings = _bindings(tmp_path / "m", toy, 6, **{"AlignerConfig.projection_dim": 8})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(errors.CheckpointError, match=r"checkpoints/2: written for another model"):
+        trainer.train()
+
+
 def test_fewer_steps_than_the_newest_checkpoint_is_refused(toy, tmp_path):
     """TRAIN_STEPS below the newest checkpoint used to "train steps 3..2 of 2", report success
     and rewrite config.gin with the smaller TRAIN_STEPS."""

@@ -22,6 +22,7 @@ import gin
 import orbax.checkpoint as ocp
 
 from aligner_jax.common import checks
+from aligner_jax.common.errors import CheckpointError
 from aligner_jax.weights.aligner_checkpoint import CHECKPOINT_SUBDIR
 
 
@@ -73,11 +74,20 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:
-    """Restores (state, data_state) of ``step`` into the shardings of ``abstract_state``."""
-    restored = mngr.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-        ),
-    )
+    """Restores (state, data_state) of ``step`` into the shardings of ``abstract_state``; a
+    checkpoint of another model or optimizer (shapes, tree) is a ``CheckpointError``."""
+    try:
+        restored = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+            ),
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{mngr.directory}/{step}: written for another model or optimizer than the gin files "
+            f"describe now ({reason[:300]}); resume with the same model and optimizer bindings, "
+            "or use another MODEL_DIR"
+        ) from e
     return restored["state"], restored["data"]

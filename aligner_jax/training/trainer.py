@@ -261,10 +261,10 @@ def train(
             log_file.close()
             mngr.wait_until_finished()
             writer.flush()
-        if end == num_train_steps and last_saved != num_train_steps and end > start_step:
-            checkpointing.save(mngr, num_train_steps, state, _data_state(data, num_train_steps))
+        if last_saved != end and end > start_step:  # the last step, also of a stop_after_steps
+            checkpointing.save(mngr, end, state, _data_state(data, end))  # run (t5x saves it)
             mngr.wait_until_finished()
-            last_saved = num_train_steps
+            last_saved = end
     print(
         summary(
             model_dir, start_step, end, num_train_steps, time.perf_counter() - run_start,
