@@ -153,3 +153,20 @@ def test_aligner_index_on_a_seqio_task_matches_the_jsonl_index(tmp_path):
     )
     assert wrong_split.returncode != 0
     assert "--corpus_split=dev" in wrong_split.stderr and not (tmp_path / "x").exists()
+
+
+def test_a_jsonl_corpus_is_counted_in_the_pass_that_hashes_it(tmp_path):
+    """The indexing job's progress had no total (no ETA) for a JSONL corpus, its main case: the
+    records (non-blank lines; CRLF, blank lines and a last line without a newline included) are
+    now counted while the file is hashed, in chunks smaller than the file here."""
+    import hashlib
+
+    path = tmp_path / "corpus.jsonl"
+    lines = [json.dumps(r, ensure_ascii=False) for r in RECORDS]
+    path.write_bytes(("\r\n".join(lines[:2]) + "\n\n  \n" + "\n".join(lines[2:])).encode())
+    digest, records = cs._hash_and_count(path, chunk_bytes=7)
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert records == len(RECORDS)
+    documents, info = cs.open_corpus(str(path))
+    assert len(documents) == len(RECORDS) and info["sha256"] == digest
+    assert [d.doc_id for d in documents] == [r["_id"] for r in RECORDS]
