@@ -448,3 +448,41 @@ def test_train_log_is_cut_to_the_restored_step(tmp_path):
     with trainer.open_train_log(log, 3) as f:
         f.write(json.dumps({"step": 4, "loss": 0.5}) + "\n")
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_training_from_an_export_starts_from_its_trained_heads(toy, tmp_path):
+    """``train.backbone_weights='hf:DIR'`` of an aligner-export folder starts from its
+    projection and salience heads, as ``load_encoder`` does with the same spec; the trainer used
+    to keep only the backbone and start the heads from a fresh random init."""
+    import jax
+    from fixtures import run_module
+
+    from aligner_jax.encoding import loading
+
+    out = tmp_path / "exported"
+    proc = run_module(
+        "aligner_jax.export", "--gin_file=models/bert_tiny.gin", "--gin.load_encoder.seed=4",
+        f"--output_dir={out}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec = repr(f"hf:{out}")
+    extra = {"train.backbone_weights": spec, "LEARNING_RATE": 0.0, "WARMUP_STEPS": 1}
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 2, **extra)
+    )
+    trainer.train()
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin"], [f"load_encoder.checkpoint = {str(tmp_path / 'm')!r}"])
+    trained = loading.load_encoder().params
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin"], [f"load_encoder.backbone_weights = {spec}"])
+    exported = loading.load_encoder().params
+    heads = [k for k in exported if k != "backbone"]
+    assert heads
+    for name in heads:  # learning rate 0: the heads are the export's, unchanged
+        for a, b in zip(
+            jax.tree_util.tree_leaves(trained[name]),
+            jax.tree_util.tree_leaves(exported[name]),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -212,15 +212,11 @@ def load_encoder(
         )
         params = aligner_lib.init_head_params(config, seed)
         params["backbone"] = jax.tree_util.tree_map(jnp.asarray, backbone)
-    heads_loaded = False
-    if backbone_weights.startswith(hf_models.PREFIX):
-        folder = hf_models.folder_of(backbone_weights)
-        if aligner_heads.has_heads(folder):
-            params = dict(params)
-            heads = aligner_heads.load_heads(folder, params)
-            params.update(jax.tree_util.tree_map(jnp.asarray, heads))
-            heads_loaded = True
-    if backbone is not None and not heads_loaded and any(k != "backbone" for k in params):
+    heads = exported_heads(backbone_weights, params)
+    if heads is not None:
+        params = dict(params)
+        params.update(jax.tree_util.tree_map(jnp.asarray, heads))
+    if backbone is not None and heads is None and any(k != "backbone" for k in params):
         logging.warning(
             "the model's %s projection and %s salience heads are randomly initialised (pretrained "
             "backbone %r, no load_encoder.checkpoint): its vectors and saliences are not a trained "
@@ -230,6 +226,16 @@ def load_encoder(
         )  # fmt: skip
     label = name or f"{backbone_weights}/{config.projection}/{config.salience}"
     return EncoderBundle(config=config, params=params, tokenizer=tok, name=label, source=source)
+
+
+def exported_heads(backbone_weights: str, params: dict) -> dict | None:
+    """The projection and salience heads an ``aligner-export`` folder (``hf:DIR``) holds, shaped
+    as ``params``' (None for other weights or a plain Hugging Face folder): ``load_encoder``
+    and the trainer both start from them."""
+    if not backbone_weights.startswith(hf_models.PREFIX):
+        return None
+    folder = hf_models.folder_of(backbone_weights)
+    return aligner_heads.load_heads(folder, params) if aligner_heads.has_heads(folder) else None
 
 
 def _absolute(spec: str) -> str:

@@ -512,6 +512,10 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
         params["backbone"] = jax.tree_util.tree_map(
             _place, loaded, state_shardings.params["backbone"]
         )
+        heads = loading_lib.exported_heads(backbone_weights, state.params)
+        for name, value in (heads or {}).items():  # an aligner-export folder's trained heads
+            params[name] = jax.tree_util.tree_map(_place, value, state_shardings.params[name])
         state = jax.jit(fresh.from_params, out_shardings=state_shardings)(params)
-        logging.info("backbone initialised from %s", backbone_weights)
+        what = f"backbone and heads ({', '.join(sorted(heads))})" if heads else "backbone"
+        logging.info("%s initialised from %s", what, backbone_weights)
     return state, 0
