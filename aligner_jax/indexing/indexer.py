@@ -156,9 +156,10 @@ def check_or_write_config(directory: Path, settings: dict) -> None:
                 and not (directory / ts.MANIFEST).exists()
             ):
                 raise errors.IndexIntegrityError(
-                    f"{directory / ts.MANIFEST} is missing: the index in {directory} was deleted "
-                    "in part or its job did not finish. Re-run the command that built it to "
-                    "complete it, or delete the directory and index again."
+                    f"{directory}: its indexing job did not finish ({ts.MANIFEST} is missing) and "
+                    f"was started with other settings {diff} (existing, requested): a job resumes "
+                    "only with its own settings and corpus, unchanged; re-run it so, or delete "
+                    "the directory and index again."
                 )
             raise errors.IndexIntegrityError(
                 f"{path}: this index directory was started with other settings {diff} "
