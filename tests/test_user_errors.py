@@ -752,3 +752,29 @@ def test_untrained_heads_on_a_pretrained_backbone_are_named(gin_file, warned, ca
     said = "randomly initialised (pretrained backbone 'minilm'" in caplog.text
     assert said == warned, caplog.text
     assert bundle.config.projection == ("dense" if warned else "identity")
+
+
+def test_an_unfinished_index_rerun_with_a_fixed_corpus_names_the_changed_corpus(tmp_path):
+    """A corpus refused at line 8 (a duplicate id) after shard 0 was written, then fixed: the
+    re-run said "manifest.json is missing ... re-run the command that built it", which is what
+    the user just did; the real cause, the corpus's changed checksum, was computed and dropped."""
+    import gin
+
+    from aligner_jax.indexing import indexer
+
+    data = write_toy_beir(tmp_path)
+    corpus = data / "corpus.jsonl"
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(lines[:7] + [lines[2]] + lines[7:]) + "\n")
+    index_dir = str(tmp_path / "index")
+    cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
+    try:
+        with pytest.raises(errors.BeirFormatError, match=r"corpus.jsonl:8: duplicate"):
+            indexer.index_corpus(str(corpus), index_dir, search_index=False)
+        corpus.write_text("\n".join(lines) + "\n")
+        with pytest.raises(errors.IndexIntegrityError) as refused:
+            indexer.index_corpus(str(corpus), index_dir, search_index=False)
+    finally:
+        gin.clear_config()
+    message = str(refused.value)
+    assert "did not finish" in message and "other settings" in message and "'corpus'" in message

@@ -220,7 +220,7 @@ def load_encoder(
         logging.warning(
             "the model's %s projection and %s salience heads are randomly initialised (pretrained "
             "backbone %r, no load_encoder.checkpoint): its vectors and saliences are not a trained "
-            "model's. Give --gin.load_encoder.checkpoint=MODEL_DIR (an aligner-train run), or use "
+            "model's. Give --gin.load_encoder.checkpoint=\"'MODEL_DIR'\" (an aligner-train run), or use "
             "models/minilm_identity.gin for the zero-shot model",
             config.projection, config.salience, backbone_weights,
         )  # fmt: skip
