@@ -50,6 +50,11 @@ def test_sweep_writes_table_json_and_small_plots(tmp_path):
     md = (out / "sweep.md").read_text()
     assert "| 25% |" in md and "of unpruned" in md
     assert "Truncated: 0 queries at 512 tokens, 0 documents at 256 tokens." in md
+    # The zero-shot model has no saliences: β keeps the first tokens, and the report says so
+    # (its plot was titled "pruning by unary salience").
+    assert saved["pruned_by"] == pruning_sweep.PRUNED_BY[False] and saved["pruned_by"] in md
+    fig = pruning_sweep.figure_ndcg_vs_beta_d(saved)
+    assert "pruning by position" in fig.axes[0].get_title()
     for png in ("toy_ndcg_vs_beta_d.png", "toy_ndcg_vs_cost.png"):
         data_png = (out / png).read_bytes()
         assert data_png[:8] == b"\x89PNG\r\n\x1a\n" and len(data_png) < 200_000

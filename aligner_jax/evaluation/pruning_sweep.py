@@ -36,6 +36,14 @@ PAPER_BETA_D = (1.0, 0.4, 0.2, 0.1, 0.05)
 PAPER_BETA_Q = (1.0, 0.5, 0.3, 0.1)
 
 
+# How the sweep's β keeps tokens, by whether the model has saliences (core.pruning's rule: the
+# top by salience, ties to the earlier token, so without saliences the first tokens).
+PRUNED_BY = {
+    True: "keeps each text's top β of tokens by unary salience (§3.2)",
+    False: "keeps each text's first ⌈β·n⌉ tokens (by position)",
+}
+
+
 @gin.configurable
 def sweep(
     dataset_dir: str,
@@ -64,6 +72,9 @@ def sweep(
         dataset.queries, dataset.corpus, dataset.qrels, ignore_identical_ids
     )
 
+    rule = PRUNED_BY[store.has_saliences]
+    if not store.has_saliences:
+        logging.warning("the model has no saliences (every u = 1): the sweep %s", rule)
     points = []
     strategy_scores = {}
     bar = progress.Progress(len(beta_d) * len(beta_q), "sweep (beta_d x beta_q)", "point")
@@ -114,6 +125,7 @@ def sweep(
         "model": bundle.name,
         "model_fingerprint": bundle.fingerprint(),
         "search": dataclasses.asdict(search_config),
+        "pruned_by": rule,
         "alignment": alignment,
         "identical_ids": identical.as_dict(),
         "refinement_store_bytes": store.nbytes(),
@@ -149,7 +161,8 @@ def markdown(report: dict) -> str:
         f"# Pruning sweep: {report['dataset']}/{report['split']} ({report['model']})",
         "",
         f"Token search: {report['search']['backend']}, k'={report['search']['k_prime']}; "
-        f"refinement store {report['refinement_store_bytes'] / 2**20:.1f} MiB (all tokens).",
+        f"refinement store {report['refinement_store_bytes'] / 2**20:.1f} MiB (all tokens). "
+        f"β {report.get('pruned_by', PRUNED_BY[True])}.",
         *_truncation_line(report.get("truncation")),
         "",
         "nDCG@10 ×100 (rows β^d, columns β^q):",
@@ -253,9 +266,13 @@ def figure_ndcg_vs_beta_d(report: dict):
     ax.set_xlabel(r"$\beta^d$: document tokens kept in the token index (log scale)")
     ax.set_ylabel("nDCG@10 (×100)")
     search = report["search"]
+    pruned = (
+        "unary salience"
+        if report.get("pruned_by", PRUNED_BY[True]) == PRUNED_BY[True]
+        else ("position (no saliences: first tokens kept)")
+    )
     ax.set_title(
-        f"{report['dataset']}: pruning by unary salience ({search['backend']}, "
-        f"k′={search['k_prime']})",
+        f"{report['dataset']}: pruning by {pruned} ({search['backend']}, k′={search['k_prime']})",
         fontsize=10,
     )
     ax.grid(True, alpha=0.3)
