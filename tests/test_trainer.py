@@ -486,3 +486,31 @@ def test_training_from_an_export_starts_from_its_trained_heads(toy, tmp_path):
             strict=True,
         ):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_restore_takes_a_step_folder_and_refuses_a_typo_without_creating_it(
+    toy, tmp_path, monkeypatch
+):
+    """``CheckpointConfig.restore`` with a step folder failed ("no checkpoint") after creating
+    ``STEP/checkpoints/`` inside the source checkpoint; a typo ('latset') created
+    ``./latset/checkpoints/``."""
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "a", toy, 3))
+    trainer.train()
+    step_folder = tmp_path / "a" / "checkpoints" / "3"
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "a").rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    for spec, started in ((str(step_folder), True), ("latset", False)):
+        gin.clear_config()
+        restore = {"CheckpointConfig.restore": repr(spec)}
+        cli.parse_gin(
+            ["models/bert_tiny.gin", "runs/train.gin"],
+            _bindings(tmp_path / f"b{started}", toy, 4, WARMUP_STEPS=1, **restore),
+        )
+        if started:
+            trainer.train()
+            assert (tmp_path / "bTrue" / "checkpoints" / "4").is_dir()
+        else:
+            with pytest.raises(errors.CheckpointError, match=r"restore='latset': no checkpoint"):
+                trainer.train()
+    assert not (tmp_path / "latset").exists()
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "a").rglob("*")) == before

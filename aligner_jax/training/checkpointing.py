@@ -51,11 +51,13 @@ def checkpoint_dir(model_dir: str | Path) -> Path:
     return Path(model_dir) / CHECKPOINT_SUBDIR
 
 
-def manager(model_dir: str | Path, config: CheckpointConfig) -> ocp.CheckpointManager:
+def manager(
+    model_dir: str | Path, config: CheckpointConfig, create: bool = True
+) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=config.keep,
         save_interval_steps=1,  # the trainer decides when to save
-        create=True,
+        create=create,
         enable_async_checkpointing=config.async_save,
     )
     return ocp.CheckpointManager(
@@ -91,3 +93,20 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tupl
             "or use another MODEL_DIR"
         ) from e
     return restored["state"], restored["data"]
+
+
+def restore_source(spec: str) -> tuple[Path, int]:
+    """``CheckpointConfig.restore``'s path: an aligner-train MODEL_DIR (its newest checkpoint)
+    or one of its step folders (``MODEL_DIR/checkpoints/STEP``); returns (MODEL_DIR, step).
+    Anything else is refused naming the accepted values, without creating a folder."""
+    path = Path(spec)
+    if path.name.isdigit() and path.parent.name == CHECKPOINT_SUBDIR and path.is_dir():
+        return path.parent.parent, int(path.name)
+    if checkpoint_dir(path).is_dir():
+        step = manager(path, CheckpointConfig(), create=False).latest_step()
+        if step is not None:
+            return path, step
+    raise CheckpointError(
+        f"--gin.CheckpointConfig.restore={spec!r}: no checkpoint there; give 'latest', 'none', "
+        "an aligner-train MODEL_DIR or one of its step folders (MODEL_DIR/checkpoints/STEP)"
+    )

@@ -474,12 +474,8 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
             "but --gin.CheckpointConfig.restore=\"'none'\": use another MODEL_DIR or --gin.CheckpointConfig.restore=\"'latest'\""
         )
     if checkpoint.restore not in ("latest", "none"):
-        source = checkpointing.manager(Path(checkpoint.restore), checkpointing.CheckpointConfig())
-        step = source.latest_step()
-        if step is None:
-            raise FileNotFoundError(
-                f"CheckpointConfig.restore={checkpoint.restore!r}: no checkpoint"
-            )
+        model_dir, step = checkpointing.restore_source(checkpoint.restore)
+        source = checkpointing.manager(model_dir, checkpointing.CheckpointConfig(), create=False)
         state, _ = checkpointing.restore(source, step, abstract_state)
         logging.info("initialised from %s step %d (data from the start)", checkpoint.restore, step)
         return state, 0
