@@ -106,6 +106,17 @@ def test_two_processes_split_the_shards(corpus, tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     store = ts.TokenStore(tmp_path / "mp", verify_checksums=True)
     assert store.num_docs == 60 and store.manifest["counts"]["num_shards"] == 10
+    # Each process's summary says whose counts it gives: the last one, complete, the index's
+    # tokens (it printed its own shards' beside the whole corpus's documents).
+    own = sum(s["num_tokens"] for s in store.manifest["shards"] if s["index"] % 2 == 0)
+    assert (
+        f"documents 60, tokens {own} (this process's), shards 10 (process 1 of 2: 5 written"
+        in first.stdout
+    )
+    assert (
+        f"complete\ndocuments 60, tokens {store.num_tokens}, shards 10 (process 2 of 2: 5"
+        in second.stdout
+    )
 
 
 def test_bad_corpus_and_flags_name_the_problem(tmp_path):

@@ -97,6 +97,9 @@ class IndexingSummary:
     truncated_docs: int
     empty_docs: int
     complete: bool
+    # ``k of n`` in a multi-process job: shards_written / shards_skipped / encoding are that
+    # process's; documents, tokens (once complete) and the truncation counts the index's
+    process: str | None = None
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -298,6 +301,8 @@ def _build_token_store(
     if split is not None:
         split.barrier("manifest written")
     stats = _sum_stats(directory, num_shards)
+    if complete and (directory / ts.MANIFEST).exists():  # the index's, not this process's
+        total_tokens = int(ts.read_manifest(directory)["counts"]["num_tokens"])
     return IndexingSummary(
         directory=directory,
         num_docs=total_docs,
@@ -310,6 +315,7 @@ def _build_token_store(
         truncated_docs=stats["truncated_docs"],
         empty_docs=stats["empty_docs"],
         complete=complete,
+        process=f"{process_index + 1} of {process_count}" if process_count > 1 else None,
     )
 
 
@@ -321,9 +327,11 @@ def format_summary(summary: IndexingSummary) -> str:
         [
             "=" * 72,
             f"aligner-index: {summary.directory} — {state}",
-            f"documents {summary.num_docs}, tokens {summary.num_tokens}, shards "
-            f"{summary.num_shards} ({summary.shards_written} written now, "
-            f"{summary.shards_skipped} already complete)",
+            f"documents {summary.num_docs}, tokens {summary.num_tokens}"
+            + ("" if summary.complete or summary.process is None else " (this process's)")
+            + f", shards {summary.num_shards} ("
+            + (f"process {summary.process}: " if summary.process else "")
+            + f"{summary.shards_written} written now, {summary.shards_skipped} already complete)",
             f"encoding {summary.encode_seconds:.1f}s ({rate:.0f} tokens/s); truncated documents "
             f"{summary.truncated_docs}, empty documents {summary.empty_docs}",
             "=" * 72,
