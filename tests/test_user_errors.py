@@ -778,3 +778,23 @@ def test_an_unfinished_index_rerun_with_a_fixed_corpus_names_the_changed_corpus(
         gin.clear_config()
     message = str(refused.value)
     assert "did not finish" in message and "other settings" in message and "'corpus'" in message
+
+
+@pytest.mark.parametrize(
+    ("binding", "quoted"),
+    [
+        ("MODEL_DIR=/tmp/x", "--gin.MODEL_DIR=\"'/tmp/x'\""),
+        ("DataConfig.task=beir_train_bm25", "--gin.DataConfig.task=\"'beir_train_bm25'\""),
+    ],
+)
+def test_an_unquoted_string_binding_is_named_with_its_quoted_form(binding, quoted):
+    """A shell strips the quotes of ``--gin.MODEL_DIR=/tmp/x``; gin then said "Unable to parse
+    value. (line 1)" or "malformed node or string ... <ast.Name object at 0x...>"."""
+    import gin
+
+    try:
+        with pytest.raises(errors.ConfigError) as refused:
+            cli.parse_gin(["runs/scifact_minilm.gin"], [binding])
+    finally:
+        gin.clear_config()
+    assert str(refused.value).endswith(f"quote it: {quoted}")

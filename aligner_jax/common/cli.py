@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import logging as std_logging
 import os
+import re
 import signal
 import sys
 import tokenize
@@ -200,7 +201,28 @@ def parse_gin(
         TypeError,
         tokenize.TokenError,
     ) as e:
+        unquoted = _unquoted_strings(bindings)
+        if unquoted and ("Unable to parse value" in str(e) or "malformed node" in str(e)):
+            name, value = unquoted[0]
+            raise errors.ConfigError(
+                f"gin configuration error: --gin.{name}={value}: gin reads an unquoted word as a "
+                f"name, not a string; quote it: --gin.{name}=\"'{value}'\""
+            ) from e
         raise errors.ConfigError(f"gin configuration error: {e}") from e
+
+
+def _unquoted_strings(bindings: Sequence[str]) -> list[tuple[str, str]]:
+    """The bindings whose value is a bare word or path (``MODEL_DIR=/tmp/x``,
+    ``DataConfig.task=beir_train_bm25``): strings a shell passed without gin's quotes."""
+    out = []
+    for binding in bindings:
+        name, _, value = binding.partition("=")
+        value = value.strip()
+        if re.fullmatch(r"[A-Za-z_/.~][\w/.~-]*", value) and value not in (
+            "True", "False", "None"
+        ):  # fmt: skip
+            out.append((name.strip(), value))
+    return out
 
 
 def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
