@@ -373,9 +373,8 @@ def test_top1_ranks_alike_alone_and_beside_other_strategies(tmp_path):
             writer.add(d.doc_id, d.vectors, None, d.token_ids)
     plain = writer.store
     index = ci.CentroidIndex.build(plain, ci.CentroidIndexConfig(num_centroids=8, residual_bits=2))
-    searcher = search_lib.Searcher(
-        plain, search_lib.SearchConfig(backend="centroid", top_k=10), centroid_index=index
-    )
+    config = search_lib.SearchConfig(backend="centroid", top_k=10, filter_exact_docs=0)
+    searcher = search_lib.Searcher(plain, config, centroid_index=index)  # the compressed path
     for seed in range(3):
         q = _query(seed)
         both = searcher.run(["q"], [q], strategies=("top_k:2", "top_k:1")).results
@@ -1608,3 +1607,24 @@ def test_stage_two_adds_the_documents_mean_vector_term_to_its_best(store, index)
         (a,), _ = plain.search(qq.vectors, qq.salience, np.arange(5), 10)
         (b,), _ = weightless.search(qq.vectors, qq.salience, np.arange(5), 10)
         np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_the_refined_documents_tokens_are_counted_for_the_flops_report(tmp_path):
+    """metrics.json's scoring_flops counted no document token for the centroid index
+    (m̄ 0: about 5 orders of magnitude under the refinement's real cost); the searcher now
+    counts the stored tokens of the documents it refined."""
+    docs = random_documents(60, DIM, seed=5, min_len=7, max_len=7)  # every document 7 tokens
+    store = write_store(tmp_path / "idx", docs, DIM, shard_size=11)
+    index = ci.CentroidIndex.build(store, ci.CentroidIndexConfig(residual_bits=8))
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(refine_docs=13))
+    q = _query(3)
+    _, counts = searcher.search(q.vectors, q.salience, np.arange(5), k=5)
+    assert counts.refined > 0 and counts.refined_tokens == 7 * counts.refined
+    full = search_lib.Searcher(
+        store,
+        search_lib.SearchConfig(backend="centroid", filter_exact_docs=0),
+        centroid_index=index,
+    )
+    out = full.run(["q"], [q], k=5, show_progress=False)
+    (cost,) = out.costs
+    assert cost.candidates > 0 and cost.candidate_doc_tokens == 7 * cost.candidates

@@ -522,3 +522,18 @@ def test_fetching_hits_reads_rows_through_the_primary_key_not_a_table_scan(synth
     # a table scan costs every search time proportional to the corpus (1.5 ms at 5k documents)
     assert not any(s.startswith("SCAN d") for s in steps), steps
     assert any("USING INDEX" in s or "USING PRIMARY KEY" in s for s in steps), steps
+
+
+def test_a_small_collection_is_searched_exactly(toy_index, toy_searcher):
+    """A compressed index of at most SearchConfig.filter_exact_docs live documents refines every
+    one (a 12-document index got a handful of coarse centroids: its fast scores were up to 0.15
+    below exact and its ranking differed, while a filter keeping all of them was exact)."""
+    import aligner_jax
+
+    exhaustive = aligner_jax.Searcher.load(str(toy_index.directory), mode="exhaustive")
+    assert toy_searcher.small_collection and not exhaustive.small_collection
+    for query in ("honey bees in the hive", "library classification", "stars"):
+        fast, exact = toy_searcher.search(query, k=5), exhaustive.search(query, k=5)
+        assert fast.exact
+        assert [h.doc_id for h in fast] == [h.doc_id for h in exact]
+        np.testing.assert_allclose([h.score for h in fast], [h.score for h in exact], atol=1e-5)

@@ -607,6 +607,7 @@ class StageCounts:
     candidates: int
     interaction: int
     refined: int
+    refined_tokens: int = 0  # stored tokens of the refined documents (Σ_c m_c of refinement)
 
 
 class CentroidSearcher:
@@ -1077,7 +1078,9 @@ class CentroidSearcher:
             others = ~np.isin(cands, first, assume_unique=True)
             tail.append((cands[others], approx[others]))
         rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn, float_query)
-        return rankings, StageCounts(len(cands), len(first), len(refined))
+        offsets = self.store.offsets
+        tokens = int((offsets[refined + 1] - offsets[refined]).sum())
+        return rankings, StageCounts(len(cands), len(first), len(refined), tokens)
 
     def _ranked(self, q, s_t, u_q, refined, tail, k: int, refine_fn, float_query=None) -> list:
         """Stage 4 of ``refined`` (compressed top-1, or ``refine_fn``'s rankings), each ranking

@@ -84,7 +84,8 @@ class SearchConfig:
         documents and 4x at ~500 on SciFact's 384-d store, ``benchmarks/filtered_search.py``); a
         larger one restricts candidate generation (as approximate as unfiltered search), and
         falls back to the exhaustive search of its documents when fewer than ``k + offset``
-        candidates pass it.
+        candidates pass it. A compressed index of at most this many live documents is always
+        searched so (``Searcher.small_collection``).
     """
 
     backend: str = "scann"
@@ -587,6 +588,17 @@ class Searcher:
         return dropped
 
     @property
+    def small_collection(self) -> bool:
+        """A compressed index of at most ``SearchConfig.filter_exact_docs`` live documents
+        (full refinement): every one of them is refined exactly, as a filter keeping that many
+        is (its centroids are few and coarse: 14 documents got 8 centroids and scores 0.15
+        below exact)."""
+        cfg = self.config
+        if self.centroid is None or cfg.exhaustive or cfg.refine != "full":
+            return False
+        return int((~self.store.deleted).sum()) <= cfg.filter_exact_docs
+
+    @property
     def documents(self) -> documents_lib.DocumentTable | None:
         """The index's ``documents.sqlite`` (titles, texts, metadata), or None without one."""
         if self._documents is None and (self.store.directory / documents_lib.FILE).exists():
@@ -643,8 +655,10 @@ class Searcher:
         )
         ranked = out.results[next(iter(out.results))]
         kept = None if allowed is None else int((allowed & ~self.store.deleted).sum())
-        exact = self.config.exhaustive or (
-            kept is not None and kept <= self.config.filter_exact_docs
+        exact = (
+            self.config.exhaustive
+            or self.small_collection
+            or (kept is not None and kept <= self.config.filter_exact_docs)
         )
         pages = []
         for i, qid in enumerate(ids):
@@ -731,6 +745,8 @@ class Searcher:
         if self.sharded is not None and allowed is None and cfg.refine == "full" and top1:
             return self._run_sharded(query_ids, queries, show_progress, k, int(live.sum()))
         subset = None
+        if allowed is None and self.small_collection:
+            allowed = np.ones(self.store.num_docs, bool)  # every live document: exact, as cheap
         if allowed is not None:
             allowed = np.asarray(allowed, bool) & ~self.store.deleted
             if allowed.shape != (self.store.num_docs,):
@@ -930,9 +946,9 @@ class Searcher:
             t0 = time.perf_counter()
             kept = prune_query_tokens(q, self.config.beta_q)
             exact.append(False)
-            if xtr_mode:
+            if xtr_mode:  # f_XTR′: no document is refined with its stored vectors
                 ranking, reached = self.centroid.xtr(q.vectors, kept, k)
-                rankings, refined = [ranking], reached
+                rankings, refined, refined_tokens = [ranking], reached, 0
             else:
                 refine_fn = None
                 if not fast:
@@ -949,10 +965,12 @@ class Searcher:
                         q.vectors, q.salience, kept, k, None, allowed=allowed
                     )[0][0]
                 reached, refined = counts.candidates, counts.refined
+                refined_tokens = counts.refined_tokens
                 if len(rankings[0][0]) < min(k, pool_size):  # too few reached: refine them all
                     pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
                     rankings = self._refine_subset(q, pool, strategies, k)
                     reached = refined = len(pool)
+                    refined_tokens = int(self.store.doc_lengths[pool].sum())
                     exact[-1] = True
             search_ms.append(1000.0 * (time.perf_counter() - t0))
             for name, (docs, scores) in zip(names, rankings, strict=True):
@@ -965,7 +983,7 @@ class Searcher:
                     query_tokens=len(q.token_ids),
                     searched_tokens=len(q.token_ids),
                     candidates=refined,
-                    candidate_doc_tokens=0,
+                    candidate_doc_tokens=refined_tokens,
                     retrieved_hits=0,
                 )
             )
