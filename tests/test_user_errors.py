@@ -798,3 +798,15 @@ def test_an_unquoted_string_binding_is_named_with_its_quoted_form(binding, quote
     finally:
         gin.clear_config()
     assert str(refused.value).endswith(f"quote it: {quoted}")
+
+
+def test_a_compressed_corpus_is_named_as_compressed_not_as_invalid_utf8(tmp_path):
+    """--corpus=x.jsonl.gz said "invalid UTF-8 ... re-encode it with iconv -f latin1"."""
+    import gzip
+
+    path = tmp_path / "corpus.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"_id": "a", "text": "fine"}\n'))
+    with pytest.raises(
+        errors.BeirFormatError, match=r"corpus.jsonl.gz: a compressed file .*gunzip"
+    ):
+        list(beir.iter_corpus(path))

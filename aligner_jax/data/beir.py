@@ -239,6 +239,13 @@ def iter_decoded_lines(path: Path, error=BeirFormatError) -> Iterator[tuple[int,
         for line_number, raw in enumerate(f, start=1):
             if line_number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # UTF-8 byte-order mark
+            if line_number == 1 and raw.startswith(
+                (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"PK\x03\x04")
+            ):
+                raise error(
+                    f"{path}: a compressed file (gzip, bzip2, xz or zip), not text; decompress "
+                    "it first (e.g. gunzip) and give the .jsonl/.tsv it holds"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
