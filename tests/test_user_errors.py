@@ -810,3 +810,19 @@ def test_a_compressed_corpus_is_named_as_compressed_not_as_invalid_utf8(tmp_path
         errors.BeirFormatError, match=r"corpus.jsonl.gz: a compressed file .*gunzip"
     ):
         list(beir.iter_corpus(path))
+
+
+def test_a_bad_search_index_binding_is_refused_as_itself(tmp_path, caplog):
+    """--search_index with --gin.CentroidIndexConfig.residual_bits=3 first warned "recorded
+    search index settings refused (...); using the defaults", blaming the index's record."""
+    import gin
+
+    from aligner_jax.indexing import centroid_index as ci
+
+    cli.parse_gin([], ["CentroidIndexConfig.residual_bits = 3"])
+    try:
+        with pytest.raises(errors.ConfigError, match=r"residual_bits=3"):
+            ci.recorded_config(tmp_path)
+    finally:
+        gin.clear_config()
+    assert "recorded search index settings refused" not in caplog.text

@@ -1016,6 +1016,7 @@ def recorded_config(directory: Path) -> CentroidIndexConfig:
     for name in fields:
         if checks.is_bound(f"CentroidIndexConfig.{name}"):
             recorded.pop(name, None)  # gin's value: the constructor takes it
+    CentroidIndexConfig()  # a bad gin binding is refused as itself, not blamed on the record
     try:
         return CentroidIndexConfig(**recorded)
     except (ValueError, TypeError) as e:
