@@ -826,3 +826,16 @@ def test_a_bad_search_index_binding_is_refused_as_itself(tmp_path, caplog):
     finally:
         gin.clear_config()
     assert "recorded search index settings refused" not in caplog.text
+
+
+def test_rerank_run_beside_a_first_stage_names_where_that_stage_came_from(tmp_path):
+    """--gin_file=eval/hybrid.gin --rerank_run=... said "drop --gin.evaluate.first_stage=
+    'hybrid'", a flag the user had not typed."""
+    from aligner_jax.evaluation import beir_eval
+    from aligner_jax.retrieval import searcher as search_lib
+
+    config = search_lib.SearchConfig()
+    with pytest.raises(
+        errors.ConfigError, match=r"which is 'hybrid' here \(a gin file such as eval/hybrid.gin"
+    ):
+        beir_eval.check_first_stage("hybrid", str(tmp_path / "run.trec"), False, config)

@@ -473,7 +473,9 @@ def check_first_stage(
     checks.choice("evaluate.first_stage", first_stage, first_stages())
     if rerank_run and first_stage != "aligner":
         raise ConfigError(
-            f"--rerank_run replaces the first stage: drop --gin.evaluate.first_stage={first_stage!r}"
+            f"--rerank_run replaces the first stage, which is {first_stage!r} here (a gin file "
+            f"such as eval/{first_stage}.gin, or --gin.evaluate.first_stage): drop it, or keep "
+            "the default ('aligner')"
         )
     if first_stage in lexical_lib.STAGES and adapt:
         raise ConfigError(f"--adapt needs ALIGNER: evaluate.first_stage={first_stage!r}")
