@@ -514,3 +514,13 @@ def test_restore_takes_a_step_folder_and_refuses_a_typo_without_creating_it(
                 trainer.train()
     assert not (tmp_path / "latset").exists()
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "a").rglob("*")) == before
+
+
+def test_a_misspelt_backbone_is_refused_under_the_trainers_binding_before_anything(toy, tmp_path):
+    """train.backbone_weights='minlm' was refused as load_encoder.backbone_weights, after the
+    run had created MODEL_DIR/checkpoints."""
+    bindings = _bindings(tmp_path / "m", toy, 3, **{"train.backbone_weights": "'minlm'"})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(errors.ConfigError, match=r"^train.backbone_weights='minlm': expected"):
+        trainer.train()
+    assert not (tmp_path / "m").exists()

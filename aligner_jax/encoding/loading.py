@@ -157,10 +157,18 @@ def load_backbone_params(spec: str, backbone_config, seed: int = 0):
         return params
     if spec.startswith("t5x:"):
         return t5x_import.load_t5x_encoder(spec[len("t5x:") :], backbone_config)
-    if spec == "random":
-        return None
+    check_weights_spec(spec)
+    return None  # 'random'
+
+
+def check_weights_spec(spec, binding: str = "load_encoder.backbone_weights") -> None:
+    """Refuses a weights spec that is none of the four kinds, naming ``binding``."""
+    if isinstance(spec, str) and (
+        spec in ("minilm", "random") or spec.startswith((hf_models.PREFIX, "t5x:"))
+    ):
+        return
     raise ConfigError(
-        f"load_encoder.backbone_weights={spec!r}: expected 'minilm', 'hf:/path/to/model_folder', "
+        f"{binding}={spec!r}: expected 'minilm', 'hf:/path/to/model_folder', "
         "'t5x:/path/to/checkpoint_N' or 'random'"
     )
 

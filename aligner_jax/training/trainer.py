@@ -122,6 +122,8 @@ def train(
         raise ConfigError(
             f"TRAIN_STEPS (train.num_train_steps) is {num_train_steps!r}: add --gin.TRAIN_STEPS=1000"
         )
+    if backbone_weights:
+        loading_lib.check_weights_spec(backbone_weights, "train.backbone_weights")
     checks.integer("train.summary_period", summary_period, minimum=1)
     if stop_after_steps is not None:
         checks.integer("train.stop_after_steps", stop_after_steps, minimum=1)
