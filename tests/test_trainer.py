@@ -524,3 +524,14 @@ def test_a_misspelt_backbone_is_refused_under_the_trainers_binding_before_anythi
     with pytest.raises(errors.ConfigError, match=r"^train.backbone_weights='minlm': expected"):
         trainer.train()
     assert not (tmp_path / "m").exists()
+
+
+def test_an_unknown_task_lists_the_registered_tasks_and_mixtures(toy, tmp_path):
+    """The list named the tasks only, not the mixture beir_train_and_selfsup."""
+    bindings = _bindings(tmp_path / "m", toy, 3, **{"DataConfig.task": "'beir_trian_bm25'"})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(errors.ConfigError) as refused:
+        trainer.train()
+    message = str(refused.value)
+    assert message.startswith("DataConfig.task='beir_trian_bm25' is not a registered")
+    assert "'beir_train_bm25'" in message and "mixtures: ['beir_train_and_selfsup'" in message

@@ -119,7 +119,8 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     ):
         raise ConfigError(
             f"DataConfig.task={config.task!r} is not a registered seqio task or mixture "
-            f"(registered tasks: {sorted(seqio.TaskRegistry.names())})"
+            f"(registered tasks: {sorted(seqio.TaskRegistry.names())}; mixtures: "
+            f"{sorted(seqio.MixtureRegistry.names())})"
         )
     ds = seqio.get_dataset(
         config.task,
