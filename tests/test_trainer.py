@@ -535,3 +535,12 @@ def test_an_unknown_task_lists_the_registered_tasks_and_mixtures(toy, tmp_path):
     message = str(refused.value)
     assert message.startswith("DataConfig.task='beir_trian_bm25' is not a registered")
     assert "'beir_train_bm25'" in message and "mixtures: ['beir_train_and_selfsup'" in message
+
+
+def test_a_mesh_that_does_not_fit_is_refused_before_model_dir_is_made(toy, tmp_path):
+    """A refused num_partitions left an empty MODEL_DIR (made before the mesh's checks)."""
+    bindings = _bindings(tmp_path / "m", toy, 3, **{"train.num_partitions": 3})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(errors.ConfigError, match="num_partitions"):
+        trainer.train()
+    assert not (tmp_path / "m").exists()

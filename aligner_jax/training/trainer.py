@@ -133,12 +133,12 @@ def train(
     if config != model.config:  # hf: weights bring their backbone's (and heads') architecture
         model = AlignerModel(config, model.loss)
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
+    mesh = partitioning.create_mesh(num_partitions)
+    _check_batch_fits_mesh(data, mesh)  # checked before MODEL_DIR is made: a refusal leaves none
     model_dir.mkdir(parents=True, exist_ok=True)
     from_hf = bool(backbone_weights) and backbone_weights.startswith(hf_models.PREFIX)
     if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
         _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
-    mesh = partitioning.create_mesh(num_partitions)
-    _check_batch_fits_mesh(data, mesh)
     rules = partitioning.standard_logical_axis_rules()
     tx = optimizer_fn(learning_rate=learning_rate)
 
