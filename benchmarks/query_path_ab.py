@@ -1055,7 +1055,8 @@ def eager_tail_search(
     others = ~np.isin(cands, first, assume_unique=True)
     tail = [(first[rest], inter[rest]), (cands[others], approx[others])]
     rankings = self._ranked(q, s_t, u_q, refined, tail, k, refine_fn)
-    return rankings, cs.StageCounts(len(cands), len(first), len(refined))
+    tokens = int((self.store.offsets[refined + 1] - self.store.offsets[refined]).sum())
+    return rankings, cs.StageCounts(len(cands), len(first), len(refined), tokens)
 
 
 # the current code, put back after each "before" run
