@@ -284,6 +284,12 @@ def test_add_and_delete_publish_new_snapshots(client):
     # the index on disk holds the writes: a fresh searcher agrees
     fresh = search_lib.Searcher.load(client.app.state.service.index_dir)
     assert [h.doc_id for h in fresh.search(BEES, k=3)] == now
+    # a deleted id may be added again (a new document; it was refused as "already in")
+    back = {"id": "d1", "title": "Bees again", "text": TOY_DOCS["d1"]["text"]}
+    r = client.post("/documents", json={"documents": [back]}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    hits = client.post("/search", json={"query": BEES, "k": 3}).json()["hits"]
+    assert [h["title"] for h in hits if h["doc_id"] == "d1"] == ["Bees again"]
 
 
 @pytest.mark.parametrize(

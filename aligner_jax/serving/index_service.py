@@ -323,7 +323,7 @@ class IndexService:
         transaction of ``Index.add``), then publishes a new snapshot."""
         with self._write_lock:
             old = self._snapshot
-            known = set(old.searcher.store.doc_ids)
+            known = old.searcher.store.live_positions()  # a deleted id may be added again
             clash = [d["id"] for d in documents if d["id"] in known]
             if clash:
                 raise ApiError(
