@@ -275,7 +275,7 @@ def _build_token_store(
         if shard_index % process_count != process_index:
             continue
         marker = ts.read_shard_marker(directory, shard_index)
-        if marker is not None and marker["num_docs"] == len(docs):
+        if marker is not None and _holds(directory, marker, docs):
             documents_lib.ensure_shard(directory, shard_index, docs, config.store_text)
             entries.append(marker)
             skipped += 1
@@ -464,7 +464,27 @@ def index_corpus(
         except errors.IndexIntegrityError:
             try:
                 with writer_lock(index_dir):
-                    centroid_index.CentroidIndex.build(store)
+                    _build_if_stale(index_dir)
             except errors.LockedError as e:  # another process of this job builds it, or an update
                 logging.warning("search index not built here: %s", e)
     return summary
+
+
+def _holds(directory: Path, marker: dict, docs: list) -> bool:
+    """Whether a shard written by an earlier, unfinished run holds ``docs`` (their ids, in
+    order): a first ``Index.add`` stopped and re-run with other documents re-encodes it (the
+    CLI's corpus hash refuses another corpus before this)."""
+    if marker["num_docs"] != len(docs):
+        return False
+    return ts.read_json(directory / marker["files"]["doc_ids"]["path"]) == [d.doc_id for d in docs]
+
+
+def _build_if_stale(index_dir: str | Path) -> None:
+    """Builds the search index of the store as committed now (the caller holds the writer
+    lock): an update may have committed since the caller last looked, and a store opened
+    before it would publish a manifest without it."""
+    store = ts.TokenStore(index_dir)
+    try:
+        centroid_index.CentroidIndex.load(store)
+    except errors.IndexIntegrityError:
+        centroid_index.CentroidIndex.build(store)
