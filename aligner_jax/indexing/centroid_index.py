@@ -539,7 +539,13 @@ class CentroidIndex:
         """Publishes this index: one atomic rename of the store's manifest (``manifest``, the
         store's own by default, with this index's ``pointer``) — the commit point of every
         change to an index directory. Then removes what no generation needs any more
-        (``collect_garbage``)."""
+        (``collect_garbage``).
+
+        Publishing the store's own manifest refuses (``LockedError``, nothing published) when
+        the committed one has changed since ``store`` was opened: another process's update
+        committed meanwhile, and this manifest would undo it."""
+        if manifest is None:
+            _check_unchanged(store)
         manifest = dict(store.manifest if manifest is None else manifest)
         manifest["search_index"] = self.pointer()
         ts.write_manifest(store.directory, manifest)
@@ -1024,6 +1030,17 @@ def recorded_config(directory: Path) -> CentroidIndexConfig:
             "%s: recorded search index settings refused (%s); using the defaults", directory, e
         )
         return CentroidIndexConfig()
+
+
+def _check_unchanged(store: ts.TokenStore) -> None:
+    """Raises ``LockedError`` where the committed manifest of ``store``'s directory is no longer
+    the one ``store`` was opened with (its search index aside)."""
+    now = ts.read_manifest(store.directory)
+    if {**now, "search_index": None} != {**store.manifest, "search_index": None}:
+        raise errors.LockedError(
+            f"{store.directory} changed while its search index was built (another process "
+            "committed an update meanwhile): nothing was published; re-run the command"
+        )
 
 
 def collect_garbage(directory: Path) -> list[str]:
