@@ -14,13 +14,14 @@ from fixtures import TOY_DOCS
 from index_utils import random_documents, write_store
 
 import aligner_jax
-from aligner_jax.common.errors import ConfigError, IndexIntegrityError
+from aligner_jax.common.errors import ConfigError, IndexIntegrityError, LockedError
 from aligner_jax.data import beir
 from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.retrieval import centroid_search as cs
+from aligner_jax.retrieval import index_api
 from aligner_jax.retrieval import searcher as search_lib
 
 DIM = 16
@@ -537,3 +538,67 @@ def test_a_small_collection_is_searched_exactly(toy_index, toy_searcher):
         assert fast.exact
         assert [h.doc_id for h in fast] == [h.doc_id for h in exact]
         np.testing.assert_allclose([h.score for h in fast], [h.score for h in exact], atol=1e-5)
+
+
+def _records(prefix: str, n: int) -> list[dict]:
+    return [
+        {"id": f"{prefix}{i}", "title": f"T {prefix}{i}", "text": f"bees {i}"} for i in range(n)
+    ]
+
+
+def test_a_first_add_stopped_then_given_other_documents_stores_those(tmp_path, monkeypatch):
+    """A first ``Index.add`` killed before its store completed left shards of its documents;
+    the next add, of other documents as many, reused them (their vectors under the new ids'
+    rows of documents.sqlite: hit a2 titled "T b2")."""
+    index = aligner_jax.Index.create(tmp_path / "idx", config=indexer.IndexingConfig(shard_size=5))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(indexer, "finalize", killed)
+        with pytest.raises(KeyboardInterrupt):
+            index.add(_records("a", 12))
+    assert ts.read_shard_marker(index.directory, 1) is not None  # shards of a were written
+    index.add(_records("b", 12))
+    store = ts.TokenStore(index.directory)
+    assert store.doc_ids == [f"b{i}" for i in range(12)]
+    hits = index.searcher(mode="exhaustive").search("bees", k=12)
+    assert sorted(h.title for h in hits) == sorted(f"T {h.doc_id}" for h in hits)
+
+
+def test_a_first_add_stopped_before_its_search_index_completes_on_rerun(tmp_path, monkeypatch):
+    """Killed between the store's commit and its search index, a first ``Index.add`` run again
+    was refused ("already in ... delete them first"), and later adds never built the index."""
+    index = aligner_jax.Index.create(tmp_path / "idx")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(index_api.updates, "rebuild_search_index", killed)
+        with pytest.raises(KeyboardInterrupt):
+            index.add(_records("a", 4))
+    assert not ci.CentroidIndex.exists(index.directory)
+    assert index.add(_records("a", 4))["added_docs"] == 4
+    assert ci.CentroidIndex.exists(index.directory)
+    assert {h.doc_id for h in index.searcher().search("bees", k=4)} == {f"a{i}" for i in range(4)}
+    # stopped again, then other documents: the search index is built first, then they are added
+    ts.write_manifest(index.directory, {**ts.read_manifest(index.directory), "search_index": None})
+    index.add(_records("c", 2))
+    assert ci.CentroidIndex.exists(index.directory)
+    assert len(index.searcher().search("bees", k=10)) == 6
+
+
+def test_a_search_index_build_never_publishes_over_an_update_committed_meanwhile(
+    toy_index, tmp_path
+):
+    """A store opened before another process committed a delete: building its search index
+    used to publish the manifest it read, and the deleted document came back."""
+    directory = tmp_path / "copy"
+    shutil.copytree(toy_index.directory, directory)
+    stale = ts.TokenStore(directory)
+    aligner_jax.Index.open(directory).delete(["d3"])
+    with pytest.raises(LockedError, match="changed while its search"):
+        ci.CentroidIndex.build(stale)
+    assert ts.TokenStore(directory).deleted[stale.doc_ids.index("d3")]

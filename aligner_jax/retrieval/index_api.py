@@ -35,6 +35,7 @@ from aligner_jax.common import doc_ids, fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncoderBundle, EncodingConfig
+from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer, updates
 from aligner_jax.indexing import token_store as ts
@@ -259,7 +260,19 @@ class Index:
                 updates.rebuild_search_index(str(self.directory))
             return {"added_docs": summary.num_docs, "num_tokens": summary.num_tokens}
         with indexer.writer_lock(self.directory):
+            if self._unfinished():
+                updates.rebuild_search_index(str(self.directory))
+                store = ts.TokenStore(self.directory)
+                if [d.doc_id for d in docs] == store.doc_ids and not store.deleted.any():
+                    # that first add again: now complete
+                    return {"added_docs": store.num_docs, "num_tokens": store.num_tokens}
             return updates.add_documents(str(self.directory), docs, self.encoder)
+
+    def _unfinished(self) -> bool:
+        """Whether the first ``add`` of this index (made from Python, where the first add builds
+        the search index) stopped after committing the store, before its search index."""
+        settings = ts.read_json(self.directory / indexer.CONFIG_FILE)
+        return settings["corpus"] == PYTHON_SOURCE and not ci.CentroidIndex.exists(self.directory)
 
     def delete(self, ids: Iterable[str]) -> dict:
         """Deletes documents by id (``aligner-index --delete``: never returned again)."""
