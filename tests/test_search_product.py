@@ -602,3 +602,24 @@ def test_a_search_index_build_never_publishes_over_an_update_committed_meanwhile
     with pytest.raises(LockedError, match="changed while its search"):
         ci.CentroidIndex.build(stale)
     assert ts.TokenStore(directory).deleted[stale.doc_ids.index("d3")]
+
+
+def test_documents_added_as_vectors_get_rows_that_filters_find(toy_index, tmp_path):
+    """``updates.add_encoded`` wrote no documents.sqlite rows: a filter on ``doc_id`` dropped
+    its documents, which ``subset=`` still returned."""
+    from aligner_jax.indexing import updates
+
+    directory = tmp_path / "copy"
+    shutil.copytree(toy_index.directory, directory)
+    dim = int(ts.read_manifest(directory)["model"]["dim"])
+    rng = np.random.default_rng(0)
+    docs = []
+    for i in range(2):
+        v = rng.standard_normal((5, dim)).astype(np.float32)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        docs.append(ts.EncodedDocument(f"e{i}", v, np.ones(5, np.float32), np.arange(5)))
+    with indexer.writer_lock(directory):
+        updates.add_encoded(directory, docs)
+    searcher = search_lib.Searcher.load(str(directory), mode="exhaustive")
+    hits = searcher.search("bees", k=3, filter={"doc_id": "e1"})
+    assert [(h.doc_id, h.title, h.metadata) for h in hits] == [("e1", None, {})]

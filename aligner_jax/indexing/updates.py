@@ -28,6 +28,7 @@ from aligner_jax.data import beir
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.indexing import centroid_index as ci
+from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
 
@@ -161,15 +162,24 @@ def add_encoded(index_dir: str, documents: Iterable[ts.EncodedDocument]) -> dict
         seen.add(doc.doc_id)
         shard.append(doc)
         if len(shard) == shard_size:
-            entries.append(ts.write_shard(directory, first + len(entries), shard, dim))
+            entries.append(_write_encoded(directory, first + len(entries), shard, dim))
             shard = []
     if shard:
-        entries.append(ts.write_shard(directory, first + len(entries), shard, dim))
+        entries.append(_write_encoded(directory, first + len(entries), shard, dim))
     if not entries:
         raise ConfigError(f"add_encoded: no documents for {directory}")
     summary = _append(directory, manifest, entries, "encoded")
     logging.info("add_encoded: %s", summary)
     return summary
+
+
+def _write_encoded(directory: Path, shard_index: int, shard: list, dim: int) -> dict:
+    """One shard of ``add_encoded``; in an index with a documents table, rows holding only the
+    ids (no title, text or metadata: filters on ``doc_id`` and subsets find them)."""
+    if (directory / documents_lib.FILE).exists():
+        rows = [beir.Document(d.doc_id, "", "") for d in shard]
+        documents_lib.write_shard(directory, shard_index, rows, store_text=False)
+    return ts.write_shard(directory, shard_index, shard, dim)
 
 
 def parse_ids(spec: str) -> list[str]:
