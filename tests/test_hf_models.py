@@ -380,8 +380,21 @@ def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
         hf_export.export_model(
             bundle.config, bundle.params, bundle.source["tokenizer"], tmp_path / "busy"
         )
+    # a file merely named aligner_config.json does not make an export (the folder was deleted)
+    (tmp_path / "busy" / "aligner_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not empty and not an aligner-export folder"):
+        hf_export.export_model(
+            bundle.config, bundle.params, bundle.source["tokenizer"], tmp_path / "busy"
+        )
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     out = tmp_path / "export"
     hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    # an earlier export with the user's own files beside it is not replaced (they went with it)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds 1 file\(s\) or folder\(s\) an export does not"):
+        hf_export.export_model(bundle.config, bundle.params, bundle.source["tokenizer"], out)
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
     heads = load_file(str(out / "aligner_heads.safetensors"))
     del heads["doc_salience.bias"]
     save_file(heads, str(out / "aligner_heads.safetensors"))

@@ -16,6 +16,7 @@ budgets the model was trained with.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 from typing import Any
@@ -48,6 +49,15 @@ _HEADS = ("query_salience", "doc_salience")
 
 def has_heads(model_dir: str | os.PathLike) -> bool:
     return (pathlib.Path(model_dir) / CONFIG_FILE).is_file()
+
+
+def is_export(model_dir: str | os.PathLike) -> bool:
+    """Whether the folder's ``aligner_config.json`` is one ``aligner-export`` wrote."""
+    try:
+        config = json.loads((pathlib.Path(model_dir) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == FORMAT
 
 
 def read_architecture(model_dir: str | os.PathLike) -> dict[str, Any]:

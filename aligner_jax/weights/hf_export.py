@@ -221,6 +221,24 @@ def _write_export(config, params: dict, sources: dict, layout: str, folder: path
     aligner_heads.save_heads(config, params, folder, readme(config, layout))
 
 
+def _refuse_foreign_files(output_dir: pathlib.Path, work: pathlib.Path) -> None:
+    """Refuses to replace an earlier export holding files this export does not write (the
+    user's own, which the swap would delete): names them; nothing is changed."""
+    if not output_dir.is_dir():
+        return
+    ours = {p.relative_to(work) for p in work.rglob("*")}  # and the other layout's:
+    ours |= {pathlib.Path(name) for name in (*SENTENCE_TRANSFORMERS_FILES, DENSE_DIR)}
+    ours |= {pathlib.Path(DENSE_DIR, "config.json"), pathlib.Path(_DENSE_WEIGHTS)}
+    foreign = sorted(str(p.relative_to(output_dir)) for p in output_dir.rglob("*")
+                     if p.relative_to(output_dir) not in ours)  # fmt: skip
+    if foreign:
+        raise ConfigError(
+            f"--output_dir={output_dir}: holds {len(foreign)} file(s) or folder(s) an export "
+            f"does not write (e.g. {foreign[:3]}), which replacing it would delete; move them "
+            "or choose another folder (nothing was changed)"
+        )
+
+
 def _swap_in(work: pathlib.Path, output_dir: pathlib.Path) -> None:
     """Puts the finished export ``work`` at ``output_dir``: renamed into place, the earlier
     export (if any) renamed aside first and removed after, so the folder holds one whole export
@@ -258,7 +276,7 @@ def export_model(
     if (
         output_dir.is_dir()
         and any(output_dir.iterdir())
-        and not aligner_heads.has_heads(output_dir)
+        and not aligner_heads.is_export(output_dir)
     ):
         raise ConfigError(
             f"--output_dir={output_dir}: not empty and not an aligner-export folder; choose an "
@@ -277,6 +295,7 @@ def export_model(
     os.chmod(work, 0o777 & ~umask)  # a folder as mkdir makes it (mkdtemp's is private)
     try:
         _write_export(config, params, sources, layout, work)
+        _refuse_foreign_files(output_dir, work)
         _swap_in(work, output_dir)
     except BaseException as error:
         shutil.rmtree(work, ignore_errors=True)
