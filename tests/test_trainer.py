@@ -337,6 +337,29 @@ def test_launch_scripts_are_valid_bash():
         assert proc.returncode == 2 and "usage" in proc.stderr, script
 
 
+def test_local_cpu_takes_any_model_dir_and_checks_fake_devices(tmp_path):
+    """A quote in MODEL_DIR broke gin's parse of the binding the script wrote
+    (``--gin.MODEL_DIR='it's'``); ``FAKE_DEVICES=abc`` reached XLA, which printed its help."""
+    script = str(REPO / "launch" / "local_cpu.sh")
+    env = dict(os.environ, FAKE_DEVICES="abc")
+    proc = subprocess.run(
+        ["bash", script, "runs/scifact_minilm.gin", str(tmp_path / "m")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        "FAKE_DEVICES=abc: expected a number of devices, e.g. FAKE_DEVICES=8"
+    )
+    quoted = tmp_path / 'it\'s a "run"'
+    proc = subprocess.run(
+        ["bash", script, "runs/scifact_minilm.gin", str(quoted), "--gin.TRAIN_STEPS=0"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "total_steps=0 must exceed warmup_steps" in proc.stderr  # gin parsed the binding
+    assert "gin configuration error" not in proc.stderr
+
+
 def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
     cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path, toy, 1))
     config = input_pipeline.DataConfig()
