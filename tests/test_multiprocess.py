@@ -148,6 +148,8 @@ def test_two_processes_train_like_one_process_with_two_devices_and_resume_across
     outputs = [jobs.finish(job) for job in first_wave]
     assert "[0] " in outputs[1] and "[1] " in outputs[1]  # lines prefixed by rank
     assert "process 1 of 2; devices: 1 local, 2 global" in outputs[1]
+    assert outputs[1].count("ALIGNER training:") == 1  # one summary: both ranks printed it
+    assert "[0] ALIGNER training: steps 0..3 of 6" in outputs[1]
     want = _losses(ref)
     assert sorted(want) == list(range(1, steps + 1))
     assert len(set(want.values())) == steps  # the losses differ step to step

@@ -267,12 +267,13 @@ def train(
             checkpointing.save(mngr, end, state, _data_state(data, end))  # run (t5x saves it)
             mngr.wait_until_finished()
             last_saved = end
-    print(
-        summary(
-            model_dir, start_step, end, num_train_steps, time.perf_counter() - run_start,
-            bar.rate(), metrics_host, mngr.latest_step(),
-        )
-    )  # fmt: skip
+    if jax.process_index() == 0:  # one summary per job (every process holds the same one)
+        print(
+            summary(
+                model_dir, start_step, end, num_train_steps, time.perf_counter() - run_start,
+                bar.rate(), metrics_host, mngr.latest_step(),
+            )
+        )  # fmt: skip
     return metrics_host
 
 
