@@ -800,6 +800,24 @@ def test_an_unquoted_string_binding_is_named_with_its_quoted_form(binding, quote
     assert str(refused.value).endswith(f"quote it: {quoted}")
 
 
+def test_a_misspelt_macro_binding_is_refused_with_the_close_name():
+    """gin accepted ``--gin.TRAIN_STEPSS=5`` and trained the gin file's 600 steps."""
+    import gin
+
+    try:
+        with pytest.raises(errors.ConfigError) as refused:
+            cli.parse_gin(["runs/scifact_minilm.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPSS=5"])
+        gin.clear_config()
+        cli.parse_gin(["runs/scifact_minilm.gin"], ["MODEL_DIR='/tmp/x'", "TRAIN_STEPS=5"])
+        assert gin.query_parameter("%TRAIN_STEPS") == 5
+    finally:
+        gin.clear_config()
+    assert str(refused.value) == (
+        "--gin.TRAIN_STEPSS: no gin file uses the macro TRAIN_STEPSS (%TRAIN_STEPSS), so this "
+        "binding would change nothing; did you mean --gin.TRAIN_STEPS?"
+    )
+
+
 def test_a_compressed_corpus_is_named_as_compressed_not_as_invalid_utf8(tmp_path):
     """--corpus=x.jsonl.gz said "invalid UTF-8 ... re-encode it with iconv -f latin1"."""
     import gzip

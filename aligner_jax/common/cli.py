@@ -18,6 +18,7 @@ line every 30 s otherwise.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging as std_logging
 import os
@@ -209,6 +210,42 @@ def parse_gin(
                 f"name, not a string; quote it: --gin.{name}=\"'{value}'\""
             ) from e
         raise errors.ConfigError(f"gin configuration error: {e}") from e
+    _check_macros_used(bindings)
+
+
+def _check_macros_used(bindings: Sequence[str]) -> None:
+    """Refuses a macro binding (``--gin.NAME=VALUE``, no dot) that no gin file or binding
+    refers to as ``%NAME``: gin would accept a misspelt ``--gin.TRAIN_STEPSS=5`` and change
+    nothing. Reads gin's parsed configuration (``gin.config._CONFIG``, gin's own registry)."""
+    names = [b.partition("=")[0].strip() for b in bindings]
+    macros = [n for n in names if n.isidentifier()]
+    if not macros:
+        return
+    used: set[str] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, gin.config.ConfigurableReference):
+            scope, _, target = value.scoped_selector.rpartition("/")
+            if target == "gin.macro":
+                used.add(scope)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    for parameters in gin.config._CONFIG.values():
+        for value in parameters.values():
+            walk(value)
+    for name in macros:
+        if name not in used:
+            close = difflib.get_close_matches(name, sorted(used), n=1)
+            hint = f"; did you mean --gin.{close[0]}?" if close else ""
+            raise errors.ConfigError(
+                f"--gin.{name}: no gin file uses the macro {name} (%{name}), so this binding "
+                f"would change nothing{hint}"
+            )
 
 
 def _unquoted_strings(bindings: Sequence[str]) -> list[tuple[str, str]]:
