@@ -45,6 +45,8 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     assert saved["config"]["projection"] == "identity"
     assert saved["config"]["alignment"] == "top_k:1"
     assert saved["config"]["search"] == "exact" and saved["config"]["k_prime"] == 0
+    # β^q/β^d prune what generates candidates: not applied here, and recorded so (None)
+    assert saved["config"]["beta_q"] is None and saved["config"]["beta_d"] is None
     for key in ("ndcg@10", "recall@100", "mrr@10"):
         assert 0.0 <= saved["metrics"][key] <= 1.0
     # The toy queries share distinctive words with their relevant documents.
@@ -70,6 +72,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"wrote      metrics.json, run.trec, results.json, config.gin in {out}" in printed
     assert "search latency p50" in printed
+    assert "search exact exhaustive  (no token pruning: every token of every candidate)" in printed
 
     # Second run: ScaNN token search on the same store (reused, not re-encoded).
     parse_gin("eval/zero_shot.gin", "eval/scann.gin", bindings=["SearchConfig.k_prime = 50"])
@@ -78,6 +81,7 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     )
     assert report2["timing"]["index_reused"] is True
     assert report2["config"]["search"] == "scann" and report2["config"]["k_prime"] == 50
+    assert (report2["config"]["beta_q"], report2["config"]["beta_d"]) == (1.0, 1.0)
     assert report2["metrics"]["ndcg@10"] == pytest.approx(saved["metrics"]["ndcg@10"], abs=0.05)
 
 

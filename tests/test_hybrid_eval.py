@@ -92,6 +92,7 @@ def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
             assert score == pytest.approx(full[qid][doc], abs=1e-6)
     info = report["first_stage"]
     assert report["config"]["first_stage"] == "run" and report["config"]["search"] == "run"
+    assert report["config"]["beta_q"] is None and report["config"]["exhaustive"] is False
     assert report["timing"]["query_batch_size"] == 1  # rerank scores one query at a time
     assert (info["lines"], info["skipped_lines"], info["skipped_queries"]) == (8, 1, 1)
     assert info["queries_without_candidates"] == 1

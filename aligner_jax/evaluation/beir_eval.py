@@ -324,7 +324,15 @@ def evaluate(
     encode_s, reused, qids, encoded = run.encode_corpus_s, run.index_reused, run.qids, run.queries
 
     token_index, centroid_index, build_s = None, None, 0.0
-    if search_config.exhaustive or rerank_run:  # no search: no token index
+    unpruned = search_config.exhaustive or bool(rerank_run)
+    if unpruned and (search_config.beta_q, search_config.beta_d) != (1.0, 1.0):
+        logging.warning(
+            "SearchConfig.beta_q=%s, beta_d=%s not applied: they prune the tokens that generate "
+            "candidates, and %s every token of every candidate is scored",
+            search_config.beta_q, search_config.beta_d,
+            "with --rerank_run" if rerank_run else "with exhaustive search",
+        )  # fmt: skip
+    if unpruned:  # no search: no token index
         pass
     elif search_config.backend == "centroid":
         centroid_index, build_s = open_centroid_index(store, search_config.beta_d)
@@ -383,10 +391,12 @@ def evaluate(
             "search": "run"
             if rerank_run
             else (search_config.backend if not search_config.exhaustive else "exact"),
-            "exhaustive": search_config.exhaustive,
+            "exhaustive": search_config.exhaustive and not rerank_run,
             "k_prime": search_config.k_prime,
-            "beta_q": search_config.beta_q,
-            "beta_d": search_config.beta_d,
+            # β^q/β^d prune the tokens that generate candidates: none when every document (or
+            # every document of the run) is one, whatever SearchConfig holds (None: not applied)
+            "beta_q": None if unpruned else search_config.beta_q,
+            "beta_d": None if unpruned else search_config.beta_d,
             "refine": search_config.refine,
             "top_k": search_config.top_k,
             "ignore_identical_ids": ignore_identical_ids,
@@ -721,13 +731,18 @@ def summary(report: dict, output: Path | str | None = None) -> str:
         f"model      {c['model']} (projection={c['projection']}, salience={c['salience']})",
         f"alignment  {c['alignment']}   search {c['search']}"
         + (
-            " exhaustive"
+            " (the candidates of --rerank_run)"
+            if c["search"] == "run"
+            else " exhaustive"
             if c["exhaustive"]
             else (f" {c['centroid_stages']}" if "centroid_stages" in c else f" k'={c['k_prime']}")
-            if c["search"] != "run"
-            else " (the candidates of --rerank_run)"
         )
-        + f"  beta_q={c['beta_q']} beta_d={c['beta_d']}  refine={c['refine']}",
+        + (
+            "  (no token pruning: every token of every candidate)"
+            if c["beta_q"] is None
+            else f"  beta_q={c['beta_q']} beta_d={c['beta_d']}"
+        )
+        + f"  refine={c['refine']}",
         f"nDCG@10    {100 * m['ndcg@10']:.1f}   Recall@100 {100 * m['recall@100']:.1f}"
         f"   MRR@10 {100 * m['mrr@10']:.1f}",
         f"ids        {report['identical_ids']['description']}",
