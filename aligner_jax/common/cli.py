@@ -210,13 +210,39 @@ def parse_gin(
                 f"name, not a string; quote it: --gin.{name}=\"'{value}'\""
             ) from e
         raise errors.ConfigError(f"gin configuration error: {e}") from e
-    _check_macros_used(bindings)
+    _check_macros_used(bindings, files, paths)
 
 
-def _check_macros_used(bindings: Sequence[str]) -> None:
-    """Refuses a macro binding (``--gin.NAME=VALUE``, no dot) that no gin file or binding
-    refers to as ``%NAME``: gin would accept a misspelt ``--gin.TRAIN_STEPSS=5`` and change
-    nothing. Reads gin's parsed configuration (``gin.config._CONFIG``, gin's own registry)."""
+def _macros_in_files(files: Sequence[str], paths: Sequence[str]) -> set[str]:
+    """The macro names the gin files (and those they include) define or refer to."""
+    names: set[str] = set()
+    todo, seen = list(files), set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        names.update(re.findall(r"%([A-Za-z_]\w*)", text))
+        names.update(re.findall(r"^([A-Za-z_]\w*)\s*=", text, flags=re.M))
+        for included in re.findall(r"^include\s+['\"]([^'\"]+)['\"]", text, flags=re.M):
+            try:
+                todo.append(resolve_gin_file(included, paths))
+            except errors.UserError:
+                continue
+    return names
+
+
+def _check_macros_used(
+    bindings: Sequence[str], files: Sequence[str] = (), paths: Sequence[str] = ()
+) -> None:
+    """Refuses a macro binding (``--gin.NAME=VALUE``, no dot) that no gin file defines or
+    refers to and no binding refers to as ``%NAME``: gin would accept a misspelt
+    ``--gin.TRAIN_STEPSS=5`` and change nothing. Reads gin's parsed configuration
+    (``gin.config._CONFIG``, gin's own registry) and the gin files' text."""
     names = [b.partition("=")[0].strip() for b in bindings]
     macros = [n for n in names if n.isidentifier()]
     if not macros:
@@ -238,9 +264,10 @@ def _check_macros_used(bindings: Sequence[str]) -> None:
     for parameters in gin.config._CONFIG.values():
         for value in parameters.values():
             walk(value)
+    known = used | _macros_in_files(files, paths)
     for name in macros:
-        if name not in used:
-            close = difflib.get_close_matches(name, sorted(used), n=1)
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean --gin.{close[0]}?" if close else ""
             raise errors.ConfigError(
                 f"--gin.{name}: no gin file uses the macro {name} (%{name}), so this binding "
