@@ -24,6 +24,7 @@ from absl import app, flags
 from aligner_jax.common import cli, fileio
 from aligner_jax.encoding import loading
 from aligner_jax.evaluation import beir_eval, explanation, explanation_html  # noqa: F401 (gin)
+from aligner_jax.indexing import indexer
 from aligner_jax.retrieval import searcher  # noqa: F401 (SearchConfig bindings)
 
 FLAGS = flags.FLAGS
@@ -48,8 +49,9 @@ def _explain():
     output = fileio.check_output_dir(f.output_dir, "--output_dir")
     cli.parse_gin_flags(DEFAULT_GIN_FILES)  # after the texts: id errors come before the model
     settings = explanation.settings_from_gin()
+    stored = indexer.IndexingConfig()  # the tokens aligner-eval's index keeps (gin-bound)
     ex = explanation.explain(
-        loading.load_encoder(), *texts, num_aligned=f.num_aligned, **settings
+        loading.load_encoder(), *texts, num_aligned=f.num_aligned, stored=stored, **settings
     )  # fmt: skip
     return ex, explanation_html.write_html(ex, output / PAGE)
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import gin
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from fixtures import run_module, write_toy_beir
@@ -306,3 +307,33 @@ def test_binary_unknown_query_id_is_a_clear_error(tmp_path):
         f"--output_dir={tmp_path / 'y'}",
     )
     assert proc.returncode != 0 and "exactly one of --query" in proc.stderr
+
+
+def test_tokens_the_index_does_not_store_align_to_nothing():
+    """The index leaves out document tokens of salience 0 (``drop_zero_salience``); the page
+    explained every token, so its score was not the one aligner-eval ranked with (0.6134
+    against 0.6200 on a SciFact pair) and a query token could show an alignment to a token the
+    index does not hold."""
+    from aligner_jax.core import scoring
+    from aligner_jax.indexing import indexer
+
+    base = _fake_pair("top_k:2")
+    rows = indexer.stored_rows(base.doc_encoded.salience, indexer.IndexingConfig())
+    assert rows.tolist() == [1, 2, 3]  # [CLS] and [SEP] have u^d = 0
+    ex = explanation.explain_encoded(
+        *_fake_inputs(), alignment="top_k:2", model_name="fake", doc_stored=rows
+    )
+    assert ex.unstored_doc_tokens == 2 and base.unstored_doc_tokens == 0
+    assert {a.doc_position for a in ex.alignments} <= {1, 2, 3}
+    assert 4 in {a.doc_position for a in base.alignments}  # gamma's second was [SEP]
+    s = np.asarray(ex.query_encoded.vectors) @ np.asarray(ex.doc_encoded.vectors)[rows].T
+    stored = float(
+        scoring.alignment_scores(
+            jnp.asarray(s), np.ones(s.shape[0], bool), np.ones(len(rows), bool),
+            scoring.AlignmentStrategy.parse("top_k:2"),
+            jnp.asarray(ex.query_encoded.salience), jnp.asarray(ex.doc_encoded.salience[rows]),
+            jnp.asarray(ex.query.token_ids), jnp.asarray(np.asarray(ex.doc.token_ids)[rows]),
+        )
+    )  # fmt: skip
+    assert ex.score == pytest.approx(stored, abs=1e-6) and ex.score != pytest.approx(base.score)
+    assert "2 of salience 0 not stored by the index" in explanation_html.format_summary(ex)

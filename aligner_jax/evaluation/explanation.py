@@ -46,6 +46,7 @@ from aligner_jax.core import pruning, scoring
 from aligner_jax.data import beir
 from aligner_jax.encoding import tokenization
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncoderBundle
+from aligner_jax.indexing.indexer import IndexingConfig, stored_rows
 
 DEFAULT_ALIGNMENT = "top_k:1"
 DEFAULT_BETA_Q = 0.5  # Table 4: the top 50% of query tokens are highlighted
@@ -186,6 +187,8 @@ class Explanation:
       score: sim(Q, D) of Eq. 1–2 under ``alignment`` (``scoring.alignment_scores``).
       uniform_salience: every token has the same salience (e.g. a model without salience heads,
         u = 1), so the salience colours and top-β marks carry no information.
+      unstored_doc_tokens: document tokens an index does not store (``doc_stored``), which
+        align to nothing, as in the index's scores.
     """
 
     model_name: str
@@ -204,6 +207,7 @@ class Explanation:
     top_query_words: tuple[int, ...]
     score: float
     uniform_salience: bool
+    unstored_doc_tokens: int = 0
 
     def word_alignments(self, query_word: int) -> list[Alignment]:
         """The alignments of a query word's representative token, by rank."""
@@ -286,6 +290,7 @@ def explain_encoded(
     beta_d: float = DEFAULT_BETA_D,
     num_aligned: int = DEFAULT_NUM_ALIGNED,
     model_name: str = "",
+    doc_stored: np.ndarray | None = None,
 ) -> Explanation:
     """An ``Explanation`` from already encoded texts (no model needed; used by ``explain``).
 
@@ -296,6 +301,8 @@ def explain_encoded(
       beta_q, beta_d: fractions of query / document tokens marked as most salient (Table 4).
       num_aligned: how many of the most salient query words are linked to their alignments.
       model_name: shown on the page.
+      doc_stored: the positions of the document tokens an index stores
+        (``indexer.stored_rows``); None: every token.
     """
     strategy = scoring.AlignmentStrategy.parse(alignment)
     beta_q = _check_ratio("beta_q", beta_q)
@@ -313,6 +320,9 @@ def explain_encoded(
     s = q_vectors @ d_vectors.T  # S_ij = q_iᵀ d_j (§2.2)
     n, m = s.shape
     q_mask, d_mask = np.ones(n, bool), np.ones(m, bool)
+    if doc_stored is not None:  # as the index scores it: tokens it does not store take no part
+        d_mask = np.zeros(m, bool)
+        d_mask[np.asarray(doc_stored, np.int64)] = True
     q_ids = jnp.asarray(query.token_ids)
     d_ids = jnp.asarray(doc.token_ids)
     pairwise = np.asarray(
@@ -382,6 +392,7 @@ def explain_encoded(
         top_query_words=tuple(candidates[:num_aligned]),
         score=score,
         uniform_salience=bool(np.all(all_u == all_u[0])) if len(all_u) else True,
+        unstored_doc_tokens=int(m - d_mask.sum()),
     )
 
 
@@ -394,6 +405,7 @@ def explain(
     beta_d: float = DEFAULT_BETA_D,
     num_aligned: int = DEFAULT_NUM_ALIGNED,
     encoder: Encoder | None = None,
+    stored: IndexingConfig | None = None,
 ) -> Explanation:
     """Encodes a query and a document with ``bundle`` and explains their score.
 
@@ -405,6 +417,8 @@ def explain(
       beta_q, beta_d: fractions of query / document tokens marked as most salient.
       num_aligned: how many of the most salient query words are linked to their alignments.
       encoder: an ``Encoder`` of ``bundle`` to reuse (its jitted functions) across calls.
+      stored: the indexing settings whose stored tokens the score uses (an index leaves out
+        tokens of salience 0 by default: ``indexer.stored_rows``); None: every token.
 
     Returns:
       An ``Explanation``; ``render_html`` turns it into a page.
@@ -432,6 +446,7 @@ def explain(
         beta_d=beta_d,
         num_aligned=num_aligned,
         model_name=bundle.name,
+        doc_stored=None if stored is None else stored_rows(doc_encoded.salience, stored),
     )
 
 

@@ -273,6 +273,11 @@ def format_summary(ex: Explanation, top_alignments: int = 4) -> str:
         f"alignment  {ex.alignment}",
         f"score      sim(Q, D) = {ex.score:.6f}  (query n={n} tokens, document m={m} tokens"
         + (", truncated" if ex.doc.truncated else "")
+        + (
+            f"; {ex.unstored_doc_tokens} of salience 0 not stored by the index, aligned to nothing"
+            if ex.unstored_doc_tokens
+            else ""
+        )
         + ")",
     ]
     if ex.uniform_salience:

@@ -9,6 +9,7 @@ The serving stage does not import this stage; the ``aligner-serve`` binary hands
 from __future__ import annotations
 
 from aligner_jax.evaluation import explanation, explanation_html
+from aligner_jax.indexing import indexer
 from aligner_jax.retrieval import searcher as search_lib
 
 CSS = explanation_html.CSS  # styles the fragments
@@ -20,9 +21,11 @@ def explain_hit(searcher: search_lib.Searcher, query: str, doc_id: str, doc_text
     words it aligns to (rank, similarity S_ij, document salience), under the searcher's
     alignment strategy; the document is re-encoded whole by the searcher's model."""
     encoder = searcher.query_encoder()
+    stored = indexer.IndexingConfig.recorded(searcher.store.manifest.get("indexing", {}))
     ex = explanation.explain(
-        encoder.bundle, query, doc_text, alignment=searcher.alignment, encoder=encoder
-    )
+        encoder.bundle, query, doc_text, alignment=searcher.alignment, encoder=encoder,
+        stored=stored,
+    )  # fmt: skip
     words = []
     for k in ex.top_query_words:
         word = ex.query_words[k]

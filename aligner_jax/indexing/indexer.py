@@ -118,15 +118,24 @@ def _shards(documents: Iterable[beir.Document], size: int) -> Iterator[list[beir
         yield shard
 
 
+def stored_rows(salience: np.ndarray, config: IndexingConfig) -> np.ndarray:
+    """The positions of a document's tokens (of saliences ``salience``) that the store keeps:
+    the top ``store_beta_d`` by salience (§3.2), then those whose salience, as stored
+    (float16), is above 0 (``drop_zero_salience``)."""
+    salience = np.asarray(salience)
+    rows = np.arange(len(salience))
+    if config.store_beta_d < 1.0:
+        rows = pruning.top_fraction(salience, config.store_beta_d)
+    if config.drop_zero_salience:
+        rows = rows[pruning.salient(salience[rows].astype(ts.VECTOR_DTYPE))]  # as stored
+    return rows
+
+
 def _stored_tokens(encoded, config: IndexingConfig):
     """The tokens of one encoded document that the store keeps: the top ``store_beta_d`` by
     salience (§3.2), then those whose salience, as stored (float16), is above 0
     (``drop_zero_salience``)."""
-    rows = np.arange(len(encoded.salience))
-    if config.store_beta_d < 1.0:
-        rows = pruning.top_fraction(encoded.salience, config.store_beta_d)
-    if config.drop_zero_salience:
-        rows = rows[pruning.salient(encoded.salience[rows].astype(ts.VECTOR_DTYPE))]  # as stored
+    rows = stored_rows(encoded.salience, config)
     if len(rows) == len(encoded.salience):
         return encoded
     return dataclasses.replace(
