@@ -30,7 +30,7 @@ def toy(tmp_path):
     return write_toy_beir(tmp_path / "data")
 
 
-def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
+def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys, caplog):
     parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
     out = tmp_path / "exh"
     (out).mkdir()
@@ -82,6 +82,36 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys):
     assert report2["timing"]["index_reused"] is True
     assert report2["config"]["search"] == "scann" and report2["config"]["k_prime"] == 50
     assert (report2["config"]["beta_q"], report2["config"]["beta_d"]) == (1.0, 1.0)
+    assert report2["config"]["indexing"]["store_beta_d"] == 1.0
+
+    # An indexing setting bound for a reused store is not applied: said, and the store's recorded
+    parse_gin(
+        "eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.store_beta_d = 0.5"]
+    )
+    with caplog.at_level("WARNING"):
+        report3 = beir_eval.evaluate(
+            dataset_dir=str(toy),
+            output_dir=str(tmp_path / "again"),
+            index_dir=str(tmp_path / "index"),
+        )
+    assert "not applied: {'store_beta_d': 0.5}" in caplog.text
+    assert report3["config"]["indexing"]["store_beta_d"] == 1.0
+    assert report3["metrics"] == saved["metrics"]
+    assert "qrels " not in beir_eval.summary(report3)
+    # judgments skipped by unknown_qrels='skip' are said in the summary, not only in the JSON
+    qrels = toy / "qrels" / "test.tsv"
+    qrels.write_text(qrels.read_text() + "q0\tghost\t1\n")
+    try:
+        report4 = beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "skip"),
+            index_dir=str(tmp_path / "index"), unknown_qrels="skip",
+        )  # fmt: skip
+    finally:
+        qrels.write_text(qrels.read_text().replace("q0\tghost\t1\n", ""))
+    assert (
+        "qrels      1 judgment line(s) skipped (unknown queries: 0, unknown documents: 1): the "
+        "metrics do not count them"
+    ) in beir_eval.summary(report4)
     assert report2["metrics"]["ndcg@10"] == pytest.approx(saved["metrics"]["ndcg@10"], abs=0.05)
 
 

@@ -79,6 +79,7 @@ def ensure_token_store(
                 f"({manifest.get('corpus', {}).get('path')}); use another --index_dir"
             )
         reused = True
+        _warn_unapplied_indexing(index_dir, manifest)
         indexer.write_encoder_spec(index_dir, encoder.bundle)
         documents.fill_missing(index_dir, manifest, dataset.corpus)  # an index older than them
         logging.info("Reusing the token store in %s", index_dir)
@@ -93,6 +94,20 @@ def ensure_token_store(
     ts.check_model_matches(store.manifest, encoder.bundle.info(), index_dir)
     check_store_holds_corpus(store, dataset)
     return store, seconds, reused
+
+
+def _warn_unapplied_indexing(index_dir: Path, manifest: dict) -> None:
+    """Warns when this run's ``IndexingConfig`` bindings differ from the reused store's: the
+    store was written with its own (the run uses it as it is)."""
+    wanted = indexer.IndexingConfig().settings()
+    recorded = indexer.IndexingConfig.recorded(manifest.get("indexing", {})).settings()
+    changed = {k: v for k, v in wanted.items() if recorded.get(k, v) != v}
+    if changed:
+        logging.warning(
+            "%s: reused as it was written (IndexingConfig %s); not applied: %s (index into another "
+            "--index_dir to use them)",
+            index_dir, {k: recorded.get(k) for k in changed}, changed,
+        )  # fmt: skip
 
 
 def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.CentroidIndex, float]:
@@ -401,6 +416,9 @@ def evaluate(
             "top_k": search_config.top_k,
             "ignore_identical_ids": ignore_identical_ids,
             "first_stage": "run" if rerank_run else first_stage,
+            "indexing": indexer.IndexingConfig.recorded(
+                store.manifest.get("indexing", {})
+            ).settings(),  # the store's, as written (a reused one keeps its own)
         },
         "first_stage": first_stage_info,
         "identical_ids": identical.as_dict(),
@@ -756,6 +774,13 @@ def summary(report: dict, output: Path | str | None = None) -> str:
         + f", {t.get('search_queries_per_s', 0.0):.0f} queries/s, median candidates "
         f"{report['candidates_per_query_median']:.0f}",
     ]
+    ds = report.get("dataset_stats", {})
+    if ds.get("skipped_qrels"):
+        lines.append(
+            f"qrels      {ds['skipped_qrels']} judgment line(s) skipped (unknown queries: "
+            f"{ds['unknown_query_qrels']}, unknown documents: {ds['unknown_document_qrels']}): "
+            "the metrics do not count them"
+        )
     first = report.get("first_stage", {})
     if first.get("kind") == "hybrid":
         h, ms = first["hybrid"], first["ms_per_query_p50"]
