@@ -107,6 +107,13 @@ def test_evaluate_with_adapt_writes_reports(tmp_path):
     assert saved["default"] == pytest.approx(report["metrics"]["ndcg@10"])
     assert report["adaptation"]["oracle"] >= saved["default"]
     assert "| toy |" in (tmp_path / "out" / "adaptation.md").read_text()
+    # the summary names the metric and the default strategy ("adaptation default 23.7" was
+    # top_k:1's MRR@10 beside the run's nDCG@10, neither named)
+    a = report["adaptation"]
+    assert (a["metric"], a["default_strategy"]) == ("ndcg@10", "top_k:1")
+    assert f"adaptation ndcg@10: default (top_k:1) {100 * a['default']:.1f}  adapted" in (
+        beir_eval.summary(report)
+    )
 
 
 def test_a_fold_larger_than_the_judged_queries_is_refused_before_the_search(tmp_path):

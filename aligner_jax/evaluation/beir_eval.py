@@ -478,7 +478,10 @@ def evaluate(
             "adapted_std": adapted.adapted_std,
             "oracle": adapted.oracle,
             "oracle_strategy": adapted.oracle_strategy,
+            "metric": adapted.metric,
         }
+        if "chooses" not in report["adaptation"]:  # the default is a strategy, not a weight
+            report["adaptation"]["default_strategy"] = adaptation_config.default_name
     report = write_results(output, files, report, results, tag=f"aligner_jax-{name}")
     print(summary(report, output))
     return report
@@ -797,9 +800,11 @@ def summary(report: dict, output: Path | str | None = None) -> str:
         )
     if "adaptation" in report:
         a = report["adaptation"]
+        default = f" ({a['default_strategy']})" if "default_strategy" in a else ""
         lines.append(
-            f"adaptation default {100 * a['default']:.1f}  adapted {100 * a['adapted_mean']:.1f}"
-            f" ± {100 * a['adapted_std']:.1f}  oracle {100 * a['oracle']:.1f} ({a['oracle_strategy']})"
+            f"adaptation {a.get('metric', 'ndcg@10')}: default{default} {100 * a['default']:.1f}  "
+            f"adapted {100 * a['adapted_mean']:.1f} ± {100 * a['adapted_std']:.1f}  oracle "
+            f"{100 * a['oracle']:.1f} ({a['oracle_strategy']})"
         )
     if output is not None:
         lines.append(written_line(report, output))
