@@ -292,6 +292,14 @@ def test_unknown_qrels_skip_counts(tmp_path):
     assert ds.stats.queries_without_qrels == 1
 
 
+def test_judgments_all_zero_are_warned_about(tmp_path, caplog):
+    """A split whose judgments all score 0 evaluated to 0.0 everywhere without a word."""
+    folder = write_beir_fixture(tmp_path, {"d0": "x", "d1": "y"}, {"q0": "a"}, {"q0": {"d0": 0}})
+    with caplog.at_level("WARNING"):
+        beir.load_beir(folder)
+    assert "none of its 1 judgments has a score above 0: every metric will be 0" in caplog.text
+
+
 def test_unknown_qrels_mode_is_validated(tmp_path):
     with pytest.raises(ValueError, match=r"--unknown_qrels"):
         beir.load_beir(write_toy_beir(tmp_path), unknown_qrels="ignore")

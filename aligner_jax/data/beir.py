@@ -682,6 +682,11 @@ def load_beir(
     stats.mean_query_words, stats.max_query_words = _word_stats(list(queries.values()))
     stats.num_qrels = sum(len(j) for j in qrels.values())
     stats.num_relevant_qrels = sum(1 for j in qrels.values() for s in j.values() if s > 0)
+    if stats.num_qrels and not stats.num_relevant_qrels:
+        logging.warning(
+            "%s: none of its %d judgments has a score above 0: every metric will be 0",
+            qrels_path, stats.num_qrels,
+        )  # fmt: skip
     return BeirDataset(
         name=dataset_dir.resolve().name,
         split=split,
