@@ -132,9 +132,7 @@ def stored_rows(salience: np.ndarray, config: IndexingConfig) -> np.ndarray:
 
 
 def _stored_tokens(encoded, config: IndexingConfig):
-    """The tokens of one encoded document that the store keeps: the top ``store_beta_d`` by
-    salience (§3.2), then those whose salience, as stored (float16), is above 0
-    (``drop_zero_salience``)."""
+    """One encoded document cut to the tokens the store keeps (``stored_rows``)."""
     rows = stored_rows(encoded.salience, config)
     if len(rows) == len(encoded.salience):
         return encoded
