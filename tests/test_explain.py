@@ -337,3 +337,10 @@ def test_tokens_the_index_does_not_store_align_to_nothing():
     )  # fmt: skip
     assert ex.score == pytest.approx(stored, abs=1e-6) and ex.score != pytest.approx(base.score)
     assert "2 of salience 0 not stored by the index" in explanation_html.format_summary(ex)
+    # the page strikes through the words the index does not store, and only those
+    assert ex.unstored_doc_positions == (0, 4)
+    page = explanation_html.render_html(ex)
+    struck = re.findall(r'<span class="w[^"]*\bunstored\b[^>]*>([^<]*)</span>', page)
+    assert struck == ["[CLS]", "[SEP]"]
+    assert "Struck through: not stored by the index" in page
+    assert "unstored" not in explanation_html.render_html(base).split("</style>")[1]

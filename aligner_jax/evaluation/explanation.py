@@ -189,6 +189,7 @@ class Explanation:
         u = 1), so the salience colours and top-β marks carry no information.
       unstored_doc_tokens: document tokens an index does not store (``doc_stored``), which
         align to nothing, as in the index's scores.
+      unstored_doc_positions: their positions (the page marks their words).
     """
 
     model_name: str
@@ -208,6 +209,7 @@ class Explanation:
     score: float
     uniform_salience: bool
     unstored_doc_tokens: int = 0
+    unstored_doc_positions: tuple[int, ...] = ()
 
     def word_alignments(self, query_word: int) -> list[Alignment]:
         """The alignments of a query word's representative token, by rank."""
@@ -393,6 +395,7 @@ def explain_encoded(
         score=score,
         uniform_salience=bool(np.all(all_u == all_u[0])) if len(all_u) else True,
         unstored_doc_tokens=int(m - d_mask.sum()),
+        unstored_doc_positions=tuple(int(j) for j in np.flatnonzero(~d_mask)),
     )
 
 

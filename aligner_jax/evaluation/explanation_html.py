@@ -64,6 +64,7 @@ td.num { text-align: right; font-family: ui-monospace, Menlo, Consolas, monospac
 .w.linked { font-weight: bold; }
 .w.special { color: #999; font-size: 0.75em; font-family: ui-monospace, Menlo, monospace; }
 .notenc { color: #aaa; }
+.w.unstored { color: #999; text-decoration: line-through dotted #999; }
 sup.rank { font-size: 0.7em; font-weight: bold; margin-left: 0.05em; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 2px;
           vertical-align: middle; margin-right: 0.3em; }
@@ -91,8 +92,10 @@ def _render_text(
     marks: dict[int, list[tuple[str, int]]],
     show_ranks: bool,
     kind: str,
+    unstored: frozenset[int] = frozenset(),
 ) -> str:
-    """The text with one ``<span>`` per word (original spelling, gaps kept)."""
+    """The text with one ``<span>`` per word (original spelling, gaps kept); the words whose
+    every piece is in ``unstored`` (positions an index does not store) are struck through."""
     real_u = [w.salience for w in words]
     top = max(real_u) if real_u else 0.0
     out, cursor, trailing = [], 0, []
@@ -103,6 +106,9 @@ def _render_text(
             classes.append("special")
         if word.highlighted:
             classes.append("top")
+        dropped = bool(unstored) and unstored.issuperset(word.positions)
+        if dropped:
+            classes.append("unstored")
         style = [f"background-color: {salience_color(intensity)}"]
         color = colors.get(index) or (marks[index][0][0] if index in marks else None)
         if color:
@@ -113,6 +119,8 @@ def _render_text(
             title += " · pieces: " + " ".join(word.pieces)
         if word.highlighted:
             title += f" · in the top β^{kind[0]}"
+        if dropped:
+            title += " · not stored by the index (salience 0): aligned to nothing"
         sup = ""
         if index in marks and show_ranks:
             sup = "".join(
@@ -175,6 +183,7 @@ def render_fragment(ex: Explanation, id_prefix: str = "") -> str:
     styled by ``CSS``; ``id_prefix`` keeps element ids unique when a page holds several (the
     search page of ``aligner-serve``)."""
     query_color, doc_marks = _word_links(ex)
+    unstored = frozenset(ex.unstored_doc_positions)
     n, m = ex.similarity.shape
     parts = [
         "<table>",
@@ -200,13 +209,19 @@ def render_fragment(ex: Explanation, id_prefix: str = "") -> str:
         '<p class="legend">Background intensity: a word\'s unary salience u (max over its word '
         "pieces) relative to the most salient word of its text. Underlined: in the top β. "
         "Coloured bold: the most salient query words and the document words they align with"
-        + ", with the alignment rank as superscript (1), (2), … (Table 5). [CLS]/[SEP] are greyed; they still count in the score. Hover a word for u.</p>",
+        + ", with the alignment rank as superscript (1), (2), … (Table 5). [CLS]/[SEP] are greyed; they still count in the score. Hover a word for u."
+        + (
+            " Struck through: not stored by the index (salience 0), so aligned to nothing."
+            if unstored
+            else ""
+        )
+        + "</p>",
         "<h2>Query</h2>",
         f'<div class="text" id="{id_prefix}query">'
         f"{_render_text(ex.query, ex.query_words, query_color, {}, False, 'query')}</div>",
         "<h2>Document</h2>",
         f'<div class="text" id="{id_prefix}document">'
-        f"{_render_text(ex.doc, ex.doc_words, {}, doc_marks, True, 'doc')}</div>",
+        f"{_render_text(ex.doc, ex.doc_words, {}, doc_marks, True, 'doc', unstored)}</div>",
     ]
 
     parts += [
