@@ -59,6 +59,22 @@ def test_ratio_count_matches_fraction_arithmetic(ratio, length):
     assert int(array[0]) == math.ceil(exact)
 
 
+@pytest.mark.parametrize(
+    "beta,n,expected",
+    [(0.07, 100, 7), (0.14, 50, 7), (0.28, 25, 7), (0.56, 25, 14), (0.1, 100, 10),
+     (0.05, 10, 1), (0.3, 0, 0), (0.0, 5, 1), (1.0, 9, 9), (2.0, 9, 9)],
+)  # fmt: skip
+def test_pruning_keeps_exactly_the_ceiling_of_beta_n(beta, n, expected):
+    """§3.2's top ⌈β·n⌉ in exact arithmetic: in floats 0.07 · 100 = 7.000000000000001 kept 8."""
+    from aligner_jax.core import pruning
+
+    assert pruning.keep_count(n, beta) == expected
+    np.testing.assert_array_equal(pruning.keep_count(np.array([n, 3 * n]), beta)[:1], [expected])
+    if n:
+        kept = pruning.top_fraction(np.linspace(1.0, 0.5, n).astype(np.float32), beta)
+        assert kept.tolist() == list(range(expected))
+
+
 def test_sparsity_k_counts_only_real_tokens():
     mask = jnp.array([[True] * 5 + [False] * 3, [True] * 8, [False] * 8])
     np.testing.assert_array_equal(np.asarray(salience.sparsity_k(mask, 0.4)), [2, 4, 0])

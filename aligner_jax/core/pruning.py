@@ -12,13 +12,24 @@ can only win a query token's top-1 alignment and silence that query token.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
+
+from aligner_jax.core import salience as salience_lib
 
 
 def keep_count(n, beta: float):
-    """How many of ``n`` tokens (int or int array) survive pruning at ratio ``beta``."""
+    """How many of ``n`` tokens (int or int array) survive pruning at ratio ``beta``:
+    ``max(1, ⌈β·n⌉)`` in exact integer arithmetic (``salience.ratio_count``'s reading of β: in
+    floats 0.07 · 100 is 7.000000000000001, whose ceiling kept 8 of 100)."""
     n = np.asarray(n, dtype=np.int64)
-    kept = n if beta >= 1.0 else np.minimum(np.maximum(1, np.ceil(beta * n)).astype(np.int64), n)
+    if beta >= 1.0:
+        kept = n
+    else:
+        frac = salience_lib.ratio_fraction(float(beta), "beta") if beta > 0 else Fraction(0)
+        ceil = -((-frac.numerator * n) // frac.denominator)
+        kept = np.minimum(np.maximum(1, ceil), n)
     return int(kept) if kept.ndim == 0 else kept
 
 

@@ -72,7 +72,8 @@ _LOG_ZERO = -1e30
 _MAX_RATIO_DENOMINATOR = 10_000
 
 
-def _ratio_fraction(ratio: float, name: str) -> Fraction:
+def ratio_fraction(ratio: float, name: str) -> Fraction:
+    """``ratio`` as the exact fraction it prints as (0.07 → 7/100; denominators ≤ 10,000)."""
     if not isinstance(ratio, int | float) or isinstance(ratio, bool):
         raise TypeError(
             f"{name}={ratio!r} must be a Python float (a static ratio), not a traced array."
@@ -95,7 +96,7 @@ def ratio_count(ratio: float, length, rounding: str, name: str = "ratio"):
     Returns:
       An int (for an int ``length``) or an int32 array of ``length``'s shape.
     """
-    frac = _ratio_fraction(ratio, name)
+    frac = ratio_fraction(ratio, name)
     num, den = frac.numerator, frac.denominator
     if rounding not in ("floor", "ceil"):
         raise ValueError(f"rounding={rounding!r} must be 'floor' or 'ceil'.")
