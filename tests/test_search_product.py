@@ -179,6 +179,43 @@ def test_filters_compose_equality_membership_ranges_nested_fields_and_subsets(sy
     assert kept(filter={}) == set(ids)
 
 
+def test_filters_on_lists_missing_fields_nulls_and_kinds_follow_qdrant(tmp_path):
+    """One element of a list must satisfy every bound of a range; ne keeps documents without
+    the field or with null; in may name null; booleans and numbers never match each other; a
+    membership list longer than SQLite's parameter limit works (a new user's findings)."""
+    metadata = {
+        "a": {"years": [2010, 2025], "source": "x", "n": 1},
+        "b": {"years": [2017], "source": None, "n": 2},
+        "c": {"years": [], "source": "y", "flag": True},
+        "d": {},
+        "e": {"years": 2016, "source": "x"},
+        "f": {"year": 2005, "n": 130_001},
+    }
+    rows = [documents_lib.IndexDocument(i, i, i, m) for i, m in metadata.items()]
+    documents_lib.write_shard(tmp_path, 0, rows)
+    table = documents_lib.DocumentTable(tmp_path, [{"index": 0, "num_docs": len(rows)}])
+
+    def kept(filter):
+        return "".join(np.array(list(metadata))[table.mask(filter)])
+
+    assert kept({"years": {"gte": 2015, "lt": 2020}}) == "be"  # not a: 2025 ≥, 2010 <
+    assert kept({"years": {"gte": 2015}}) == "abe"
+    assert kept({"source": {"ne": "x"}}) == "bcdf"
+    assert kept({"years": {"ne": 2017}}) == "acdef"
+    assert kept({"years": {"ne": 2017, "gte": 2011}}) == "ae"
+    assert kept({"source": None}) == kept({"source": {"eq": None}}) == "bdf"
+    assert kept({"source": {"ne": None}}) == "ace"
+    assert kept({"source": {"in": ["y", None]}}) == "bcdf"
+    assert kept({"source": {"in": [None]}}) == "bdf"
+    assert kept({"n": True}) == "" and kept({"flag": 1}) == "" and kept({"flag": True}) == "c"
+    assert kept({"n": {"in": [True, 2]}}) == "b" and kept({"n": 1.0}) == "a"
+    assert kept({"years": {"in": ["2016", 2010]}}) == "a"  # the string "2016" is not 2016
+    assert kept({"n": {"in": list(range(130_000, 260_000))}}) == "f"
+    assert kept({"doc_id": {"ne": "a"}, "title": {"in": ["a", "b"]}}) == "b"
+    with pytest.raises(ConfigError, match=r"'n' in \{'a': 1\}: expected a list"):
+        table.mask({"n": {"in": {"a": 1}}})
+
+
 def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
     _, fast, exhaustive = synthetic
     q = _query(2)

@@ -24,9 +24,13 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
 field (``"venue.name"``; ``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the
-document's id and title. A field holding a list matches when any element does (``{"tags": "a"}``
-keeps ``["a", "b"]``; ``ne``: when none equals), as in Qdrant. The result is a boolean mask over
-store positions, which search applies during candidate generation.
+document's id and title. As in Qdrant: a field holding a list matches when one of its elements
+satisfies the field's whole condition (``{"tags": "a"}`` keeps ``["a", "b"]``;
+``{"years": {"gte": 2015, "lt": 2020}}`` keeps ``[2016]``, not ``[2010, 2025]``); ``ne`` keeps a
+document none of whose values equals, also one without the field or with null; null means a
+missing or null field (``{"source": null}``, also inside ``in``); booleans, numbers and strings
+never match each other (true is not 1, 2015 not "2015"). The result is a boolean mask over store
+positions, which search applies during candidate generation.
 """
 
 from __future__ import annotations
@@ -242,27 +246,101 @@ def _sql_value(value):
     return int(value) if isinstance(value, bool) else value  # JSON true is 1 in SQLite
 
 
-def _column_test(field: str):
-    """``test(predicate, values) -> (sql, params)`` for one field: a column (``doc_id``,
-    ``title``) as it is; a metadata field by its value, and a field holding a list by any of its
-    elements (Qdrant's rule: ``{"tags": "a"}`` keeps ``{"tags": ["a", "b"]}``). ``IS NULL``
-    tests the field itself (a missing field is null, a list is not)."""
-    values_of = lambda values: [_sql_value(v) for v in values]  # noqa: E731
+# A filter value's JSON kind → the JSON types it matches. Values of different kinds never match
+# (Qdrant's rule: the boolean true is not the number 1, the number 2015 not the string "2015").
+_JSON_TYPES = {bool: "('true', 'false')", float: "('integer', 'real')", str: "('text')"}
+
+
+def _json_kind(value) -> type:
+    return bool if isinstance(value, bool) else float if isinstance(value, int | float) else str
+
+
+def _test(value_sql: str, type_sql: str | None, op: str, operand) -> tuple[str, list]:
+    """``(sql, params)``: one value (``value_sql``, of JSON type ``type_sql``; ``None`` for a
+    table column, compared as SQLite compares it) satisfies ``op``: an SQL comparison with one
+    value, or ``IN`` a list (one parameter however long the list: SQLite limits their number)."""
+    if op != "IN":
+        sql = f"{value_sql} {op} ?"
+        if type_sql is not None:
+            sql = f"({type_sql} IN {_JSON_TYPES[_json_kind(operand)]} AND {sql})"
+        return sql, [_sql_value(operand)]
+    groups = {}
+    for v in operand:
+        groups.setdefault(None if type_sql is None else _json_kind(v), []).append(v)
+    sql, params = [], []
+    for kind, values in groups.items():
+        member = f"{value_sql} IN (SELECT j.value FROM json_each(?) AS j)"
+        sql.append(member if kind is None else f"({type_sql} IN {_JSON_TYPES[kind]} AND {member})")
+        params.append(json.dumps([_sql_value(v) for v in values]))
+    return ("(" + " OR ".join(sql) + ")" if sql else "0"), params
+
+
+def _path_sql(field: str) -> str:
+    """The SQL string literal of a metadata field's JSON path."""
+    return "'" + _json_path(field).replace("'", "''") + "'"
+
+
+def _some_value(field: str, predicates: list[tuple[str, Any]]) -> tuple[str, list]:
+    """``(sql, params)``: the field's value, or one element of a list it holds, satisfies every
+    ``(op, operand)`` of ``predicates`` — one element all of them (Qdrant's rule:
+    ``{"years": {"gte": 2015, "lt": 2020}}`` keeps ``[2016]``, not ``[2010, 2025]``). Never NULL:
+    a missing field satisfies nothing."""
+
+    def holds(value_sql: str, type_sql: str | None) -> tuple[str, list]:
+        tests = [_test(value_sql, type_sql, op, operand) for op, operand in predicates]
+        return " AND ".join(sql for sql, _ in tests), [p for _, ps in tests for p in ps]
+
     if field in COLUMNS:
-        return lambda predicate, values: (f"{field} {predicate}", values_of(values))
-    path = _json_path(field)
+        sql, params = holds(field, None)
+        return f"COALESCE(({sql}), 0)", params
+    path = _path_sql(field)
+    each, each_params = holds("e.value", "e.type")
+    scalar, scalar_params = holds(f"json_extract(metadata, {path})", f"json_type(metadata, {path})")
+    sql = (
+        f"(CASE json_type(metadata, {path}) WHEN 'array' THEN EXISTS (SELECT 1 FROM "
+        f"json_each(metadata, {path}) AS e WHERE {each}) ELSE COALESCE(({scalar}), 0) END)"
+    )
+    return sql, each_params + scalar_params
 
-    def test(predicate: str, values: list) -> tuple[str, list]:
-        scalar = f"json_extract(metadata, ?) {predicate}"
-        if "NULL" in predicate:
-            return scalar, [path]
-        sql = (
-            f"(CASE json_type(metadata, ?) WHEN 'array' THEN EXISTS (SELECT 1 FROM "
-            f"json_each(metadata, ?) WHERE json_each.value {predicate}) ELSE {scalar} END)"
-        )
-        return sql, [path, path, *values_of(values), path, *values_of(values)]
 
-    return test
+def _is_null(field: str) -> str:
+    """The field is missing or null (a list is not)."""
+    return f"{field if field in COLUMNS else f'json_extract(metadata, {_path_sql(field)})'} IS NULL"
+
+
+def _field_clauses(field: str, condition: Mapping[str, Any]) -> list[tuple[str, list]]:
+    """The ``(sql, params)`` that must all hold for one field's condition."""
+    positive, clauses, null_in = [], [], False
+    for op, value in condition.items():
+        if op == "in":
+            if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+                raise ConfigError(f"filter: {field!r} in {value!r}: expected a list of values")
+            values = list(value)
+            for v in values:
+                _check_value(field, "in", v)
+            null_in = any(v is None for v in values)
+            positive.append(("IN", [v for v in values if v is not None]))
+        elif op in RANGE_OPERATORS:
+            _check_value(field, op, value)
+            if value is None:
+                if op not in ("eq", "ne"):
+                    raise ConfigError(f"filter: {field!r} {op} null: null is not ordered")
+                clauses.append((("NOT " if op == "ne" else "") + _is_null(field), []))
+            elif op == "ne":  # a missing field, null, or a list none of whose elements equals
+                sql, params = _some_value(field, [("=", value)])
+                clauses.append((f"NOT {sql}", params))
+            else:
+                positive.append((RANGE_OPERATORS[op], value))
+        else:
+            raise ConfigError(
+                f"filter: {field!r} has an unknown operator {op!r}; use one of {OPERATORS}"
+            )
+    if positive:
+        sql, params = _some_value(field, positive)
+        if null_in and len(positive) == 1:  # {"in": [..., null]}: also a missing or null field
+            sql = f"({sql} OR {_is_null(field)})"
+        clauses.append((sql, params))
+    return clauses
 
 
 def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
@@ -273,44 +351,18 @@ def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
             f"filter={filter!r}: expected a dict of field conditions, e.g. "
             '{"year": {"gte": 2015}, "source": {"in": ["a", "b"]}}'
         )
-    clauses, params = [], []
+    clauses = []
     for field, condition in filter.items():
         if not isinstance(field, str) or not field:
             raise ConfigError(f"filter: field names are non-empty strings, got {field!r}")
-        test = _column_test(field)
+        _json_path(field)  # a malformed name is refused whatever its condition
         if not isinstance(condition, Mapping):
             condition = {"eq": condition}
         if not condition:
             raise ConfigError(f"filter: {field!r} has an empty condition; use one of {OPERATORS}")
-        for op, value in condition.items():
-            if op == "in":
-                if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-                    raise ConfigError(f"filter: {field!r} in {value!r}: expected a list of values")
-                values = list(value)
-                for v in values:
-                    _check_value(field, "in", v)
-                if not values:
-                    clauses.append("0")
-                    continue
-                clause, clause_params = test(f"IN ({', '.join('?' * len(values))})", values)
-            elif op in RANGE_OPERATORS:
-                _check_value(field, op, value)
-                if value is None:
-                    if op not in ("eq", "ne"):
-                        raise ConfigError(f"filter: {field!r} {op} null: null is not ordered")
-                    clause, clause_params = test(f"IS {'NOT ' if op == 'ne' else ''}NULL", [])
-                elif op == "ne":  # of an array: no element equals the value
-                    clause, clause_params = test("= ?", [value])
-                    clause = f"NOT {clause}"
-                else:
-                    clause, clause_params = test(f"{RANGE_OPERATORS[op]} ?", [value])
-            else:
-                raise ConfigError(
-                    f"filter: {field!r} has an unknown operator {op!r}; use one of {OPERATORS}"
-                )
-            clauses.append(clause)
-            params += clause_params
-    return (" AND ".join(clauses) or "1"), params
+        clauses += _field_clauses(field, condition)
+    where = " AND ".join(sql for sql, _ in clauses) or "1"
+    return where, [p for _, params in clauses for p in params]
 
 
 class DocumentTable:
@@ -378,7 +430,9 @@ class DocumentTable:
             rows = self._db().execute(f"SELECT shard, slot FROM documents WHERE {where}", params)
             pairs = np.array(rows.fetchall(), np.int64).reshape(-1, 2)
         except sqlite3.OperationalError as e:
-            raise ConfigError(f"filter={dict(filter)!r}: {e}") from None
+            shown = repr(dict(filter))
+            shown = shown if len(shown) <= 200 else f"{shown[:200]}… ({len(shown):,} characters)"
+            raise ConfigError(f"filter={shown}: {e}") from None
         positions = self._positions(pairs[:, 0], pairs[:, 1])
         out = np.zeros(self.num_docs, bool)
         out[positions[(positions >= 0) & (positions < self.num_docs)]] = True
