@@ -567,3 +567,35 @@ def test_a_mesh_that_does_not_fit_is_refused_before_model_dir_is_made(toy, tmp_p
     with pytest.raises(errors.ConfigError, match="num_partitions"):
         trainer.train()
     assert not (tmp_path / "m").exists()
+
+
+def test_a_run_restored_from_another_learns_from_step_0_and_resumes_its_own(toy, tmp_path):
+    """``CheckpointConfig.restore='DIR'`` restored the source's step and optimizer count, so the
+    new run continued a schedule already decayed to 0 (its weights stayed the source's, 3e-10
+    apart), and re-running it restarted from the source and crashed (``StepAlreadyExists``)."""
+    import jax
+
+    from aligner_jax.encoding import loading
+
+    def params(model_dir):
+        gin.clear_config()
+        cli.parse_gin(["models/bert_tiny.gin"], [f"load_encoder.checkpoint = {str(model_dir)!r}"])
+        return jax.tree_util.tree_leaves(loading.load_encoder().params)
+
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "a", toy, 3))
+    trainer.train()
+    restore = {"CheckpointConfig.restore": repr(str(tmp_path / "a"))}
+    for _ in range(2):  # the second run resumes the first's checkpoint at step 2
+        gin.clear_config()
+        cli.parse_gin(
+            ["models/bert_tiny.gin", "runs/train.gin"],
+            _bindings(tmp_path / "b", toy, 4, **restore, **{"train.stop_after_steps": 2}),
+        )
+        trainer.train()
+    assert sorted(_losses(tmp_path / "b")) == [1, 2, 3, 4]
+    assert (tmp_path / "b" / "checkpoints" / "4").is_dir()
+    moved = max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(params(tmp_path / "a"), params(tmp_path / "b"), strict=True)
+    )
+    assert moved > 1e-4  # it learned: a fresh schedule from step 0

@@ -476,13 +476,21 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
             f"{checkpointing.checkpoint_dir(mngr.directory.parent)} already holds checkpoints "
             "but --gin.CheckpointConfig.restore=\"'none'\": use another MODEL_DIR or --gin.CheckpointConfig.restore=\"'latest'\""
         )
-    if checkpoint.restore not in ("latest", "none"):
+    if checkpoint.restore not in ("latest", "none") and latest is None:
+        # A new run from another run's weights: its own step 0 and a fresh optimizer (the
+        # source's step and schedule count would continue a schedule already decayed to 0).
         model_dir, step = checkpointing.restore_source(checkpoint.restore)
         source = checkpointing.manager(model_dir, checkpointing.CheckpointConfig(), create=False)
         state, _ = checkpointing.restore(source, step, abstract_state)
-        logging.info("initialised from %s step %d (data from the start)", checkpoint.restore, step)
+        state = jax.jit(fresh.from_params, out_shardings=state_shardings)(state.params)
+        logging.info(
+            "initialised from %s step %d: its weights, a fresh optimizer, step 0 and data from "
+            "the start",
+            checkpoint.restore,
+            step,
+        )
         return state, 0
-    if checkpoint.restore == "latest" and latest is not None:
+    if latest is not None:  # this run's own checkpoints (a restore= source started the run)
         state, data_state = checkpointing.restore(mngr, latest, abstract_state)
         saved, now = dict(data_state.get("pipeline") or {}), data.identity()
         if "sources" not in saved or data.cached_batches:  # recorded since stop 84; a replay
