@@ -647,3 +647,20 @@ def test_a_query_refuses_a_blank_text_and_the_publishing_flags(tmp_path, kwargs,
     with pytest.raises(errors.ConfigError, match=match):
         publish_job.publish_job(None, qdrant_path=str(tmp_path / "nothing"), **kwargs)
     assert not (tmp_path / "nothing").exists()
+
+
+def test_a_replaced_document_is_published_with_its_new_text(built, tmp_path):
+    """``--add=new.jsonl --delete=d2`` replaces d2: its vectors are the new text's, and so must
+    its sparse vector and title be. The corpus files were read oldest first, the first
+    occurrence kept: the point paired the new vectors with the deleted text."""
+    copy = tmp_path / "index"
+    shutil.copytree(built, copy)
+    new = tmp_path / "new.jsonl"
+    new.write_text(json.dumps({"_id": "d2", "title": "Updated", "text": "zebra zebra"}) + "\n")
+    updates.update_index(str(copy), add=str(new), delete="d2")
+    store = ts.TokenStore(copy)
+    corpus = store.manifest["corpus"]["path"]
+    for given in (corpus, None):  # the corpus named, or the index's own documents.sqlite
+        doc = exporter.store_documents(store, {"d2", "d3"}, corpus=given)
+        assert (doc["d2"].title, doc["d2"].text) == ("Updated", "zebra zebra")
+        assert doc["d3"].text == DOCS["d3"]["text"]

@@ -108,10 +108,12 @@ def store_documents(
 ) -> dict[str, beir.Document]:
     """The documents ``doc_ids`` of the store: from the index's own ``documents.sqlite``, else
     (an index without text, or ``corpus`` given) from the corpus files its manifest names
-    (``corpus``: the indexed corpus's current place, ``corpus_files``)."""
+    (``corpus``: the indexed corpus's current place, ``corpus_files``), a replaced document
+    from the last file that holds it."""
     found = {} if corpus is not None else _stored_documents(store, doc_ids)
     files = corpus_files(store.manifest, corpus)
-    for path in files if doc_ids - found.keys() else []:
+    # the newest file first: a document deleted and added again is its --add file's version
+    for path in reversed(files) if doc_ids - found.keys() else []:
         if path.is_file():
             for doc in beir.iter_corpus(path, check_duplicates=False):
                 if doc.doc_id in doc_ids and doc.doc_id not in found:
