@@ -169,6 +169,26 @@ def test_scann_index_in_parts_matches_one_index(tmp_path):
     np.testing.assert_array_equal(loaded.search(q, 20)[2], r_parts)
 
 
+def test_scann_padding_is_no_token(tmp_path):
+    """Where the searched leaves hold fewer tokens than k′, ScaNN pads its lists with index 0
+    and a NaN score; they were taken as token 0 of the part (its document a candidate) with a
+    NaN score, which made XTR's imputed m_i (the lowest score) 0."""
+    docs = random_documents(30, 16, seed=9, min_len=20, max_len=40)
+    store = write_store(tmp_path / "s", docs, 16, shard_size=10)
+    config = ti.ScannConfig(num_leaves=8, num_leaves_to_search=1)
+    index = ti.TokenIndex.build(store, "scann", scann_config=config, k_prime=400)
+    q = np.stack([d.vectors[1].astype(np.float32) for d in docs[:5]])
+    scores, doc_ids, rows = index.search(q, 400)
+    found = rows >= 0
+    assert not np.isnan(scores).any()
+    assert 0 < found.sum(axis=1).max() < 400  # one leaf of eight: fewer than k′ found
+    assert np.all(np.isfinite(scores) == found) and np.all((doc_ids >= 0) == found)
+    assert np.all(np.diff(np.where(found, scores, -1e9), axis=1) <= 1e-6)
+    for i in range(len(q)):  # each found token's score is its real dot product
+        vectors = store.take("vectors", rows[i][found[i]]).astype(np.float32)
+        np.testing.assert_allclose(scores[i][found[i]], vectors @ q[i], atol=2e-3)
+
+
 @pytest.fixture(scope="module")
 def tiny_encoder():
     import gin

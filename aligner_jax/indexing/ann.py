@@ -363,9 +363,13 @@ class TokenIndex:
                 idx, scores = searcher.search_batched(
                     queries, final_num_neighbors=k_part, pre_reorder_num_neighbors=reorder
                 )
+                # Fewer neighbours than asked (the searched leaves hold fewer tokens) are padded
+                # with index 0 and a NaN score: invalid, not token 0 of the part.
+                scores = np.asarray(scores, np.float32)
+                found = np.isfinite(scores)
                 idx = np.asarray(idx, dtype=np.int64)
-                all_idx.append(np.where(idx >= 0, idx + part.start, -1))
-                all_scores.append(np.where(idx >= 0, np.asarray(scores, np.float32), -np.inf))
+                all_idx.append(np.where(found, idx + part.start, -1))
+                all_scores.append(np.where(found, scores, -np.inf))
             idx, scores = np.concatenate(all_idx, axis=1), np.concatenate(all_scores, axis=1)
             if len(self.searchers) > 1:  # merge the parts' lists into one top-k
                 order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
