@@ -523,7 +523,11 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
         search_job.search_job(index_dir, query="bees", offset=-1)
     # A filter that keeps nothing says so (it printed the query line alone).
     out = search_job.search_job(index_dir, query="bees", filter='{"year": {"gte": "2010"}}')
-    assert out.splitlines()[-1] == "note: the filter kept 0 of 12 live documents"
+    assert out.splitlines()[-1] == (
+        "note: the filter kept 0 of 12 live documents; no hits at ranks 1..10"
+    )
+    out = search_job.search_job(index_dir, query="bees", k=5, offset=40)  # past the end
+    assert out.splitlines() == ["query: bees", "note: no hits at ranks 41..45"]
 
 
 def test_aligner_search_queries_with_an_offset_write_the_ranks_of_that_page(toy_index, tmp_path):
@@ -541,6 +545,36 @@ def test_aligner_search_queries_with_an_offset_write_the_ranks_of_that_page(toy_
     search_job.search_job(index_dir, queries=str(queries), output=str(full), k=5)
     first = [line.split() for line in full.read_text().splitlines()]
     assert [(r[2], r[3]) for r in page] == [(r[2], r[3]) for r in first[2:]]
+
+
+def test_aligner_search_queries_summary_counts_the_filter_and_short_pages(toy_index, tmp_path):
+    """With --queries, a filter that kept nothing and pages past the end wrote an empty or short
+    run with exit 0 and a summary that said neither; --output with --query and --show=text with
+    --queries were silently ignored."""
+    from aligner_jax.retrieval import search_job
+
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        "".join(
+            json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(["bees", "go"])
+        )
+    )
+    index_dir, out = str(toy_index.directory), tmp_path / "run.trec"
+    summary = search_job.search_job(
+        index_dir, queries=str(queries), output=str(out), filter='{"nosuch": 1}'
+    )
+    assert "the filter kept 0 of 12 live documents; 2 queries got fewer than 10 hits (2 none)" in (
+        summary
+    )
+    assert summary.endswith("(0 lines)") and out.read_text() == ""
+    summary = search_job.search_job(index_dir, queries=str(queries), output=str(out), k=5, offset=9)
+    assert "ranks 10..14" in summary and "2 queries got fewer than 5 hits (0 none)" in summary
+    assert summary.endswith("(6 lines)") and len(out.read_text().splitlines()) == 6
+    with pytest.raises(ConfigError, match=r"^--output=.* is the run file of --queries"):
+        search_job.search_job(index_dir, query="bees", output=str(tmp_path / "x.trec"))
+    with pytest.raises(ConfigError, match=r"^--show=text prints snippets under --query"):
+        search_job.search_job(index_dir, queries=str(queries), output=str(out), show="text")
+    assert not (tmp_path / "x.trec").exists()
 
 
 def test_fetching_hits_reads_rows_through_the_primary_key_not_a_table_scan(synthetic):

@@ -146,6 +146,16 @@ def search_job(
         raise ConfigError("give exactly one of --query=TEXT or --queries=FILE.jsonl")
     if queries is not None and not output:
         raise ConfigError("--queries needs --output=RUN_FILE (a TREC run)")
+    if query is not None and output:
+        raise ConfigError(
+            f"--output={output} is the run file of --queries=FILE.jsonl; --query prints its "
+            "ranking (write the query to a queries file to get a run)"
+        )
+    if queries is not None and show == "text":
+        raise ConfigError(
+            "--show=text prints snippets under --query's ranking; the run file of --queries "
+            "holds ids and scores only"
+        )
     if query is not None and not query.strip():
         raise ConfigError("--query is empty: give a text to search for")
     if threads < 1:
@@ -174,26 +184,37 @@ def search_job(
         titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}
         if not any(titles.values()):  # an index without documents.sqlite: the corpus file's
             titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
-        note = truncation_note(searcher, [query])
+        notes = [truncation_note(searcher, [query])]
         if ranked.filtered_docs is not None and conditions is not None:
-            kept = f"the filter kept {ranked.filtered_docs} of {live} live documents"
-            note = f"{note}; {kept}" if note else kept
+            notes.append(f"the filter kept {ranked.filtered_docs} of {live} live documents")
+        if not ranked:
+            notes.append(f"no hits at ranks {offset + 1}..{offset + k}")
+        note = "; ".join(n for n in notes if n)
         text = format_ranking(query, ranked, titles, 240 if show == "text" else 0)
         return text + (f"\nnote: {note}" if note else "")
     beir.check_not_a_corpus(queries, items, searcher.store.doc_ids, f"--index_dir={index_dir}")
-    results, latency = {}, []
+    results, latency, filtered = {}, [], None
     with progress.Progress(len(items), "aligner-search", "query") as bar:
         for qid, text in items.items():
             t = time.perf_counter()
-            results[qid] = dict(searcher.search(text, k=k, offset=offset, filter=conditions))
+            ranked = searcher.search(text, k=k, offset=offset, filter=conditions)
             latency.append(1000.0 * (time.perf_counter() - t))
+            results[qid], filtered = dict(ranked), ranked.filtered_docs
             bar.update(1)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     runs.write_run(output_path, results, tag=f"aligner_jax-{mode}", first_rank=offset + 1)
     note = truncation_note(searcher, list(items.values()))
     page = f", ranks {offset + 1}..{offset + k}" if offset else ""
+    short = sum(len(hits) < k for hits in results.values())
+    empty = sum(not hits for hits in results.values())
+    found = ""
+    if conditions is not None and filtered is not None:
+        found += f"; the filter kept {filtered} of {live} live documents"
+    if short:
+        found += f"; {short} queries got fewer than {k} hits ({empty} none)"
     return (
         f"aligner-search: {len(items)} queries ({mode}, k={k}{page}, {threads} threads), index loaded "
         f"in {load_s:.2f}s, p50 {np.percentile(latency, 50):.1f} ms/query with query encoding; "
-        f"truncated: {note or 'none'}; wrote {output}"
+        f"truncated: {note or 'none'}{found}; wrote {output} "
+        f"({sum(map(len, results.values()))} lines)"
     )
