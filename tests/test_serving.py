@@ -24,6 +24,7 @@ from aligner_jax.indexing import indexer, updates
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.lexical import meaning
 from aligner_jax.lexical.minicoil import MiniCoilConfig, MiniCoilIndex
+from aligner_jax.retrieval import lexical_stages as lexical_lib
 from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import exporter, publish_job, querying, targets
 from aligner_jax.serving import sparse as sparse_lib
@@ -554,6 +555,19 @@ def test_minicoil_models_are_reused_or_refused_in_one_line(
         minicoil_models=str(folder),
     )  # fmt: skip
     assert f"word models models {folder / 'meaning.safetensors'}" in out
+    # aligner-eval's --gin.LexicalConfig.minicoil_models takes the same folder (it was refused:
+    # "no miniCOIL meaning model file there", though its docstring names a folder)
+    doc_ids = ts.TokenStore(built).doc_ids
+    for given in (folder, folder / "meaning.safetensors"):
+        config = lexical_lib.LexicalConfig(kind="minicoil", minicoil_models=str(given))
+        built_index = lexical_lib.build(config, doc_ids, _texts(doc_ids), exhaustive.encoder)
+        np.testing.assert_allclose(
+            built_index.doc_matrix.toarray(), minicoil_reference.doc_matrix.toarray(),
+            rtol=1e-5, atol=1e-6,
+        )  # fmt: skip
+    missing = lexical_lib.LexicalConfig(kind="minicoil", minicoil_models=str(tmp_path))
+    with pytest.raises(errors.MissingPathError, match=r"^--gin.LexicalConfig.minicoil_models="):
+        lexical_lib.build(missing, doc_ids, _texts(doc_ids), exhaustive.encoder)
     again = MiniCoilIndex.load(tmp_path / "again" / exporter.MINICOIL, encoder=exhaustive.encoder)
     np.testing.assert_allclose(
         again.doc_matrix.toarray(), minicoil_reference.doc_matrix.toarray(), rtol=1e-5, atol=1e-6

@@ -36,6 +36,7 @@ from aligner_jax.common import fileio
 from aligner_jax.common.errors import CheckpointError, MissingPathError
 
 FORMAT = "aligner_jax.minicoil.meaning/1"
+FILE = "meaning.safetensors"  # the models' file in a saved MiniCoilIndex folder
 _EPS = 1e-8
 
 
@@ -317,11 +318,24 @@ class MeaningModels:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> MeaningModels:
-        path = Path(path)
-        if not path.is_file():
-            raise MissingPathError(f"{path}: no miniCOIL meaning model file there")
+    def load(cls, path: str | Path, where: str | None = None) -> MeaningModels:
+        """The models of ``path``: a ``.safetensors`` file, or a folder holding ``FILE`` (a
+        saved ``MiniCoilIndex``); ``where`` names the flag or binding in an error."""
+        path = models_file(path, where)
         return cls.from_bytes(path.read_bytes(), str(path))
+
+
+def models_file(path: str | Path, where: str | None = None) -> Path:
+    """The meaning-model file of ``path`` (a file, or a folder holding ``FILE``), or a
+    ``MissingPathError`` naming ``where`` (the flag or binding that gave it)."""
+    given = Path(path)
+    found = given / FILE if given.is_dir() else given
+    if not found.is_file():
+        raise MissingPathError(
+            f"{where + '=' if where else ''}{path}: no miniCOIL meaning models there (a "
+            f".safetensors file, or a folder with {FILE}: a saved miniCOIL index)"
+        )
+    return found
 
 
 def _safetensors_metadata(data: bytes) -> dict:

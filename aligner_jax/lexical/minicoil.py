@@ -370,7 +370,7 @@ class MiniCoilIndex:
 
         loaded = None
         if models_path is not None:
-            loaded = meaning.MeaningModels.load(models_path)
+            loaded = meaning.MeaningModels.load(models_path, "models_path")
             if loaded.encoder_fingerprint != encoder.bundle.fingerprint():
                 raise ConfigError(
                     f"models_path={models_path}: the meaning models were fitted on another "
@@ -548,7 +548,7 @@ class MiniCoilIndex:
         write("doc_matrix.npz", lambda f: sp.save_npz(f, self.doc_matrix))
         write("doc_terms.npz", lambda f: sp.save_npz(f, self.doc_terms))
         write("idf.npy", lambda f: np.save(f, self.idf, allow_pickle=False))
-        write("meaning.safetensors", lambda f: f.write(self.models.to_bytes()))
+        write(meaning.FILE, lambda f: f.write(self.models.to_bytes()))
         manifest = {
             "format": FORMAT,
             "config": dataclasses.asdict(self.config),
@@ -591,7 +591,7 @@ class MiniCoilIndex:
         if encoder.bundle.fingerprint() != spec["info"]["fingerprint"]:
             raise ConfigError(f"{path}: built with another encoder (fingerprint differs)")
         models = meaning.MeaningModels.from_bytes(
-            (path / "meaning.safetensors").read_bytes(), str(path / "meaning.safetensors")
+            (path / meaning.FILE).read_bytes(), str(path / meaning.FILE)
         )
         analyzer = words.Analyzer(**manifest["analyzer"])
         return cls(

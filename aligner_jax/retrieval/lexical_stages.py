@@ -17,6 +17,7 @@ import gin
 
 from aligner_jax.common import checks
 from aligner_jax.data import bm25
+from aligner_jax.lexical import meaning
 from aligner_jax.lexical import minicoil as minicoil_lib
 
 
@@ -78,12 +79,15 @@ def _build_bm25(doc_ids: Sequence[str], texts: Sequence[str], encoder, config: L
 
 @register("minicoil", needs_encoder=True)
 def _build_minicoil(doc_ids: Sequence[str], texts: Sequence[str], encoder, config: LexicalConfig):
+    models = config.minicoil_models  # a file, or a saved miniCOIL index's folder
+    if models is not None:
+        models = str(meaning.models_file(models, "--gin.LexicalConfig.minicoil_models"))
     return minicoil_lib.MiniCoilIndex.build(
         list(doc_ids),
         list(texts),
         encoder,
         config=minicoil_lib.MiniCoilConfig(),
-        models_path=config.minicoil_models,
+        models_path=models,
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from aligner_jax.common import checks
-from aligner_jax.common.errors import ConfigError, MissingPathError
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 from aligner_jax.indexing import token_store as ts
 from aligner_jax.lexical import meaning
@@ -33,20 +33,6 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file())
 
 
-def _models_file(path: str) -> Path:
-    """``--minicoil_models``: a meaning-model ``.safetensors`` file, or a folder holding one
-    (``meaning.safetensors``: a saved ``MiniCoilIndex``, e.g. a publication's
-    ``aligner_minicoil/``)."""
-    given = Path(path)
-    found = given / "meaning.safetensors" if given.is_dir() else given
-    if not found.is_file():
-        raise MissingPathError(
-            f"--minicoil_models={path}: no miniCOIL meaning models there (a .safetensors file, "
-            "or a folder with meaning.safetensors: a saved miniCOIL index)"
-        )
-    return found
-
-
 def _minicoil(
     store: ts.TokenStore, models: str | None, corpus: str | None
 ) -> tuple[object, np.ndarray, str]:
@@ -57,7 +43,7 @@ def _minicoil(
     index, each store position's row in it, and how the models were obtained."""
     overrides = {}
     if models is not None:
-        path = _models_file(models)
+        path = meaning.models_file(models, "--minicoil_models")
         fingerprint = meaning.MeaningModels.load(path).encoder_fingerprint
         model = store.manifest.get("model", {})
         if fingerprint != model.get("fingerprint"):
