@@ -177,10 +177,13 @@ def test_a_registered_lexical_stage_plugs_in_by_name(tmp_path):
 
 def test_minicoil_alone_and_in_the_hybrid(toy, tmp_path):
     data, index, _ = toy
-    parse_gin("eval/minicoil.gin")
+    parse_gin("eval/minicoil.gin", bindings=["MiniCoilConfig.k1 = 0.9"])
     out = tmp_path / "minicoil"
     report = beir_eval.evaluate(dataset_dir=str(data), output_dir=str(out))
     assert report["config"]["first_stage"] == "minicoil" and not (out / "index").exists()
+    # the settings miniCOIL used (its own BM25 k1), not LexicalConfig's, which it ignores
+    lexical = report["config"]["lexical"]
+    assert "k1" not in lexical and lexical["minicoil"]["k1"] == 0.9
     assert report["metrics_all"] == trec_eval_run_file(out / "run.trec", data / "qrels/test.tsv")
     parse_gin("eval/hybrid.gin", bindings=["LexicalConfig.kind = 'minicoil'"])
     out = tmp_path / "hybrid"

@@ -592,7 +592,7 @@ def hybrid_search(
     )
     info = {
         "kind": "hybrid",
-        "lexical": dataclasses.asdict(lexical_config),
+        "lexical": lexical_lib.recorded_settings(lexical_config),
         "hybrid": dataclasses.asdict(config),
         "lexical_index_build_s": build_s,
         "ms_per_query_p50": {
@@ -662,7 +662,7 @@ def evaluate_lexical(
         "num_docs": len(dataset.corpus),
         "config": {
             "first_stage": config.kind,
-            "lexical": dataclasses.asdict(config),
+            "lexical": lexical_lib.recorded_settings(config),
             "model": encoder.bundle.name if encoder else None,
             "top_k": top_k,
             "ignore_identical_ids": ignore_identical_ids,
@@ -690,7 +690,9 @@ def lexical_settings(lexical: dict) -> str:
     if lexical["kind"] == "bm25":
         return f"k1={lexical['k1']}, b={lexical['b']}"
     if lexical["kind"] == "minicoil":
-        return f"meaning models {lexical['minicoil_models'] or 'fitted on the corpus'}"
+        used = lexical.get("minicoil", {})
+        bm25 = f", k1={used['k1']}, b={used['b']}" if "k1" in used else ""
+        return f"meaning models {lexical['minicoil_models'] or 'fitted on the corpus'}{bm25}"
     return lexical["kind"]
 
 

@@ -91,6 +91,16 @@ def _build_minicoil(doc_ids: Sequence[str], texts: Sequence[str], encoder, confi
     )
 
 
+def recorded_settings(config: LexicalConfig) -> dict:
+    """The settings the configured stage searches with, for ``metrics.json``: BM25's ``k1`` and
+    ``b``; miniCOIL's own ``MiniCoilConfig`` (its BM25 part has its own ``k1`` and ``b``:
+    ``LexicalConfig.k1`` / ``b`` do not apply to it)."""
+    if config.kind == "minicoil":
+        used = dataclasses.asdict(minicoil_lib.MiniCoilConfig())
+        return {"kind": config.kind, "minicoil_models": config.minicoil_models, "minicoil": used}
+    return dataclasses.asdict(config)
+
+
 def needs_encoder(config: LexicalConfig) -> bool:
     return STAGES[config.kind].needs_encoder
 
