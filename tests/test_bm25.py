@@ -85,6 +85,8 @@ def test_toy_collection_is_retrieved_perfectly(tmp_path):
         ((["a", "b"], ["x"]), "2 doc_ids but 1 texts"),
         (([], []), "corpus is empty"),
         ((["a", "a"], ["x", "y"]), "duplicate doc_id 'a'"),
+        # only stopwords: bm25s failed with "max() arg is an empty sequence"
+        ((["a", "b"], ["the and of", "a an"]), r"none of the 2 documents has a word left"),
     ],
 )
 def test_build_errors(args, fragment):

@@ -141,6 +141,12 @@ class BM25Index:
         tokens = bm25s.tokenize(
             texts, stopwords=stopwords or [], stemmer=stemmer, show_progress=False
         )
+        if not tokens.vocab:
+            raise ConfigError(
+                f"BM25Index.build: none of the {len(texts)} documents has a word left after "
+                f"lower-casing and removing stopwords ({stopwords or 'none'}): BM25 has nothing "
+                "to index"
+            )
         retriever = bm25s.BM25(k1=k1, b=b, method=method)
         retriever.index(tokens, show_progress=False)
         return cls(retriever, doc_ids, stemmer_language, stopwords)
