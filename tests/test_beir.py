@@ -399,3 +399,18 @@ def test_identical_ids_rule_drops_only_the_query_itself_by_default():
     assert beir.IdenticalIds.of(queries, corpus, qrels, "never").apply(results) == results
     with pytest.raises(errors.ConfigError, match="--ignore_identical_ids=sometimes"):
         beir.IdenticalIds.of(queries, corpus, qrels, "sometimes")
+
+
+def test_a_queries_file_without_text_or_missing_gets_a_message_that_fits(tmp_path):
+    """A query line without "text" was told that an empty string is allowed, which was then
+    refused; a missing --queries file was told a BEIR folder's layout."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"_id": "q1"}) + "\n")
+    with pytest.raises(errors.BeirFormatError) as e:
+        beir.load_queries(path)
+    assert 'no "text" field' in str(e.value) and "empty string is allowed" not in str(e.value)
+    with pytest.raises(errors.BeirFormatError) as e:
+        beir.load_queries(tmp_path / "missing.jsonl")
+    assert str(e.value) == f"{tmp_path / 'missing.jsonl'}: missing.jsonl not found."
+    with pytest.raises(errors.BeirFormatError, match="A BEIR folder must contain corpus.jsonl"):
+        beir.load_queries(tmp_path / "queries.jsonl")  # a BEIR folder's file: its layout

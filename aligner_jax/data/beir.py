@@ -229,7 +229,9 @@ def _require_file(path: Path, what: str) -> None:
         return
     if path.exists():
         raise BeirFormatError(f"{path}: expected {what} to be a file, found a directory.")
-    raise BeirFormatError(f"{path}: {what} not found. {_LAYOUT_HELP}")
+    # a BEIR folder's file: its layout; any other file (--queries=FILE.jsonl): no folder rules
+    layout = path.name in ("corpus.jsonl", "queries.jsonl") or what == "qrels file"
+    raise BeirFormatError(f"{path}: {what} not found." + (f" {_LAYOUT_HELP}" if layout else ""))
 
 
 def iter_decoded_lines(path: Path, error=BeirFormatError) -> Iterator[tuple[int, str]]:
@@ -330,13 +332,19 @@ def _record_id(path: Path, line_number: int, record: dict[str, Any]) -> str:
 
 
 def _record_text(
-    path: Path, line_number: int, record: dict[str, Any], key: str, required: bool
+    path: Path,
+    line_number: int,
+    record: dict[str, Any],
+    key: str,
+    required: bool,
+    empty_allowed: bool = True,
 ) -> str:
     if key not in record or (record[key] is None and not required):
         if required:
+            allowed = " (an empty string is allowed)" if empty_allowed else ""
             raise BeirFormatError(
                 f'{path}:{line_number}: record has no "{key}" field (keys: {sorted(record)}). '
-                f'Add "{key}": "..." (an empty string is allowed).'
+                f'Add "{key}": "..."{allowed}.'
             )
         return ""
     value = record[key]
@@ -422,7 +430,7 @@ def iter_queries(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
                 f"(corpus.jsonl), not queries. Give a queries.jsonl, one "
                 f'{{"_id": ..., "text": ...}} object per line.'
             )
-        text = _record_text(path, line_number, record, "text", required=True)
+        text = _record_text(path, line_number, record, "text", True, empty_allowed=False)
         if not text.strip():
             raise BeirFormatError(
                 f"{path}:{line_number}: query {query_id!r} has an empty text (nothing to search "
