@@ -356,7 +356,7 @@ def test_local_cpu_takes_any_model_dir_and_checks_fake_devices(tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "total_steps=0 must exceed warmup_steps" in proc.stderr  # gin parsed the binding
+    assert "--gin.TRAIN_STEPS=0 (warmup_linear_decay.total_steps): must be >= 1" in proc.stderr
     assert "gin configuration error" not in proc.stderr
 
 
@@ -599,3 +599,28 @@ def test_a_run_restored_from_another_learns_from_step_0_and_resumes_its_own(toy,
         for x, y in zip(params(tmp_path / "a"), params(tmp_path / "b"), strict=True)
     )
     assert moved > 1e-4  # it learned: a fresh schedule from step 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"TRAIN_STEPS": "'abc'"}, "--gin.TRAIN_STEPS='abc' (warmup_linear_decay.total_steps): "
+         "expected an integer"),
+        ({"LEARNING_RATE": "'x'"}, "--gin.LEARNING_RATE='x' (warmup_linear_decay.peak_value): "
+         "expected a finite number"),
+        ({"create_optimizer.learning_rate": 100.0}, "create_optimizer.learning_rate is replaced "
+         "by train.learning_rate"),
+        ({"create_optimizer.b2": 1.5}, "--gin.create_optimizer.b2=1.5: must be in [0.0, 1.0]"),
+    ],
+)  # fmt: skip
+def test_bad_optimizer_settings_are_one_line_before_model_dir(toy, tmp_path, extra, message):
+    """A non-number TRAIN_STEPS or LEARNING_RATE ended in a TypeError traceback (the second after
+    MODEL_DIR held checkpoints/, config.gin and logs); create_optimizer.learning_rate, which the
+    module's docstring named, was silently replaced by the trainer's."""
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3, **extra)
+    )
+    with pytest.raises(errors.ConfigError) as refused:
+        trainer.train()
+    assert str(refused.value).splitlines()[0].startswith(message)  # gin adds its own note
+    assert not (tmp_path / "m").exists()

@@ -68,8 +68,10 @@ def _macro_bound_to(name: str) -> str | None:
 
 
 def flag(name: str, value) -> str:
-    """The command-line spelling of a binding: ``--gin.SearchConfig.top_k=0``."""
-    return f"--gin.{name}={value!r}"
+    """The command-line spelling of a binding: ``--gin.SearchConfig.top_k=0``; of one a gin file
+    binds to a macro, the macro's: ``--gin.TRAIN_STEPS=0 (warmup_linear_decay.total_steps)``."""
+    macro = _macro_bound_to(name)
+    return f"--gin.{macro}={value!r} ({name})" if macro else f"--gin.{name}={value!r}"
 
 
 def integer(name: str, value, minimum: int | None = None, allow_none: bool = False) -> None:

@@ -1,11 +1,15 @@
-"""Optimizers and learning-rate schedules chosen in gin (optax).
+"""Optimizers and learning-rate schedules chosen in gin (optax), as ``gin/runs/trainer.gin``
+binds them::
 
-train.optimizer = @create_optimizer()
-create_optimizer.name = 'adamw'            # adamw | adam | adafactor | sgd
-create_optimizer.learning_rate = @warmup_linear_decay()
-warmup_linear_decay.peak_value = 1e-4
-warmup_linear_decay.warmup_steps = 100
-warmup_linear_decay.total_steps = %TRAIN_STEPS
+    train.optimizer_fn = @create_optimizer
+    create_optimizer.name = 'adamw'            # adamw | adam | adafactor | sgd
+    train.learning_rate = @warmup_linear_decay()
+    warmup_linear_decay.peak_value = %LEARNING_RATE
+    warmup_linear_decay.warmup_steps = %WARMUP_STEPS
+    warmup_linear_decay.total_steps = %TRAIN_STEPS
+
+The trainer passes ``train.learning_rate`` to ``create_optimizer`` (a binding of
+``create_optimizer.learning_rate`` is refused: it would be replaced).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ def _warmup_schedule(name: str, decay: Callable[..., optax.Schedule], shape: str
         end_value: float = 0.0,
     ) -> optax.Schedule:
         checks.required(f"{name}.total_steps", total_steps)
+        checks.number(f"{name}.peak_value", peak_value, low=0.0)
+        checks.integer(f"{name}.warmup_steps", warmup_steps, minimum=0)
+        checks.integer(f"{name}.total_steps", total_steps, minimum=1)
+        checks.number(f"{name}.end_value", end_value, low=0.0)
         return decay(peak_value, warmup_steps, total_steps, end_value)
 
     schedule.__name__ = schedule.__qualname__ = name
@@ -78,6 +86,10 @@ def create_optimizer(
     b2: float = 0.999,
 ) -> optax.GradientTransformation:
     """An optax optimizer (with optional global-norm clipping) named in gin."""
+    checks.number("create_optimizer.weight_decay", weight_decay, low=0.0)
+    checks.number("create_optimizer.clip_norm", clip_norm, low=0.0, low_open=True, allow_none=True)
+    checks.number("create_optimizer.b1", b1, 0.0, 1.0)
+    checks.number("create_optimizer.b2", b2, 0.0, 1.0)
     if name == "adamw":
         opt = optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)
     elif name == "adam":

@@ -124,6 +124,14 @@ def train(
         )
     if backbone_weights:
         loading_lib.check_weights_spec(backbone_weights, "train.backbone_weights")
+    if checks.is_bound("create_optimizer.learning_rate"):
+        raise ConfigError(
+            "create_optimizer.learning_rate is replaced by train.learning_rate, which the "
+            "trainer passes: set --gin.LEARNING_RATE=... (the schedule's peak) or "
+            "--gin.train.learning_rate=... instead"
+        )
+    if not callable(learning_rate):  # a schedule checks its own settings
+        checks.number("train.learning_rate", learning_rate, low=0.0)
     checks.integer("train.summary_period", summary_period, minimum=1)
     if stop_after_steps is not None:
         checks.integer("train.stop_after_steps", stop_after_steps, minimum=1)
@@ -132,6 +140,7 @@ def train(
     config = loading_lib.config_for_weights(model.config, backbone_weights)
     if config != model.config:  # hf: weights bring their backbone's (and heads') architecture
         model = AlignerModel(config, model.loss)
+    tx = optimizer_fn(learning_rate=learning_rate)  # its settings checked before MODEL_DIR
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     mesh = partitioning.create_mesh(num_partitions)
     _check_batch_fits_mesh(data, mesh)  # checked before MODEL_DIR is made: a refusal leaves none
@@ -140,7 +149,6 @@ def train(
     if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
         _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
     rules = partitioning.standard_logical_axis_rules()
-    tx = optimizer_fn(learning_rate=learning_rate)
 
     with mesh, nn.logical_axis_rules(rules):
         state_shardings = nn.logical_to_mesh_sharding(_state_specs(model, tx), mesh, rules)
