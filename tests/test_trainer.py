@@ -280,7 +280,8 @@ def test_a_stop_after_steps_run_saves_its_last_step_and_another_model_is_refused
 def test_fewer_steps_than_the_newest_checkpoint_is_refused(toy, tmp_path):
     """TRAIN_STEPS below the newest checkpoint used to "train steps 3..2 of 2", report success
     and rewrite config.gin with the smaller TRAIN_STEPS."""
-    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
+    bindings = _bindings(tmp_path / "m", toy, 3, WARMUP_STEPS=1)  # as below: the same optimizer
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
     trainer.train()
     written = (tmp_path / "m" / "config.gin").read_text()
     gin.clear_config()
@@ -624,3 +625,23 @@ def test_bad_optimizer_settings_are_one_line_before_model_dir(toy, tmp_path, ext
         trainer.train()
     assert str(refused.value).splitlines()[0].startswith(message)  # gin adds its own note
     assert not (tmp_path / "m").exists()
+
+
+def test_resuming_with_other_optimizer_settings_is_refused_but_more_steps_go_on(toy, tmp_path):
+    """A resume with another LEARNING_RATE or weight decay went on silently and rewrote
+    config.gin as if the whole run had used them; raising TRAIN_STEPS is how a run goes on."""
+    run = ["models/bert_tiny.gin", "runs/train.gin"]
+    cli.parse_gin(run, _bindings(tmp_path / "m", toy, 3))
+    trainer.train()
+    config_before = (tmp_path / "m" / "config.gin").read_text()
+    for extra in ({"LEARNING_RATE": 0.5}, {"create_optimizer.weight_decay": 0.9}):
+        gin.clear_config()
+        cli.parse_gin(run, _bindings(tmp_path / "m", toy, 6, **extra))
+        with pytest.raises(errors.ConfigError, match=r"checkpoints/3: the checkpoint was trained "
+                           r"with other optimizer settings \((create_optimizer|warmup_linear)"):  # fmt: skip
+            trainer.train()
+        assert (tmp_path / "m" / "config.gin").read_text() == config_before
+    gin.clear_config()
+    cli.parse_gin(run, _bindings(tmp_path / "m", toy, 5))
+    trainer.train()
+    assert sorted(_losses(tmp_path / "m")) == [1, 2, 3, 4, 5]

@@ -14,6 +14,7 @@ The trainer passes ``train.learning_rate`` to ``create_optimizer`` (a binding of
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import gin
@@ -23,6 +24,12 @@ from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "adam", "adafactor", "sgd")
+_CONFIGURABLES = (
+    "create_optimizer",
+    "constant_schedule",
+    "warmup_linear_decay",
+    "warmup_cosine_decay",
+)
 
 
 @gin.configurable
@@ -107,3 +114,18 @@ def create_optimizer(
 
 def learning_rate_at(learning_rate: float | optax.Schedule, step: int) -> float:
     return float(learning_rate(step)) if callable(learning_rate) else float(learning_rate)
+
+
+def identity(learning_rate) -> dict:
+    """What a resumed run must share with its checkpoint: the gin bindings of the optimizer and
+    the schedules (``total_steps`` aside: raising TRAIN_STEPS goes on training) and a constant
+    learning rate; values as JSON keeps them."""
+    out = {}
+    for name in _CONFIGURABLES:
+        bound = dict(gin.get_bindings(name))
+        bound.pop("total_steps", None)
+        if bound:
+            out[name] = bound
+    if not callable(learning_rate):
+        out["learning_rate"] = float(learning_rate)
+    return json.loads(json.dumps(out, sort_keys=True, default=repr))

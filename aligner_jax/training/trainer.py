@@ -167,7 +167,10 @@ def train(
         )
         mngr = checkpointing.manager(model_dir, checkpoint)
         fresh = _FreshState(abstract_state, init_state, state_from, state_shardings, seed)
-        state, start_step = _restore_or_init(mngr, checkpoint, data, fresh, model, backbone_weights)
+        optimizer = optimizers.identity(learning_rate)
+        state, start_step = _restore_or_init(
+            mngr, checkpoint, data, optimizer, fresh, model, backbone_weights
+        )
         if start_step > num_train_steps:
             raise ConfigError(
                 f"{checkpointing.checkpoint_dir(model_dir)}: its newest checkpoint is step "
@@ -264,7 +267,7 @@ def train(
                 log_file.flush()
                 bar.update(1, tokens=batch_tokens)
                 if done % checkpoint.period == 0 or done == num_train_steps:
-                    checkpointing.save(mngr, done, state, _data_state(data, done))
+                    checkpointing.save(mngr, done, state, _data_state(data, done, optimizer))
                     last_saved = done
         finally:
             bar.close()
@@ -272,7 +275,9 @@ def train(
             mngr.wait_until_finished()
             writer.flush()
         if last_saved != end and end > start_step:  # the last step, also of a stop_after_steps
-            checkpointing.save(mngr, end, state, _data_state(data, end))  # run (t5x saves it)
+            checkpointing.save(
+                mngr, end, state, _data_state(data, end, optimizer)
+            )  # run (t5x saves it)
             mngr.wait_until_finished()
             last_saved = end
     if jax.process_index() == 0:  # one summary per job (every process holds the same one)
@@ -390,8 +395,12 @@ def _summary_writer(model_dir: Path):
     )
 
 
-def _data_state(data: input_pipeline.DataConfig, batches_consumed: int) -> dict:
-    return {"batches_consumed": batches_consumed, "pipeline": data.identity()}
+def _data_state(data: input_pipeline.DataConfig, batches_consumed: int, optimizer: dict) -> dict:
+    return {
+        "batches_consumed": batches_consumed,
+        "pipeline": data.identity(),
+        "optimizer": optimizer,
+    }
 
 
 def _hparams(model, data, steps, seed, partitions) -> dict:
@@ -474,7 +483,9 @@ def _same_vocabulary(vocabulary, kind: str, file: Path) -> bool:
     return tokenizers.Tokenizer.from_file(vocabulary.tokenizer_file).get_vocab() == ids
 
 
-def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone_weights):
+def _restore_or_init(
+    mngr, checkpoint, data, optimizer: dict, fresh: _FreshState, model, backbone_weights
+):
     """Restores the newest (or a given) checkpoint, or initialises a fresh state (with the
     backbone weights loaded from ``backbone_weights``)."""
     abstract_state, state_shardings = fresh.abstract, fresh.shardings
@@ -511,6 +522,18 @@ def _restore_or_init(mngr, checkpoint, data, fresh: _FreshState, model, backbone
                 f"pipeline ({', '.join(f'{k}: {saved.get(k)} then, {now.get(k)} now' for k in changed)}); "
                 "resume with the same task, data bindings, seed and batch size, or use another "
                 "MODEL_DIR"
+            )
+        before = data_state.get("optimizer")  # recorded since stop 86
+        if before is not None and before != optimizer:
+            changed = sorted(
+                k for k in before.keys() | optimizer.keys() if before.get(k) != optimizer.get(k)
+            )
+            raise ConfigError(
+                f"{mngr.directory}/{latest}: the checkpoint was trained with other optimizer "
+                f"settings ({'; '.join(f'{k}: {before.get(k)} then, {optimizer.get(k)} now' for k in changed)}); "
+                "resume with the same LEARNING_RATE, WARMUP_STEPS and optimizer bindings (only "
+                "TRAIN_STEPS may grow), or start another MODEL_DIR from it with "
+                "--gin.CheckpointConfig.restore"
             )
         start = int(data_state["batches_consumed"])
         logging.info("resumed from step %d (%d batches consumed)", latest, start)
