@@ -559,6 +559,14 @@ def test_an_unknown_task_lists_the_registered_tasks_and_mixtures(toy, tmp_path):
     message = str(refused.value)
     assert message.startswith("DataConfig.task='beir_trian_bm25' is not a registered")
     assert "'beir_train_bm25'" in message and "mixtures: ['beir_train_and_selfsup'" in message
+    assert not (tmp_path / "m").exists()
+    # a split the task lacks: a ValueError traceback from seqio, after MODEL_DIR/checkpoints
+    gin.clear_config()
+    bindings = _bindings(tmp_path / "m", toy, 3, **{"DataConfig.split": "'validation'"})
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(errors.ConfigError, match=r"^DataConfig.split='validation': the task "):
+        trainer.train()
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_mesh_that_does_not_fit_is_refused_before_model_dir_is_made(toy, tmp_path):

@@ -102,17 +102,14 @@ class DataConfig:
         return {"query": self.query_length, "doc": self.doc_length}
 
 
-def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Yields every global batch, from batch ``start_batch`` on (the same on every process).
-
-    Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
-    int32 (0 = padding), with b = ``batch_size``.
-    """
+def check_task(config: DataConfig) -> None:
+    """Refuses, before any work, a task or mixture that is not registered or a split it lacks
+    (nothing to check when batches are replayed)."""
     if config.cached_batches:
-        return _replay_batches(config, start_batch)
+        return
     import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
-    from aligner_jax import tasks  # noqa: PLC0415  (importing registers the tasks)
+    from aligner_jax import tasks  # noqa: F401, PLC0415  (importing registers the tasks)
 
     if config.task not in seqio.TaskRegistry.names() and config.task not in (
         seqio.MixtureRegistry.names()
@@ -122,6 +119,27 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
             f"(registered tasks: {sorted(seqio.TaskRegistry.names())}; mixtures: "
             f"{sorted(seqio.MixtureRegistry.names())})"
         )
+    splits = seqio.get_mixture_or_task(config.task).splits
+    if config.split not in splits:
+        raise ConfigError(
+            f"DataConfig.split={config.split!r}: the task {config.task!r} has the split(s) "
+            f"{sorted(splits)}"
+        )
+
+
+def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Yields every global batch, from batch ``start_batch`` on (the same on every process).
+
+    Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
+    int32 (0 = padding), with b = ``batch_size``.
+    """
+    if config.cached_batches:
+        return _replay_batches(config, start_batch)
+    check_task(config)
+    import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
+
+    from aligner_jax import tasks  # noqa: PLC0415  (importing registers the tasks)
+
     ds = seqio.get_dataset(
         config.task,
         config.feature_lengths,

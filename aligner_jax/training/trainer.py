@@ -144,6 +144,7 @@ def train(
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     mesh = partitioning.create_mesh(num_partitions)
     _check_batch_fits_mesh(data, mesh)  # checked before MODEL_DIR is made: a refusal leaves none
+    input_pipeline.check_task(data)
     model_dir.mkdir(parents=True, exist_ok=True)
     from_hf = bool(backbone_weights) and backbone_weights.startswith(hf_models.PREFIX)
     if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
