@@ -73,3 +73,33 @@ def test_sweep_binary_reports_a_missing_dataset_in_one_line(tmp_path):
     assert "Traceback (most recent call last)" not in proc.stderr
     assert "In call to configurable" not in proc.stderr
     assert not (tmp_path / "o" / "sweep.json").exists()
+
+
+def test_a_bad_grid_is_refused_before_any_encoding_and_replot_names_a_bad_file(tmp_path):
+    """sweep.beta_d=() ended in a ZeroDivisionError after encoding (sweep.json written with no
+    points); beta_q=(2.0,) was refused as SearchConfig.beta_q, a binding the user never set,
+    after the first token index; replot of a corrupt sweep.json was a JSONDecodeError."""
+    import pytest
+
+    from aligner_jax.common.errors import ConfigError
+
+    data = write_toy_beir(tmp_path / "data")
+    cases = [
+        ("sweep.beta_d = ()", r"^--gin.sweep.beta_d=\(\): expected a non-empty tuple"),
+        ("sweep.beta_q = (2.0,)", r"^--gin.sweep.beta_q=2.0: must be in \(0.0, 1.0\]"),
+        ("sweep.alignment = 'top_x:3'", "top_x"),
+    ]
+    for binding, message in cases:
+        gin.clear_config()
+        try:
+            cli.parse_gin(["models/bert_tiny.gin", "sweeps/pruning.gin"], [binding])
+            with pytest.raises(ConfigError, match=message):
+                pruning_sweep.sweep(dataset_dir=str(data), output_dir=str(tmp_path / "out"))
+        finally:
+            gin.clear_config()
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "bad").mkdir()
+    for text in ("{", "{}"):
+        (tmp_path / "bad" / "sweep.json").write_text(text)
+        with pytest.raises(ConfigError, match=r"sweep.json: not a sweep's results"):
+            pruning_sweep.replot(str(tmp_path / "bad"))

@@ -22,7 +22,7 @@ import gin
 import numpy as np
 from absl import logging
 
-from aligner_jax.common import fileio, progress
+from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.core import scoring
 from aligner_jax.data import beir
@@ -65,6 +65,20 @@ def sweep(
     search_config = search_config or search_lib.SearchConfig()
     if search_config.exhaustive:
         raise ConfigError("sweep: pruning acts on token search; set SearchConfig.k_prime > 0")
+    for name, values in (("beta_d", beta_d), ("beta_q", beta_q)):  # before any encoding
+        if isinstance(values, str) or not isinstance(values, tuple | list) or not values:
+            raise ConfigError(
+                f"--gin.sweep.{name}={values!r}: expected a non-empty tuple of ratios"
+            )
+        for value in values:
+            checks.number(f"sweep.{name}", value, 0.0, 1.0, low_open=True)
+    for name in (alignment, *strategies):
+        scoring.AlignmentStrategy.parse(name)
+    if strategies and (1.0 not in beta_d or 1.0 not in beta_q):
+        logging.warning(
+            "sweep: the strategy comparison runs at beta_d = beta_q = 1.0, which the grid lacks: "
+            "sweep.json's 'strategies' stays empty"
+        )
     run = beir_eval.prepare(dataset_dir, output_dir, split, index_dir, encoding_config)
     output, dataset, store = run.output, run.dataset, run.store
     bundle, qids, encoded = run.encoder.bundle, run.qids, run.queries
@@ -210,7 +224,12 @@ def replot(output_dir: str) -> dict:
     path = output / "sweep.json"
     if not path.is_file():
         raise MissingPathError(f"{path}: no sweep.json to redraw; run the sweep first")
-    report = json.loads(path.read_text())
+    try:
+        report = json.loads(path.read_text())
+        if not isinstance(report, dict) or not report.get("points"):
+            raise ValueError("it holds no sweep points")
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not a sweep's results ({e}); run the sweep again") from None
     fileio.atomic_write_text(output / "sweep.md", markdown(report))
     plot_sweep(report, output)
     return report
