@@ -678,3 +678,18 @@ def test_a_replaced_document_is_published_with_its_new_text(built, tmp_path):
         doc = exporter.store_documents(store, {"d2", "d3"}, corpus=given)
         assert (doc["d2"].title, doc["d2"].text) == ("Updated", "zebra zebra")
         assert doc["d3"].text == DOCS["d3"]["text"]
+
+
+def test_a_collection_that_lost_points_since_its_record_is_refused(built, exhaustive):
+    """An interrupted --overwrite to a server deleted the collection first and wrote the record
+    last, so the old record described a partial collection; queries searched 8 of 48 documents
+    without a word."""
+    client = targets.ClientTarget("toy", location=":memory:")
+    record = exporter.export_store(ts.TokenStore(built), client)
+    record["index_dir"] = str(built)
+    searcher = querying.QdrantSearcher.open(client, record, encoder=exhaustive.encoder)
+    assert len(searcher.search("honey bees", 5)) == 5
+    client.client.delete("toy", points_selector=[0, 1, 2])
+    with pytest.raises(errors.IndexIntegrityError, match=rf"holds {len(DOCS) - 3} points, its "
+                       rf"publication record {len(DOCS)}: a publish was interrupted"):  # fmt: skip
+        querying.QdrantSearcher.open(client, record, encoder=exhaustive.encoder)

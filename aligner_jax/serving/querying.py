@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import gin
 
 from aligner_jax.common import checks
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.encoding.encoder import EncodedText, Encoder
 from aligner_jax.lexical import minicoil as minicoil_lib
 from aligner_jax.retrieval import searcher as search_lib
@@ -106,6 +106,14 @@ class QdrantSearcher:
         encoder = loaded.query_encoder()
         sparse = sparse_vectors(record, minicoil_index, record_dir, encoder)
         target.open(None if sparse is None else sparse.name)
+        held, published = target.count(), record.get("num_points")
+        if published is not None and held != published:  # an interrupted --overwrite
+            target.close()
+            raise IndexIntegrityError(
+                f"{target.describe()}: holds {held} points, its publication record "
+                f"{published}: a publish was interrupted or the collection changed since; "
+                "publish it again (aligner-publish --overwrite)"
+            )
         return cls(target, encoder, sparse, config)
 
     def spec(self, encoded: EncodedText, text: str, k: int) -> targets.QuerySpec:
