@@ -7,7 +7,8 @@ earlier token. Positions are returned in text order.
 
 Documents also lose their tokens of zero salience when stored (``salient``): in Eq. 2,
 ``A = Ã ⊙ (u^q ⊗ u^d)`` gives such a token no weight, so it adds nothing to a score; kept, it
-can only win a query token's top-1 alignment and silence that query token.
+can only win a query token's top-1 alignment and silence that query token. That departs from
+the paper, whose refinement scores every token (§3.2; ``IndexingConfig.drop_zero_salience``).
 """
 
 from __future__ import annotations

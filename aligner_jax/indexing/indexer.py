@@ -47,7 +47,10 @@ class IndexingConfig:
     drop_zero_salience: store only the tokens whose salience u^d is above 0 (a document with
       none keeps its first token). Eq. 2 gives them no weight; kept, they can only take a query
       token's top-1 alignment and silence it, which lets documents of unrelated tokens win
-      (benchmarks/results/README.md, "Tokens of zero salience"). Stores that predate the
+      (benchmarks/results/README.md, "Tokens of zero salience"). A deviation from the paper,
+      whose refinement scores every token ("we still use the full model with all token
+      vectors", §3.2): here Ã (Eq. 2) picks among the stored tokens only, and top-p's ⌊p·m⌋
+      counts m stored tokens. False gives the paper's refinement. Stores that predate the
       setting kept them (``recorded``). A no-op for models without saliences (u = 1).
     store_text: keep each document's title and text in ``documents.sqlite`` (search hits show
       them); False keeps only ids and metadata (filters still work).
