@@ -653,3 +653,16 @@ def test_resuming_with_other_optimizer_settings_is_refused_but_more_steps_go_on(
     cli.parse_gin(run, _bindings(tmp_path / "m", toy, 5))
     trainer.train()
     assert sorted(_losses(tmp_path / "m")) == [1, 2, 3, 4, 5]
+
+
+def test_an_incomplete_checkpoint_folder_is_named_as_such(toy, tmp_path):
+    """An empty MODEL_DIR/checkpoints/N (a half-copied run) was called a checkpoint "written for
+    another model or optimizer"."""
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
+    trainer.train()
+    (tmp_path / "m" / "checkpoints" / "5").mkdir()
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 6))
+    with pytest.raises(errors.CheckpointError, match=r"checkpoints/5: an incomplete checkpoint "
+                       r"\(no state or data: a copy or save that did not finish\)"):  # fmt: skip
+        trainer.train()

@@ -77,7 +77,15 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, data_state: dict) -
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restores (state, data_state) of ``step`` into the shardings of ``abstract_state``; a
-    checkpoint of another model or optimizer (shapes, tree) is a ``CheckpointError``."""
+    checkpoint of another model or optimizer (shapes, tree), or an incomplete one, is a
+    ``CheckpointError``."""
+    folder = Path(mngr.directory) / str(step)
+    missing = [item for item in ("state", "data") if not (folder / item).is_dir()]
+    if missing:
+        raise CheckpointError(
+            f"{folder}: an incomplete checkpoint (no {' or '.join(missing)}: a copy or save that "
+            "did not finish); remove that folder to resume from the checkpoint before it"
+        )
     try:
         restored = mngr.restore(
             step,
