@@ -8,7 +8,9 @@ salience (u ≡ 1), so ALIGNER's top-1 score is Σ_i max_j q_i·d_j / n_q: Qdran
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 
 import gin
 import numpy as np
@@ -693,3 +695,23 @@ def test_a_collection_that_lost_points_since_its_record_is_refused(built, exhaus
     with pytest.raises(errors.IndexIntegrityError, match=rf"holds {len(DOCS) - 3} points, its "
                        rf"publication record {len(DOCS)}: a publish was interrupted"):  # fmt: skip
         querying.QdrantSearcher.open(client, record, encoder=exhaustive.encoder)
+
+
+def test_a_killed_publishs_hidden_folders_are_removed_by_the_next(built, tmp_path, monkeypatch):
+    """A publish killed by SIGTERM or SIGKILL left .NAME.partial-PID behind, and the next one
+    removed only its own process's: they piled up beside --qdrant_path."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    for name in (f".shard.partial-{ended.pid}", f".shard.old-{ended.pid}"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "segment").write_text("x")
+    alive = tmp_path / f".shard.partial-{os.getpid()}x"  # not a pid: someone else's, kept
+    alive.mkdir()
+
+    def stop(*args, **kwargs):
+        raise errors.Terminated()
+
+    monkeypatch.setattr(exporter, "export_store", stop)
+    with pytest.raises(errors.Terminated):
+        exporter.publish_embedded(ts.TokenStore(built), tmp_path / "shard")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name]

@@ -857,3 +857,34 @@ def test_rerank_run_beside_a_first_stage_names_where_that_stage_came_from(tmp_pa
         errors.ConfigError, match=r"which is 'hybrid' here \(a gin file such as eval/hybrid.gin"
     ):
         beir_eval.check_first_stage("hybrid", str(tmp_path / "run.trec"), False, config)
+
+
+def test_sigterm_inside_a_binary_is_handled_as_ctrl_c_with_status_143(monkeypatch, capsys):
+    """A cluster's or service manager's SIGTERM killed a binary without its cleanup (an
+    embedded publish left its hidden .partial folder behind); it is now Ctrl-C's path: what was
+    written is kept, temporary files are removed, one line, exit 143."""
+    cleaned = []
+
+    def job():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises before this ends
+        finally:
+            cleaned.append(True)
+
+    def run(main, *args, **kwargs):
+        cli.call_or_exit("aligner-publish", job, on_interrupt="nothing was published")
+
+    monkeypatch.setattr(cli.app, "run", run)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/aligner-publish"])
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.run(lambda argv: None)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert exit_info.value.code == 143 and cleaned == [True]
+    assert capsys.readouterr().err == (
+        "aligner-publish: terminated (SIGTERM): nothing was published\n"
+    )

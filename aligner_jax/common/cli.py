@@ -298,14 +298,27 @@ def run(main: Callable[[Sequence[str]], None], uses_gin: bool = True) -> None:
     kept."""
     if signal.getsignal(signal.SIGINT) is aligner_jax._exit_before_start:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     _job["started"] = False
     try:
         _run(main, uses_gin)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # The job's own interruption is call_or_exit's; this one came before it or after it.
         what = _AFTER_THE_JOB if _job["started"] else aligner_jax.INTERRUPTED_BEFORE_START
-        print(f"{aligner_jax.program_name()}: interrupted: {what}", file=sys.stderr)
-        sys.exit(130)
+        _exit_interrupted(aligner_jax.program_name(), stop, what)
+
+
+def _terminate(signum, frame) -> None:
+    raise errors.Terminated()
+
+
+def _exit_interrupted(program: str, stop: KeyboardInterrupt, what: str) -> None:
+    """One line saying what was kept; exit 130 for Ctrl-C, 143 for SIGTERM (128 + signal)."""
+    terminated = isinstance(stop, errors.Terminated)
+    how = "terminated (SIGTERM)" if terminated else "interrupted"
+    print(f"{program}: {how}: {what}", file=sys.stderr)
+    sys.exit(143 if terminated else 130)
 
 
 _job = {"started": False}  # whether call_or_exit ran this process's job (for Ctrl-C's line)
@@ -353,11 +366,8 @@ def call_or_exit(program: str, fn: Callable, on_interrupt: str = "", **kwargs):
         # gin appends "  In call to configurable ..." lines: context for a bug, noise for a user.
         lines = [ln for ln in str(e).splitlines() if not ln.startswith("  In call to configurable")]
         sys.exit(f"{program}: error: " + "\n".join(lines))
-    except KeyboardInterrupt:
-        print(
-            f"{program}: interrupted: {on_interrupt or 'nothing more was written'}", file=sys.stderr
-        )
-        sys.exit(130)
+    except KeyboardInterrupt as stop:
+        _exit_interrupted(program, stop, on_interrupt or "nothing more was written")
 
 
 def refuse_empty(*names: str) -> None:

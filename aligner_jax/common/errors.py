@@ -62,6 +62,11 @@ class NonFiniteLossError(UserError, FloatingPointError):
     """Training produced a NaN/inf loss (lower the learning rate, check the data)."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a cluster's or a service manager's stop) inside a binary: handled as Ctrl-C is
+    (what was written is kept, temporary files removed), exit status 143."""
+
+
 # OS errors about a path the user gave (their message names the path): one line, too.
 PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 

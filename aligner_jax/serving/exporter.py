@@ -294,6 +294,17 @@ def minicoil_folder(record: dict, record_dir: str | os.PathLike | None = None) -
     return Path(record_dir) / name
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a publish that may still be writing its folder)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def publish_embedded(
     store: ts.TokenStore,
     path: str | os.PathLike,
@@ -317,6 +328,10 @@ def publish_embedded(
             "it, or choose another folder"
         )
     fileio.check_output_dir(path.parent, "--qdrant_path")
+    for stale in path.parent.glob(f".{path.name}.*-*"):  # what a killed publish left
+        kind, _, pid = stale.name.rpartition("-")
+        if kind.endswith((".partial", ".old")) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     target = targets.EdgeTarget(partial)
