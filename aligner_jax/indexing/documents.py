@@ -305,7 +305,8 @@ def _some_value(field: str, predicates: list[tuple[str, Any]]) -> tuple[str, lis
 
 def _is_null(field: str) -> str:
     """The field is missing or null (a list is not)."""
-    return f"{field if field in COLUMNS else f'json_extract(metadata, {_path_sql(field)})'} IS NULL"
+    value = field if field in COLUMNS else f"json_extract(metadata, {_path_sql(field)})"
+    return f"{value} IS NULL"
 
 
 def _field_clauses(field: str, condition: Mapping[str, Any]) -> list[tuple[str, list]]:

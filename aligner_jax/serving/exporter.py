@@ -297,11 +297,11 @@ def minicoil_folder(record: dict, record_dir: str | os.PathLike | None = None) -
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a publish that may still be writing its folder)."""
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only whether it exists (PermissionError: another user's)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
