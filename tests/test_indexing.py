@@ -78,7 +78,9 @@ def test_killed_indexing_resumes_to_identical_bytes(corpus, tmp_path):
                 break
             time.sleep(0.02)
         proc.wait(timeout=60)
-        assert not (target / ts.MANIFEST).exists() or proc.returncode == 0
+        if (target / ts.MANIFEST).exists():  # killed after the store's commit (its search
+            # index being built) or not at all: the store it published is whole
+            assert ts.TokenStore(target, verify_checksums=True).num_docs == 60
     finished = run_python(*_index_cmd(corpus, target))
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert _checksums(target) == _checksums(tmp_path / "ref")
