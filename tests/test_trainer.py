@@ -655,6 +655,20 @@ def test_resuming_with_other_optimizer_settings_is_refused_but_more_steps_go_on(
     assert sorted(_losses(tmp_path / "m")) == [1, 2, 3, 4, 5]
 
 
+def test_a_resumed_run_removes_the_temporary_folder_of_a_killed_save(toy, tmp_path):
+    """A run killed while orbax wrote step N left MODEL_DIR/checkpoints/N.orbax-checkpoint-tmp
+    for ever when the resumed run did not save step N again (another period)."""
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3))
+    trainer.train()
+    killed = tmp_path / "m" / "checkpoints" / "4.orbax-checkpoint-tmp"
+    (killed / "state").mkdir(parents=True)
+    gin.clear_config()
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 5))
+    trainer.train()
+    assert not killed.exists()
+    assert sorted(p.name for p in (tmp_path / "m" / "checkpoints").iterdir()) == ["3", "5"]
+
+
 def test_an_incomplete_checkpoint_folder_is_named_as_such(toy, tmp_path):
     """An empty MODEL_DIR/checkpoints/N (a half-copied run) was called a checkpoint "written for
     another model or optimizer"."""

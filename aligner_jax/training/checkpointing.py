@@ -58,6 +58,8 @@ def manager(
         max_to_keep=config.keep,
         save_interval_steps=1,  # the trainer decides when to save
         create=create,
+        # a save killed mid-way leaves STEP.orbax-checkpoint-tmp: removed when a run resumes
+        cleanup_tmp_directories=create,
         enable_async_checkpointing=config.async_save,
     )
     return ocp.CheckpointManager(
