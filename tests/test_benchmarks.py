@@ -46,6 +46,28 @@ def test_scaling_measures_a_small_corpus(tmp_path):
     assert not (tmp_path / "out" / "small.png").exists()  # a plot needs several sizes
 
 
+def test_filter_cost_times_each_filter_first_and_repeated(tmp_path):
+    proc = run_python(
+        REPO / "benchmarks" / "filter_cost.py",
+        "--docs=300,600",
+        "--repeats=1",
+        f"--work_dir={tmp_path / 'tables'}",
+        f"--output={tmp_path / 'out'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "out" / "filter_cost.json").read_text())["rows"]
+    assert [(r["docs"], r["filter_name"]) for r in rows][:2] == [
+        (300, "range"),
+        (300, "list element"),
+    ]
+    passing = {(r["docs"], r["filter_name"]): r["passing_docs"] for r in rows}
+    assert passing[300, "ne (keeps null)"] == 200 and passing[600, "ne (keeps null)"] == 400
+    assert 0 < passing[600, "two fields"] < passing[600, "range"] < 600
+    assert all(r["first_ms"] > 0 and r["repeated_ms"] >= 0 for r in rows)
+    assert "| 600 | range" in (tmp_path / "out" / "filter_cost.md").read_text()
+    assert (tmp_path / "out" / "filter_cost.png").stat().st_size > 0
+
+
 def _scaling_rows(recalls=(0.93, 0.84, 0.99)) -> list[dict]:
     sizes = (1_000_000, 4_000_000, 16_000_000)
     return [

@@ -216,6 +216,28 @@ def test_filters_on_lists_missing_fields_nulls_and_kinds_follow_qdrant(tmp_path)
         table.mask({"n": {"in": {"a": 1}}})
 
 
+def test_a_repeated_filter_reuses_its_mask_and_never_confuses_kinds(tmp_path, monkeypatch):
+    """The mask of a recent filter is kept (Elasticsearch's filter cache): at 1M documents a
+    filter costs 0.6-0.9 s of SQL per search, every time."""
+    metadata = [{"n": 1}, {"n": True}, {"n": "1"}, {"n": 2}]
+    rows = [documents_lib.IndexDocument(f"d{i}", "", "", m) for i, m in enumerate(metadata)]
+    documents_lib.write_shard(tmp_path, 0, rows)
+    monkeypatch.setattr(documents_lib, "MASK_CACHE_ENTRIES", 3)
+    table = documents_lib.DocumentTable(tmp_path, [{"index": 0, "num_docs": len(rows)}])
+    runs = []
+    run = table._run_filter
+    monkeypatch.setattr(table, "_run_filter", lambda *a: runs.append(a[0]) or run(*a))
+    filters = [{"n": 1}, {"n": True}, {"n": "1"}, {"n": 1}, {"n": 1.0}, {"n": {"eq": 1}}]
+    kept = [np.flatnonzero(table.mask(f)).tolist() for f in filters]
+    assert kept == [[0], [1], [2], [0], [0], [0]]
+    assert runs == [{"n": 1}, {"n": True}, {"n": "1"}]  # 1, 1.0 and {"eq": 1} are one filter
+    assert not table.mask({"n": 1}).flags.writeable  # callers cannot change the kept mask
+    table.mask({"n": 2})  # a fourth filter pushes out the least recently used, {"n": True}
+    table.mask({"n": 1})
+    table.mask({"n": True})
+    assert runs[3:] == [{"n": 2}, {"n": True}]
+
+
 def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
     _, fast, exhaustive = synthetic
     q = _query(2)

@@ -30,7 +30,9 @@ satisfies the field's whole condition (``{"tags": "a"}`` keeps ``["a", "b"]``;
 document none of whose values equals, also one without the field or with null; null means a
 missing or null field (``{"source": null}``, also inside ``in``); booleans, numbers and strings
 never match each other (true is not 1, 2015 not "2015"). The result is a boolean mask over store
-positions, which search applies during candidate generation.
+positions, which search applies during candidate generation. A table keeps the masks of its
+recent filters (``MASK_CACHE_BYTES``; Elasticsearch's filter cache): a filter repeated on the
+same index snapshot costs no SQL (its shards' rows never change; an update is a new snapshot).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import math
 import sqlite3
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,8 @@ from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.data import beir
 
 FILE = "documents.sqlite"
+MASK_CACHE_BYTES = 64 << 20  # masks of recent filters kept per table (one byte per document)
+MASK_CACHE_ENTRIES = 256  # and at most this many filters, each of parameters under 64 KiB
 BUSY_TIMEOUT_S = 60.0  # several indexing processes of one job may write at once
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -368,8 +373,8 @@ def compile_filter(filter: Mapping[str, Any]) -> tuple[str, list]:
 
 class DocumentTable:
     """Read access to ``documents.sqlite`` for the documents of one token store: contents of
-    given store positions, and the mask of a filter. One connection per thread (searchers are
-    shared by server threads)."""
+    given store positions, and the mask of a filter (recent ones cached). One connection per
+    thread (searchers are shared by server threads)."""
 
     def __init__(self, directory: str | Path, shards: Sequence[Mapping[str, Any]]):
         """``shards``: the store manifest's entries (``index``, ``num_docs``) in store order."""
@@ -389,6 +394,9 @@ class DocumentTable:
         self._shard_starts = self._start[indices]
         self._shard_indices = indices
         self._local = threading.local()
+        self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._masks_lock = threading.Lock()
+        self._masks_kept = min(MASK_CACHE_ENTRIES, MASK_CACHE_BYTES // max(1, self.num_docs))
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -425,8 +433,27 @@ class DocumentTable:
         return [found.get(pair) for pair in pairs]
 
     def mask(self, filter: Mapping[str, Any]) -> np.ndarray:
-        """Boolean ``[num_docs]``: the store positions whose document passes ``filter``."""
+        """Boolean ``[num_docs]`` (read-only): the store positions whose document passes
+        ``filter``. The masks of the most recent filters are kept (as many as fit in
+        ``MASK_CACHE_BYTES``, at most ``MASK_CACHE_ENTRIES``): a repeated filter is not run
+        again."""
         where, params = compile_filter(filter)
+        key = (where, *params)
+        with self._masks_lock:
+            if key in self._masks:
+                self._masks.move_to_end(key)
+                return self._masks[key]
+        out = self._run_filter(filter, where, params)
+        out.setflags(write=False)
+        if sum(len(p) for p in params if isinstance(p, str)) > 64 << 10:
+            return out
+        with self._masks_lock:
+            self._masks[key] = out
+            while len(self._masks) > self._masks_kept:
+                self._masks.popitem(last=False)
+        return out
+
+    def _run_filter(self, filter: Mapping[str, Any], where: str, params: list) -> np.ndarray:
         try:
             rows = self._db().execute(f"SELECT shard, slot FROM documents WHERE {where}", params)
             pairs = np.array(rows.fetchall(), np.int64).reshape(-1, 2)
