@@ -117,6 +117,17 @@ def test_text_is_html_escaped(identity):
     assert "http://" not in page and "https://" not in page and "src=" not in page
 
 
+def test_a_document_id_in_the_element_ids_is_escaped(identity):
+    """The server's fragments prefix element ids with the document id, which may hold quotes
+    and brackets (ids only forbid whitespace): it was written raw, so an id added over HTTP ran
+    script on the search page, which sets the fragment as innerHTML."""
+    _, ex, _ = identity
+    doc_id = 'x"><img/src=x/onerror=alert(1)>'
+    fragment = explanation_html.render_fragment(ex, id_prefix=f"{doc_id}-")
+    assert "<img" not in fragment and "onerror=alert(1)>-query" not in fragment
+    assert 'id="x&quot;&gt;&lt;img/src=x/onerror=alert(1)&gt;-query"' in fragment
+
+
 def test_salience_color_maps_unit_interval():
     assert explanation_html.salience_color(0.0) == "rgba(255, 193, 7, 0.000)"
     assert explanation_html.salience_color(1.0) == "rgba(255, 193, 7, 0.850)"

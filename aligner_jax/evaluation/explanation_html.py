@@ -181,7 +181,8 @@ def render_html(ex: Explanation) -> str:
 def render_fragment(ex: Explanation, id_prefix: str = "") -> str:
     """The body of :func:`render_html` (settings, texts, alignment tables) as an HTML fragment
     styled by ``CSS``; ``id_prefix`` keeps element ids unique when a page holds several (the
-    search page of ``aligner-serve``)."""
+    search page of ``aligner-serve``; escaped here: it holds a document id)."""
+    id_prefix = _esc(id_prefix)
     query_color, doc_marks = _word_links(ex)
     unstored = frozenset(ex.unstored_doc_positions)
     n, m = ex.similarity.shape
