@@ -214,6 +214,10 @@ def test_filters_on_lists_missing_fields_nulls_and_kinds_follow_qdrant(tmp_path)
     assert kept({"doc_id": {"ne": "a"}, "title": {"in": ["a", "b"]}}) == "b"
     with pytest.raises(ConfigError, match=r"'n' in \{'a': 1\}: expected a list"):
         table.mask({"n": {"in": {"a": 1}}})
+    for huge in ({"n": 10**20}, {"doc_id": {"lt": -(10**20)}}, {"n": {"in": [1, 2**63]}}):
+        with pytest.raises(ConfigError, match=r"beyond 64-bit integers"):  # was an OverflowError
+            table.mask(huge)
+    assert kept({"n": {"lt": 2**63 - 1}}) == "abf"
 
 
 def test_a_repeated_filter_reuses_its_mask_and_never_confuses_kinds(tmp_path, monkeypatch):

@@ -240,6 +240,10 @@ def _json_path(field: str) -> str:
 def _check_value(field: str, op: str, value) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"filter: {field!r} {op} {value!r}: give a finite number")
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ConfigError(
+            f"filter: {field!r} {op} {value}: beyond 64-bit integers (what metadata can hold)"
+        )
     if value is not None and not isinstance(value, (str, int, float, bool)):
         raise ConfigError(
             f"filter: {field!r} {op} {value!r}: expected a string, number, boolean or null "
