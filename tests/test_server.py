@@ -167,6 +167,8 @@ def test_concurrent_queries_are_batched_and_each_gets_its_own_answer(read_only):
         ({"query": BEES, "offset": 10_001}, 422, "--max_offset"),
         ({"query": "x" * 201}, 422, "201 characters, more than the server's --max_query_chars=200"),
         ({"query": "   "}, 422, "query: empty"),
+        ({"query": "\u200b\u0000"}, 422, "query: empty (or invisible characters only)"),
+        ({"query": BEES, "filter": {"n": 10**20}}, 422, "beyond 64-bit integers"),
         ({"query": None}, 422, "body.query: Input should be a valid string"),
         ({"k": 3}, 422, "body.query: Field required"),
         ({"query": BEES, "kk": 3}, 422, "body.kk: Extra inputs are not permitted"),
@@ -180,6 +182,28 @@ def test_bad_searches_get_a_4xx_naming_the_field(client, body, status, message):
     r = client.post("/search", json=body)
     assert r.status_code == status, r.text
     assert message in r.json()["detail"]
+
+
+def test_a_server_bug_is_a_json_500_counted_as_a_failed_search(index_copy, query_encoder):
+    service = _service(index_copy, query_encoder)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    service.snapshot.searcher.search_batch = boom
+    with TestClient(http_app.create_app(service), raise_server_exceptions=False) as c:
+        r = c.post("/search", json={"query": BEES})
+        assert r.status_code == 500  # was plain text "Internal Server Error", not counted
+        assert r.json() == {"detail": "internal server error (RuntimeError); see the server's log"}
+        assert c.get("/stats").json()["counts"]["failed_searches"] == 1
+    service.close()
+
+
+def test_an_empty_filter_is_no_filter(read_only):
+    """As in Qdrant; it counted every document as passing a filter."""
+    r = read_only.post("/search", json={"query": BEES, "k": 3, "filter": {}})
+    assert r.json()["filtered_docs"] is None
+    assert _ids(r) == _ids(read_only.post("/search", json={"query": BEES, "k": 3}))
 
 
 def test_oversized_and_malformed_bodies_are_refused(read_only):
@@ -249,7 +273,31 @@ def test_writes_need_the_token(client, read_only):
         "DELETE", "/documents", json={"ids": ["d1"]}, headers={"Authorization": TOKEN}
     )
     assert r.status_code == 401
+    # the token is checked before the body: a bad body without it is 401 / 403, not 422
+    r = client.post("/documents", json={"documents": [{"id": "q"}]})
+    assert r.status_code == 401, r.text
+    r = read_only.post("/documents", json={"documents": [{"id": "q"}]}, headers=AUTH)
+    assert r.status_code == 403, r.text
     assert client.get("/health").json()["generation"] == 0  # nothing was written
+
+
+def test_a_delete_body_may_be_as_long_as_a_write(client):
+    """DELETE /documents had the 64 KiB bound of searches: 6,000 ids were refused 413, short of
+    the documented --max_documents=10000."""
+    ids = [f"missing-{i:06d}" for i in range(6000)]
+    assert len(json.dumps({"ids": ids})) > 65536
+    r = client.request("DELETE", "/documents", json={"ids": ids}, headers=AUTH)
+    assert r.status_code == 404 and "6000 are not live documents" in r.json()["detail"]
+
+
+def test_an_id_another_process_added_meanwhile_is_a_409(client, index_copy):
+    """The clash check read the served snapshot: within --refresh_s of an outside commit the
+    add failed deep in Index.add, a 422 naming the Python API and the server's path."""
+    aligner_jax.Index.open(index_copy).add([{"id": "d9", **TOY_DOCS["d9"]}])
+    r = client.post("/documents", json={"documents": [{"id": "d9", "text": "x"}]}, headers=AUTH)
+    assert r.status_code == 409, r.text
+    assert "1 ids are already in the index" in r.json()["detail"]
+    assert client.get("/health").json() == {"status": "ok", "generation": 1, "num_docs": 10}
 
 
 def test_add_and_delete_publish_new_snapshots(client):
@@ -507,6 +555,37 @@ def test_changes_committed_by_another_writer_are_served(index_copy, query_encode
         assert service.stats()["counts"]["refreshes"] == 1
         assert not service.refresh()  # nothing new since
     service.close()
+
+
+def test_a_request_cancelled_in_the_queue_leaves_the_search_thread_alive(index_copy, query_encoder):
+    """A future cancelled while queued (a handler cancelled by a timeout) made set_result raise
+    in the only search thread, which died: every later search hung while /health said ok."""
+    service = _service(index_copy, query_encoder, max_batch=1)
+    try:
+        futures = [service.submit(BEES, k=2) for _ in range(6)]
+        cancelled = [f.cancel() for f in futures[1:]]
+        assert any(cancelled)  # queued behind the first, which is searched meanwhile
+        after = service.submit(BEES, k=2)
+        assert after.result(timeout=60)[1][0][0] == "d1"
+        assert all(
+            f.result(timeout=60)[1] for f, c in zip(futures[1:], cancelled, strict=True) if not c
+        )
+    finally:
+        service.close()
+
+
+def test_the_refresh_thread_outlives_a_bug(index_copy, query_encoder):
+    service = index_service.IndexService(
+        index_copy,
+        loader=lambda d, enc: search_lib.Searcher.load(d, encoder=enc or query_encoder),
+        refresh_s=0.05,
+    )
+    service.refresh = lambda: {}["a bug"]  # a KeyError: the thread stopped refreshing, silently
+    deadline = time.time() + 30
+    while service.stats()["counts"].get("refresh_errors", 0) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    service.close()
+    assert service.stats()["counts"]["refresh_errors"] >= 3
 
 
 # ~45 tokens: past the two shortest query length buckets (16, 32), which alone are warmed in

@@ -331,6 +331,12 @@ def _record_id(path: Path, line_number: int, record: dict[str, Any]) -> str:
     return doc_id
 
 
+def is_blank(text: str) -> bool:
+    """No visible character: only whitespace, control or format characters (a zero-width
+    space, NUL): a query of them has nothing to search with."""
+    return not any(c.isprintable() and not c.isspace() for c in text)
+
+
 def _record_text(
     path: Path,
     line_number: int,
@@ -431,7 +437,7 @@ def iter_queries(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
                 f'{{"_id": ..., "text": ...}} object per line.'
             )
         text = _record_text(path, line_number, record, "text", True, empty_allowed=False)
-        if not text.strip():
+        if is_blank(text):
             raise BeirFormatError(
                 f"{path}:{line_number}: query {query_id!r} has an empty text (nothing to search "
                 f"with). Give it a text or remove the line."

@@ -156,7 +156,7 @@ def search_job(
             "--show=text prints snippets under --query's ranking; the run file of --queries "
             "holds ids and scores only"
         )
-    if query is not None and not query.strip():
+    if query is not None and beir.is_blank(query):
         raise ConfigError("--query is empty: give a text to search for")
     if threads < 1:
         raise ConfigError(f"--threads={threads}: must be >= 1")

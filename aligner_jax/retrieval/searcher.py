@@ -36,6 +36,7 @@ import numpy as np
 from aligner_jax.common import blas, checks, doc_ids, progress
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.core import flops, pruning, scoring, xtr
+from aligner_jax.data import beir
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import EncodedText, Encoder, EncodingConfig
 from aligner_jax.indexing import ann as ti
@@ -207,12 +208,15 @@ class SearchResults(list):
 
 
 def _check_query(text, where: str = "query") -> str:
-    """A query is a non-empty string with some non-whitespace (refused otherwise: there is
-    nothing to search with)."""
+    """A query is a string with a visible character (``beir.is_blank``; refused otherwise:
+    there is nothing to search with)."""
     if not isinstance(text, str):
         raise ConfigError(f"{where}: expected a string, got {type(text).__name__} {text!r:.60}")
-    if not text.strip():
-        raise ConfigError(f"{where} is empty or whitespace: give the text to search for")
+    if beir.is_blank(text):
+        raise ConfigError(
+            f"{where} is empty or whitespace (or invisible characters only): give the text to "
+            "search for"
+        )
     return text
 
 
@@ -610,8 +614,8 @@ class Searcher:
         self, filter: Mapping[str, Any] | None = None, subset: Iterable[str] | None = None
     ) -> np.ndarray | None:
         """Boolean ``[num_docs]`` of the documents passing ``filter`` and in ``subset`` (None:
-        no restriction)."""
-        if filter is None and subset is None:
+        no restriction, also for an empty filter ``{}``, as in Qdrant)."""
+        if (filter is None or (isinstance(filter, Mapping) and not filter)) and subset is None:
             return None
         mask = np.ones(self.store.num_docs, bool)
         if filter is not None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
@@ -120,7 +120,7 @@ class BodyLimit:
         self.limits = limits
 
     def _limit(self, scope) -> tuple[int, str]:
-        if scope["path"] == "/documents" and scope["method"] == "POST":
+        if scope["path"] == "/documents" and scope["method"] in ("POST", "DELETE"):
             return self.limits.max_write_bytes, "--max_write_bytes"
         return self.limits.max_request_bytes, "--max_request_bytes"
 
@@ -228,6 +228,14 @@ def create_app(
     async def _api_error(request: Request, exc: ApiError):
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception):
+        """A server bug: JSON like every other answer, one line (uvicorn logs the traceback)."""
+        return JSONResponse(
+            {"detail": f"internal server error ({type(exc).__name__}); see the server's log"},
+            status_code=500,
+        )
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         detail = _validation_message(exc)
@@ -241,8 +249,8 @@ def create_app(
         return JSONResponse({"detail": detail}, status_code=422)
 
     def check_query(text: str) -> str:
-        if not text.strip():
-            raise ApiError(422, "query: empty; give a non-empty text")
+        if beir.is_blank(text):
+            raise ApiError(422, "query: empty (or invisible characters only); give a text")
         if len(text) > limits.max_query_chars:
             raise ApiError(
                 422,
@@ -252,6 +260,8 @@ def create_app(
         return text
 
     def check_writer(request: Request) -> None:
+        """The write routes' dependency: runs before their body is read and validated (a
+        request without the token is 401/403 whatever its body)."""
         if write_token is None:
             raise ApiError(
                 403, "writes are disabled: start aligner-serve with --write_token to allow them"
@@ -306,6 +316,9 @@ def create_app(
         except errors.USER_ERRORS as e:
             service.record(0.0, ok=False)
             raise ApiError(_user_error_status(e), str(e).splitlines()[0]) from e
+        except Exception:
+            service.record(0.0, ok=False)
+            raise
         hits = [snapshot.hit(h) for h in results]
         took_ms = 1000.0 * (time.perf_counter() - start)
         service.record(took_ms, ok=True)
@@ -344,10 +357,10 @@ def create_app(
             beir.document_text(beir.Document(body.doc_id, title, text)),
         )
 
-    @app.post("/documents")
-    async def add_documents(body: AddRequest, request: Request) -> dict:
-        """Adds documents (write token). Answers once they are searchable."""
-        check_writer(request)
+    @app.post("/documents", dependencies=[Depends(check_writer)])
+    async def add_documents(body: AddRequest) -> dict:
+        """Adds documents (write token). Answers once they are searchable (by this server
+        process; with ``--workers``, by the others within ``--refresh_s``)."""
         docs = body.documents
         if not docs:
             raise ApiError(422, "documents: empty list; give at least one document")
@@ -368,10 +381,9 @@ def create_app(
         out = await run_in_threadpool(run_user_errors, service.add, records)
         return {**out, "took_ms": 1000.0 * (time.perf_counter() - start)}
 
-    @app.delete("/documents")
-    async def delete_documents(body: DeleteRequest, request: Request) -> dict:
+    @app.delete("/documents", dependencies=[Depends(check_writer)])
+    async def delete_documents(body: DeleteRequest) -> dict:
         """Deletes documents by id (write token): never returned again."""
-        check_writer(request)
         if not body.ids:
             raise ApiError(422, "ids: empty list; give at least one document id")
         if len(body.ids) > limits.max_documents:

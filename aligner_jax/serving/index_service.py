@@ -272,14 +272,27 @@ class IndexService:
                     self._queue.put(None)
                     break
                 batch.append(item)
-            snapshot = self._snapshot  # the whole batch runs on one snapshot
-            self._counts["batches"] += 1
-            self._counts["batched_queries"] += len(batch)
-            groups: dict[tuple, list[_Pending]] = {}
-            for p in batch:
-                groups.setdefault(p.group, []).append(p)
-            for group in groups.values():
-                self._run_group(snapshot, group)
+            # a request cancelled while queued (its client gone, a timeout) is not searched
+            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
+            try:
+                self._run_batch(batch)
+            except Exception as e:  # noqa: BLE001 - the thread must outlive any one batch
+                logging.exception("aligner-serve: a search batch failed")
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(e)
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
+        snapshot = self._snapshot  # the whole batch runs on one snapshot
+        self._counts["batches"] += 1
+        self._counts["batched_queries"] += len(batch)
+        groups: dict[tuple, list[_Pending]] = {}
+        for p in batch:
+            groups.setdefault(p.group, []).append(p)
+        for group in groups.values():
+            self._run_group(snapshot, group)
 
     def _run_group(self, snapshot: Snapshot, group: list[_Pending]) -> None:
         first = group[0]
@@ -322,7 +335,7 @@ class IndexService:
         """Encodes and adds ``documents`` (``{"id", "text", "title", "metadata"}`` each; one
         transaction of ``Index.add``), then publishes a new snapshot."""
         with self._write_lock:
-            old = self._snapshot
+            old = self._latest()  # ids another process committed meanwhile clash too
             known = old.searcher.store.live_positions()  # a deleted id may be added again
             clash = [d["id"] for d in documents if d["id"] in known]
             if clash:
@@ -340,7 +353,7 @@ class IndexService:
         """Deletes ``ids`` (one transaction of ``Index.delete``), then publishes a new
         snapshot."""
         with self._write_lock:
-            old = self._snapshot
+            old = self._latest()
             store = old.searcher.store
             live = {d for d, dead in zip(store.doc_ids, store.deleted, strict=True) if not dead}
             unknown = [d for d in ids if d not in live]
@@ -369,14 +382,20 @@ class IndexService:
         (``Searcher.refresh``); returns whether a new snapshot was published."""
         with self._write_lock:
             old = self._snapshot
-            searcher = old.searcher.refresh()
-            if searcher is old.searcher:
-                return False
-            if self._warm:
-                self._warm_batches(searcher)
-            self._snapshot = Snapshot(searcher, old.documents, old.generation + 1, time.time())
+            return self._latest() is not old
+
+    def _latest(self) -> Snapshot:
+        """The snapshot of the newest committed state (published when it is new); called under
+        the write lock."""
+        old = self._snapshot
+        searcher = old.searcher.refresh()
+        if searcher is old.searcher:
+            return old
+        if self._warm:
+            self._warm_batches(searcher)
+        self._snapshot = Snapshot(searcher, old.documents, old.generation + 1, time.time())
         self._counts["refreshes"] += 1
-        return True
+        return self._snapshot
 
     def _refresh_loop(self, every_s: float) -> None:
         while not self._closed.wait(every_s):
@@ -384,6 +403,9 @@ class IndexService:
                 self.refresh()
             except errors.USER_ERRORS as e:  # e.g. a writer mid-transaction: next time
                 logging.warning("aligner-serve: index not refreshed: %s", e)
+            except Exception:  # noqa: BLE001 - a bug is logged, and the next refresh still runs
+                self._counts["refresh_errors"] += 1
+                logging.exception("aligner-serve: index not refreshed")
 
     # -- stats -----------------------------------------------------------------------------------
     def stats(self) -> dict:
