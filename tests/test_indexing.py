@@ -15,6 +15,7 @@ from fixtures import run_python, start_python, write_beir_fixture
 from index_utils import random_documents, write_store
 
 from aligner_jax.common import fileio
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.indexing import ann as ti
 from aligner_jax.indexing import token_store as ts
 
@@ -205,6 +206,32 @@ def tiny_encoder():
         return Encoder(loading.load_encoder())
     finally:
         gin.clear_config()
+
+
+def test_a_job_whose_processes_do_not_share_the_index_dir_fails_in_one_line(
+    corpus, tiny_encoder, tmp_path
+):
+    """Each process of one JAX job writing to its own disk ended with exit 0, 'INCOMPLETE' and
+    no manifest anywhere: past the barrier after encoding, a missing shard means the storage
+    is not shared (here process 0 of 2, whose partner's shards never appear)."""
+    from aligner_jax.data import beir
+    from aligner_jax.indexing import indexer
+
+    class Alone:  # ProcessSplit's interface, without the other process
+        rank, count, leader = 0, 2, True
+
+        def barrier(self, name):
+            pass
+
+    docs = list(beir.iter_corpus(corpus))[:12]
+    with pytest.raises(ConfigError, match=r"1 of 3 shards \(e\.g\. shard-00001\), which other "
+                       r"processes of this job wrote, are not visible to process 0 .* must be "
+                       r"storage every process shares"):  # fmt: skip
+        indexer.build_token_store(
+            docs, tiny_encoder, tmp_path / "idx", indexer.IndexingConfig(5), 0, 2, split=Alone()
+        )
+    assert not (tmp_path / "idx" / ts.MANIFEST).exists()
+    assert ts.read_shard_marker(tmp_path / "idx", 0) is not None  # its own work is kept
 
 
 def test_pruned_tokens_can_be_left_out_of_the_store(corpus, tiny_encoder, tmp_path):

@@ -308,6 +308,15 @@ def _build_token_store(
     if split is not None:
         split.barrier("every shard encoded")
     complete = finalize(directory, num_shards, settings, write=split is None or split.leader)
+    if split is not None and not complete:
+        unseen = [i for i in range(num_shards) if ts.read_shard_marker(directory, i) is None]
+        raise ConfigError(
+            f"--index_dir={directory}: {len(unseen)} of {num_shards} shards (e.g. "
+            f"{ts.shard_name(unseen[0])}), which other processes of this job wrote, are not "
+            f"visible to process {split.rank} after every process finished encoding: the "
+            "index directory must be storage every process shares (NFS, a GCS FUSE mount); "
+            "the shards written stay, and a run on shared storage resumes them"
+        )
     if split is not None:
         split.barrier("manifest written")
     stats = _sum_stats(directory, num_shards)
