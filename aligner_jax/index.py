@@ -4,11 +4,10 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
   python -m aligner_jax.index --gin_file=models/minilm.gin --gin_file=index/default.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" --corpus=corpus.jsonl --index_dir=X
 
-Default gin: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: JSONL,
-``seqio:TASK`` or ``tfds:NAME`` (``--corpus_split``), or ``--dataset_dir=DIR``. Updates
-(indexing/updates.py): ``--add``, ``--delete``, ``--compact``, ``--search_index`` alone (a
-rebuild). A killed job resumes; N hosts: WORKSPACE.md "Running on many hosts".
-"""
+Default gin: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: JSONL, ``seqio:TASK``
+or ``tfds:NAME`` (``--corpus_split``), or ``--dataset_dir=DIR``. Updates (indexing/updates.py, one
+process): ``--add``, ``--delete``, ``--compact``, ``--search_index`` alone (a rebuild). A killed job
+resumes; N hosts: WORKSPACE.md "Running on many hosts"."""
 
 from __future__ import annotations
 
@@ -47,13 +46,14 @@ def main(argv: Sequence[str]) -> None:
     if FLAGS.index_dir and any(updates_asked):
         if given:  # building an index, or updating one: never one of them silently
             raise app.UsageError("--corpus/--dataset_dir build an index: not with --add etc.")
+        if split := distributed.flags_given("process_index", "process_count"):  # each would run it
+            raise app.UsageError(f"updates run as one process: drop {', '.join(split)}")
         summary = cli.run_job(
             "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, add=FLAGS.add,
             on_interrupt=updates.interrupted(FLAGS.index_dir), delete=FLAGS.delete,
             search_index=rebuild, compact_index=FLAGS.compact, force_compact=FLAGS.force_compact,
         )  # fmt: skip
-        print(json.dumps(summary))
-        return
+        return print(json.dumps(summary))
     if FLAGS.dataset_dir and FLAGS.corpus:
         raise app.UsageError("give --corpus or --dataset_dir (its corpus.jsonl), not both")
     corpus = FLAGS.corpus or (FLAGS.dataset_dir and str(Path(FLAGS.dataset_dir) / "corpus.jsonl"))

@@ -16,7 +16,7 @@
 # PYTHON (default: the repository's .venv/bin/python) runs `PYTHON -m aligner_jax.BINARY`.
 set -euo pipefail
 if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: $0 NUM_PROCESSES BINARY [flags...]   (BINARY: train, index, ... or aligner-train)" >&2
+  echo "usage: $0 NUM_PROCESSES BINARY [flags...]   (BINARY: train or index, or aligner-train)" >&2
   exit 2
 fi
 num=$1 binary=${2#aligner-}; shift 2
@@ -25,6 +25,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 if [ ! -f "$repo/aligner_jax/$binary.py" ]; then
   echo "$0: no binary '$binary' (aligner_jax/$binary.py): e.g. train, index" >&2
+  exit 2
+fi
+if ! grep -q "distributed.declare_key_flags" "$repo/aligner_jax/$binary.py"; then
+  echo "$0: aligner-$binary runs as one process (it takes no --coordinator_address): e.g. train, index" >&2
   exit 2
 fi
 port=$("$repo/.venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

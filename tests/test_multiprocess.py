@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import REPO, python_env, run_python, write_beir_fixture
+from fixtures import REPO, python_env, run_python, start_python, write_beir_fixture
 
 from aligner_jax.training import trainer
 
@@ -411,6 +411,9 @@ def test_launcher_usage_and_unknown_binary():
     assert proc.returncode == 2 and "usage" in proc.stderr
     proc = subprocess.run(["bash", str(LAUNCHER), "2", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "no binary 'nope'" in proc.stderr
+    proc = subprocess.run(["bash", str(LAUNCHER), "2", "eval"], capture_output=True, text=True)
+    assert proc.returncode == 2  # its flags were refused by each process, after the start
+    assert "aligner-evaluate runs as one process (it takes no --coordinator_address)" in proc.stderr
 
 
 def test_incomplete_distributed_flags_are_one_line():
@@ -423,6 +426,77 @@ def test_incomplete_distributed_flags_are_one_line():
         "named by --coordinator_address needs all three of --coordinator_address, "
         "--num_processes and --process_id (or --multiprocess alone on a TPU pod / SLURM cluster)"
     )
+
+
+JOIN_SCRIPT = """
+import sys
+from aligner_jax.common import cli, distributed
+address, num, rank = (sys.argv[1:] + [None] * 3)[:3]
+cli.call_or_exit(
+    "aligner-test", distributed.initialize, coordinator_address=address,
+    num_processes=num and int(num), process_id=rank and int(rank), auto=not address,
+    timeout_s=20,
+)
+"""
+
+
+def test_a_job_that_cannot_be_joined_is_one_line():
+    """The coordinator's port taken (JAX crashed with SIGSEGV), or --multiprocess where JAX
+    detects no cluster (a 35-line ValueError traceback)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_python("-c", JOIN_SCRIPT, f"127.0.0.1:{port}", "1", "0", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"aligner-test: error: --coordinator_address=127.0.0.1:{port}: port {port} is in use on "
+        "this host (Address already in use); process 0 serves the job there: choose a free port"
+    ), proc.stderr[-2000:]
+    proc = run_python("-c", JOIN_SCRIPT, timeout=120)  # this machine is no cluster
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("aligner-test: error: --multiprocess: JAX found no cluster to join (")
+    ), proc.stderr[-2000:]
+
+
+def test_processes_given_other_counts_are_refused():
+    """A rank started with --num_processes=3 in a job of 2 joined silently as 'process 1 of 2'."""
+    address = f"127.0.0.1:{_free_port()}"
+    procs = [
+        start_python("-c", JOIN_SCRIPT, address, num, rank, capture=True)
+        for num, rank in (("2", "0"), ("3", "1"))
+    ]
+    (_, first), (_, second) = (p.communicate(timeout=200) for p in procs)
+    assert procs[0].returncode == 0, first[-2000:]
+    assert procs[1].returncode == 1
+    assert second.strip().splitlines()[-1] == (
+        "aligner-test: error: --num_processes=3 --process_id=1: the job's coordinator counts 2 "
+        "processes and made this one 1; give every process the same --num_processes and its own "
+        "--process_id"
+    )
+
+
+def test_updates_refuse_the_process_flags(tmp_path):
+    """aligner-index --add under the launcher ran the whole update in every process, which then
+    raced for the index's lock."""
+    proc = run_python(
+        "-m", "aligner_jax.index", f"--index_dir={tmp_path}", "--add=x.jsonl",
+        "--coordinator_address=127.0.0.1:1234", "--num_processes=2", "--process_id=1",
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "updates run as one process: drop --coordinator_address, --num_processes, --process_id"
+        )
+    ), proc.stderr[-2000:]
+    proc = run_python("-m", "aligner_jax.index", f"--index_dir={tmp_path}", "--process_count=2",
+                      "--compact")  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1].endswith("drop --process_count")
 
 
 # Sharded exhaustive search: a random token store (tombstones included) searched by

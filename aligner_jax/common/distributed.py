@@ -19,6 +19,7 @@ here before the backend starts; accelerators use their own (ICI/DCN on TPU, NCCL
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import jax
@@ -52,6 +53,7 @@ FLAG_NAMES = (
     "multiprocess",
     "initialization_timeout",
 )
+PROCESS_FLAGS = ("coordinator_address", "num_processes", "process_id", "multiprocess")
 CPU_COLLECTIVES = "gloo"
 
 
@@ -59,6 +61,12 @@ def declare_key_flags() -> None:
     """Makes ``--help`` of the binary being run list these flags (call at its import)."""
     for name in FLAG_NAMES:
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+
+
+def flags_given(*others: str) -> list[str]:
+    """The process flags (these and ``others``) given on the command line, as ``--name``."""
+    names = (*PROCESS_FLAGS, *others)
+    return [f"--{name}" for name in names if flags.FLAGS[name].present]
 
 
 def initialize_from_flags() -> bool:
@@ -103,6 +111,23 @@ def check_settings(
         )
 
 
+def _check_port_free(coordinator_address: str) -> None:
+    """Process 0 serves the job on the address's port (on every interface, as JAX's
+    coordinator binds it): refuses a port another program holds."""
+    port = int(coordinator_address.rpartition(":")[2])
+    family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(
+                f"--coordinator_address={coordinator_address}: port {port} is in use on this "
+                f"host ({e.strerror}); process 0 serves the job there: choose a free port"
+            ) from None
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -114,7 +139,9 @@ def initialize(
 
     Nothing is done (one process, ``False``) when no argument is given and ``auto`` is off.
     ``auto`` with no explicit setting lets JAX detect the cluster. Must run before anything
-    touches a JAX backend (``jax.devices()``, a jitted call).
+    touches a JAX backend (``jax.devices()``, a jitted call). A job that cannot be joined (the
+    coordinator's port taken, no cluster detected, counts that disagree) is a ``ConfigError``;
+    a peer that never comes, or dies, ends in JAX's own abort once its timeouts pass.
     """
     explicit = (coordinator_address, num_processes, process_id) != (None, None, None)
     if not explicit and not auto:
@@ -126,12 +153,34 @@ def initialize(
     # CPU devices of different processes exchange collectives through gloo (harmless where the
     # devices are accelerators: it only configures the CPU client).
     jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=timeout_s,
-    )
+    if explicit and process_id == 0:
+        _check_port_free(coordinator_address)  # JAX crashes (SIGSEGV) on a port in use
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=timeout_s,
+        )
+    except (jax.errors.JaxRuntimeError, ValueError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if not explicit:
+            raise ConfigError(
+                f"--multiprocess: JAX found no cluster to join ({reason}); outside a TPU pod, "
+                "SLURM, MPI or Kubernetes give --coordinator_address, --num_processes and "
+                "--process_id"
+            ) from None
+        raise ConfigError(
+            f"--coordinator_address={coordinator_address}: could not join the job as process "
+            f"{process_id} ({reason}); process 0 serves it on that port, which must be free "
+            "there and reachable from every process"
+        ) from None
+    if explicit and (jax.process_count(), jax.process_index()) != (num_processes, process_id):
+        raise ConfigError(
+            f"--num_processes={num_processes} --process_id={process_id}: the job's coordinator "
+            f"counts {jax.process_count()} processes and made this one {jax.process_index()}; "
+            "give every process the same --num_processes and its own --process_id"
+        )
     logging.info(
         "process %d of %d; devices: %d local, %d global",
         jax.process_index(),
