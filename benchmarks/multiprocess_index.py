@@ -66,13 +66,15 @@ def run(cmd: list[str], env: dict, log_path: Path) -> dict:
 
 
 def summaries(log_path: Path) -> list[dict]:
-    """The JSON summary line each process printed (``[rank] {...}`` under the launcher)."""
+    """The JSON summary line each process printed (``[rank] {...}`` under the launcher), in
+    rank order (the order of the lines is the order the processes finished)."""
     out = []
     for line in log_path.read_text().splitlines():
-        line = re.sub(r"^\[\d+\] ", "", line)
+        rank = re.match(r"^\[(\d+)\] ", line)
+        line = line[rank.end() :] if rank else line
         if line.startswith('{"directory"'):
-            out.append(json.loads(line))
-    return out
+            out.append((int(rank.group(1)) if rank else 0, json.loads(line)))
+    return [summary for _, summary in sorted(out, key=lambda pair: pair[0])]
 
 
 def search_index_meta(index_dir: Path) -> dict:

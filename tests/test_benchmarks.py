@@ -68,6 +68,19 @@ def test_filter_cost_times_each_filter_first_and_repeated(tmp_path):
     assert (tmp_path / "out" / "filter_cost.png").stat().st_size > 0
 
 
+def test_multiprocess_index_reads_the_summaries_in_rank_order(tmp_path):
+    """They were read in the order the processes finished, beside peak RSS in rank order: the
+    encoding times of the two ranks could be swapped in the table."""
+    import multiprocess_index
+
+    log = tmp_path / "log"
+    log.write_text(
+        '[1] {"directory": "i", "encode_seconds": 13}\n[0] noise\n'
+        '[0] {"directory": "i", "encode_seconds": 0}\n'
+    )
+    assert [s["encode_seconds"] for s in multiprocess_index.summaries(log)] == [0, 13]
+
+
 def _scaling_rows(recalls=(0.93, 0.84, 0.99)) -> list[dict]:
     sizes = (1_000_000, 4_000_000, 16_000_000)
     return [
