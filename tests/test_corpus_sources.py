@@ -101,6 +101,24 @@ def test_bad_sources_name_the_flag():
         cs.open_corpus("seqio:aligner_test_corpus", "test")
     with pytest.raises(FileNotFoundError, match=r"--corpus=/nonexistent.jsonl: no such file"):
         cs.open_corpus("/nonexistent.jsonl")
+    # a TypeError / ValueError traceback before: the version is required by seqio's TFDS source
+    for spec in ("tfds:mnist", "tfds:"):
+        with pytest.raises(ValueError, match=rf"--corpus={spec}: give a TFDS dataset with its "):
+            cs.open_corpus(spec, "train")
+
+
+def test_seqio_ids_follow_the_one_id_rule():
+    """A seqio/TFDS corpus kept ids with spaces, empty ones, and " 7 " apart from "7"."""
+    records = [dict(RECORDS[i], _id=v) for i, v in enumerate([" 7 ", "a", "b"])]
+    _register("aligner_test_ids", records)
+    got = [d.doc_id for d in cs.iter_dataset_documents("seqio:aligner_test_ids", "train")]
+    assert got == ["7", "a", "b"]
+    for bad, reason in (("a b", r"'a b' contains whitespace"), ("", "is empty")):
+        _register("aligner_test_ids", [dict(RECORDS[0]), dict(RECORDS[1], _id=bad)])
+        with pytest.raises(
+            errors.BeirFormatError, match=rf"record 1: the id \(feature '_id'\) {reason}"
+        ):
+            list(cs.iter_dataset_documents("seqio:aligner_test_ids", "train"))
 
 
 def test_duplicate_ids_and_bad_utf8_name_the_record():
@@ -155,18 +173,29 @@ def test_aligner_index_on_a_seqio_task_matches_the_jsonl_index(tmp_path):
     assert "--corpus_split=dev" in wrong_split.stderr and not (tmp_path / "x").exists()
 
 
-def test_a_jsonl_corpus_is_counted_in_the_pass_that_hashes_it(tmp_path):
-    """The indexing job's progress had no total (no ETA) for a JSONL corpus, its main case: the
-    records (non-blank lines; CRLF, blank lines and a last line without a newline included) are
-    now counted while the file is hashed, in chunks smaller than the file here."""
+def test_a_jsonl_corpus_is_checked_and_counted_before_it_is_indexed(tmp_path):
+    """The indexing job's progress has a total (an ETA) for a JSONL corpus: its records (CRLF,
+    blank lines, a line of a lone BOM or no-break space, and a last line without a newline
+    included), counted as the reader counts them (a BOM-only line was one too many)."""
     import hashlib
 
     path = tmp_path / "corpus.jsonl"
     lines = [json.dumps(r, ensure_ascii=False) for r in RECORDS]
-    path.write_bytes(("\r\n".join(lines[:2]) + "\n\n  \n" + "\n".join(lines[2:])).encode())
-    digest, records = cs._hash_and_count(path, chunk_bytes=7)
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert records == len(RECORDS)
+    body = "\r\n".join(lines[:2]) + "\n\n  \n\u00a0\n" + "\n".join(lines[2:])
+    path.write_bytes(body.encode())
+    assert cs._sha256(path, chunk_bytes=7) == hashlib.sha256(path.read_bytes()).hexdigest()
     documents, info = cs.open_corpus(str(path))
-    assert len(documents) == len(RECORDS) and info["sha256"] == digest
+    assert len(documents) == len(RECORDS)
+    assert info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert [d.doc_id for d in documents] == [r["_id"] for r in RECORDS]
+
+
+def test_a_bad_line_at_the_end_stops_the_job_before_anything_is_written(tmp_path):
+    """A duplicate id on the last line was found after 5 shards were written; the fixed file
+    (another sha256) then could not resume them: 'started with other settings'."""
+    path = _write_jsonl(tmp_path / "c.jsonl", RECORDS + [RECORDS[0]])
+    with pytest.raises(errors.BeirFormatError, match=rf"{path}:15: duplicate document id 'd0'"):
+        cs.open_corpus(str(path))
+    proc = _index(str(path), tmp_path / "idx", {})
+    assert proc.returncode == 1 and ":15: duplicate document id 'd0'" in proc.stderr
+    assert not (tmp_path / "idx").exists() or not list((tmp_path / "idx").glob("shard-*"))

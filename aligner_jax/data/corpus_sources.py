@@ -4,7 +4,7 @@
 
   ``path/to/corpus.jsonl``   a BEIR corpus, streamed line by line (file:line errors);
   ``seqio:TASK_NAME``        the raw source of a registered seqio task (no preprocessors);
-  ``tfds:NAME[/CONFIG][:VERSION]``  a TFDS dataset (through ``seqio.TfdsDataSource``),
+  ``tfds:NAME[/CONFIG]:VERSION``  a TFDS dataset (through ``seqio.TfdsDataSource``),
 
 with ``--corpus_split`` choosing the split of the last two. Records are read in a fixed order
 (``shuffle=False``), so a resumed or multi-host job sees the same shards. Which features hold the
@@ -24,7 +24,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from aligner_jax.common import errors
+from aligner_jax.common import doc_ids, errors
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir
 
@@ -42,19 +42,26 @@ class CorpusFeatures:
     title_key: str = "title"
 
 
-def _decode(value, where: str, key: str) -> str:
+def _decode(value, where: str, key: str, as_id: bool = False) -> str:
+    """A feature's string; ``as_id``: a document id (``doc_ids.clean``: the rule of every
+    corpus, so a bytes/str id is stripped and an integer one is its digits)."""
     if isinstance(value, np.ndarray):
         if value.ndim != 0:
             raise ConfigError(f"{where}: feature {key!r} must be a scalar, got shape {value.shape}")
         value = value.item()
     if isinstance(value, bytes):
         try:
-            return value.decode("utf-8")
+            value = value.decode("utf-8")
         except UnicodeDecodeError as e:
             raise errors.BeirFormatError(
                 f"{where}: feature {key!r} is not valid UTF-8 ({e})"
             ) from e
-    return str(value)
+    if not as_id:
+        return str(value)
+    try:
+        return doc_ids.clean(value)
+    except ValueError as reason:
+        raise errors.BeirFormatError(f"{where}: the id (feature {key!r}) {reason}") from None
 
 
 def _dataset(spec: str, split: str):
@@ -73,7 +80,18 @@ def _dataset(spec: str, split: str):
             raise ConfigError(f"--corpus={spec}: {name!r} is a mixture; name one of its tasks")
         source = task.source
     else:
-        source = seqio.TfdsDataSource(tfds_name=spec[len(TFDS_PREFIX) :])
+        name = spec[len(TFDS_PREFIX) :]
+        if ":" not in name.strip(":"):  # seqio refuses a name without a version in a traceback
+            raise ConfigError(
+                f"--corpus={spec}: give a TFDS dataset with its version, tfds:NAME[/CONFIG]:VERSION "
+                "(e.g. tfds:wiki40b/en:1.3.0)"
+            )
+        try:
+            source = seqio.TfdsDataSource(tfds_name=name)
+            source.splits  # noqa: B018 - reads the dataset's info: an unknown one fails here
+        except (ValueError, KeyError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ConfigError(f"--corpus={spec}: not a TFDS dataset it can read ({reason})") from e
     if split not in source.splits:
         raise ConfigError(
             f"--corpus_split={split}: {spec} has splits {sorted(source.splits)}, not {split!r}"
@@ -104,7 +122,7 @@ def _documents(dataset, name: str, features: CorpusFeatures, has_title: bool):
     seen: dict[str, int] = {}
     for index, record in enumerate(dataset.as_numpy_iterator()):
         where = f"{name} record {index}"
-        doc_id = _decode(record[features.id_key], where, features.id_key)
+        doc_id = _decode(record[features.id_key], where, features.id_key, as_id=True)
         if doc_id in seen:
             raise errors.BeirFormatError(
                 f"{where}: duplicate document id {doc_id!r} (first at record {seen[doc_id]})"
@@ -118,9 +136,10 @@ def _documents(dataset, name: str, features: CorpusFeatures, has_title: bool):
 def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document], dict]:
     """The document stream named by ``--corpus`` and its fingerprint (kept in the index config).
 
-    A JSONL file is fingerprinted by size and sha256; a seqio/TFDS source by its name, split and
-    feature names (its records are not hashed up front: that would read the corpus twice). A
-    corpus without any document is refused here, naming it, before anything is written.
+    A JSONL file is fingerprinted by size and sha256, and every record is read and checked once
+    (its count is the job's progress total); a seqio/TFDS source by its name, split and feature
+    names (its records are not read up front: that would run its pipeline twice). A corpus
+    without any document is refused here, naming it, before anything is written.
     """
     if spec.startswith((SEQIO_PREFIX, TFDS_PREFIX)):
         features = CorpusFeatures()
@@ -132,22 +151,19 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
         raise FileNotFoundError(
             f"--corpus={spec}: no such file (a BEIR corpus.jsonl, seqio:TASK or tfds:NAME)"
         )
-    digest, records = _hash_and_count(path)
-    info = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": digest}
+    info = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+    # Every record is checked before anything is encoded: a bad line near the end of a large
+    # corpus is one FILE:LINE error, not hours of shards its fixed file can no longer resume.
+    records = sum(1 for _ in beir.iter_corpus(path))
     return _Counted(_non_empty(beir.iter_corpus(path), f"--corpus={spec}"), records), info
 
 
-def _hash_and_count(path: Path, chunk_bytes: int = 1 << 22) -> tuple[str, int]:
-    """The file's sha256 and its number of non-blank lines (the records of a JSONL corpus), in
-    the one pass that hashes it: the indexing job's progress then has a total and an ETA."""
-    digest, records, partial = hashlib.sha256(), 0, b""
+def _sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(chunk_bytes):
             digest.update(chunk)
-            lines = (partial + chunk).split(b"\n")
-            partial = lines.pop()
-            records += sum(1 for line in lines if line.strip())
-    return digest.hexdigest(), records + bool(partial.strip())
+    return digest.hexdigest()
 
 
 class _Counted:
