@@ -371,6 +371,25 @@ def test_export_roundtrip(kind, bert_folder, t5_folder, tmp_path):
     assert "Eq. 1-2" in readme and "Eq. 4" in readme and "Eq. 5" in readme
 
 
+def test_export_keeps_the_casing_of_a_vocabulary_of_any_name(tmp_path):
+    """wordpiece:DIR/my_vocab.txt with DIR/tokenizer_config.json {"do_lower_case": false}: only
+    the vocabulary was exported, so the export lower-cased ('Hello' became another token)."""
+    source = tmp_path / "cased"
+    source.mkdir()
+    (source / "my_vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nHello\n")
+    (source / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    sources = hf_export._tokenizer_sources(f"wordpiece:{source / 'my_vocab.txt'}")
+    assert sources == {
+        "vocab.txt": source / "my_vocab.txt",
+        "tokenizer_config.json": source / "tokenizer_config.json",
+    }
+    exported = tmp_path / "export"
+    exported.mkdir()
+    for name, path in sources.items():
+        shutil.copy(path, exported / name)
+    assert hf_models.lowercase(source) is False and hf_models.lowercase(exported) is False
+
+
 def test_export_refuses_a_foreign_folder(bert_folder, tmp_path):
     backbone_config, _ = hf_models.load_backbone(bert_folder)
     bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)

@@ -124,6 +124,10 @@ def _tokenizer_sources(spec: str) -> dict[str, pathlib.Path]:
         for name in hf_folder.TOKENIZER_FILES:
             if (folder / name).is_file():
                 sources.setdefault(name, folder / name)
+    elif main.suffix == ".txt" and (folder / "tokenizer_config.json").is_file():
+        # a WordPiece vocabulary of any name is cased as its folder's config says
+        # (hf_models.lowercase): without it the export would lower-case
+        sources["tokenizer_config.json"] = folder / "tokenizer_config.json"
     return sources
 
 
