@@ -253,6 +253,22 @@ def test_sharded_and_sentence_transformers_folders(bert_folder, tmp_path):
         )
     )
     assert hf_models.folder_of(f"hf:{st}") == st / "0_Transformer"
+    config = aligner_lib.AlignerConfig()
+    assert loading.config_for_weights(config, f"hf:{st}").backbone is not None  # pooling: unused
+
+
+def test_a_pylate_folder_with_a_dense_projection_is_refused(bert_folder, tmp_path):
+    """A PyLate model re-saved by PyLate (no aligner_heads) loaded its Transformer alone, its
+    1_Dense projection silently ignored: other vectors than the model's."""
+    folder = shutil.copytree(bert_folder, tmp_path / "pylate")
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ConfigError, match=r"modules.json: the model projects its token vectors "
+                       r"with pylate.models.Dense.Dense after the Transformer"):  # fmt: skip
+        loading.config_for_weights(aligner_lib.AlignerConfig(), f"hf:{folder}")
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(bert_folder):

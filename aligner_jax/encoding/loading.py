@@ -43,6 +43,7 @@ from aligner_jax.weights import (
     aligner_checkpoint,
     aligner_heads,
     bert_safetensors,
+    hf_folder,
     hf_models,
     minilm,
     param_checks,
@@ -132,6 +133,8 @@ def config_for_weights(config: aligner_lib.AlignerConfig, backbone_weights: str 
     if not backbone_weights or not backbone_weights.startswith(hf_models.PREFIX):
         return config
     folder = hf_models.folder_of(backbone_weights)
+    if not aligner_heads.has_heads(folder):
+        hf_folder.refuse_unread_modules(Path(backbone_weights[len(hf_models.PREFIX) :]))
     changes = {"backbone": hf_models.backbone_config(folder)}
     if aligner_heads.has_heads(folder):
         changes.update(aligner_heads.read_architecture(folder))

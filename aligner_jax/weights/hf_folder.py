@@ -73,6 +73,29 @@ def model_folder(path: str | os.PathLike) -> pathlib.Path:
     return path / subfolders[0]
 
 
+def refuse_unread_modules(path: pathlib.Path) -> None:
+    """A sentence-transformers / PyLate folder whose ``modules.json`` transforms the token
+    vectors after the Transformer (a ``Dense`` projection: ColBERT's 128-d layer) is refused:
+    only its Transformer would be read, and its vectors would not be the model's. (An
+    ``aligner-export`` folder reads its projection from ``aligner_heads.safetensors``.)"""
+    modules = path.expanduser() / MODULES_FILE
+    if not modules.is_file():
+        return
+    try:
+        types = [str(e.get("type", "")) for e in json.loads(modules.read_text())]
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+        raise ConfigError(f"{modules}: not a sentence-transformers modules.json ({e})") from e
+    dense = [t for t in types if t.rsplit(".", 1)[-1] == "Dense"]
+    if dense:
+        raise ConfigError(
+            f"{modules}: the model projects its token vectors with {dense[0]} after the "
+            "Transformer, which aligner_jax does not read (nor PyLate's [Q]/[D] prefixes and "
+            "query expansion): its vectors would not be this model's. Load an aligner-export "
+            "folder, or put the Transformer's own files (config.json, model.safetensors, the "
+            "tokenizer) in a folder of their own to use it as a backbone"
+        )
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON object file of a model folder (a user error naming it if missing or invalid)."""
     path = pathlib.Path(path)
