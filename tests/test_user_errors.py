@@ -754,30 +754,53 @@ def test_untrained_heads_on_a_pretrained_backbone_are_named(gin_file, warned, ca
     assert bundle.config.projection == ("dense" if warned else "identity")
 
 
-def test_an_unfinished_index_rerun_with_a_fixed_corpus_names_the_changed_corpus(tmp_path):
-    """A corpus refused at line 8 (a duplicate id) after shard 0 was written, then fixed: the
-    re-run said "manifest.json is missing ... re-run the command that built it", which is what
-    the user just did; the real cause, the corpus's changed checksum, was computed and dropped."""
+def test_an_unfinished_index_rerun_with_a_changed_corpus_names_it(tmp_path):
+    """A job stopped after its first shards, re-run on an edited corpus: the re-run said
+    "manifest.json is missing ... re-run the command that built it", which is what the user
+    just did; the real cause, the corpus's changed checksum, was computed and dropped. (A bad
+    line no longer leads here: the corpus is checked whole before the first shard.)"""
     import gin
 
     from aligner_jax.indexing import indexer
 
     data = write_toy_beir(tmp_path)
     corpus = data / "corpus.jsonl"
-    lines = corpus.read_text().splitlines()
-    corpus.write_text("\n".join(lines[:7] + [lines[2]] + lines[7:]) + "\n")
-    index_dir = str(tmp_path / "index")
+    index_dir = tmp_path / "index"
     cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
     try:
-        with pytest.raises(errors.BeirFormatError, match=r"corpus.jsonl:8: duplicate"):
-            indexer.index_corpus(str(corpus), index_dir, search_index=False)
-        corpus.write_text("\n".join(lines) + "\n")
+        indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
+        (index_dir / ts.MANIFEST).unlink()  # as if stopped before the last shard
+        corpus.write_text(corpus.read_text().replace("Honey bees", "Honey bee"))
         with pytest.raises(errors.IndexIntegrityError) as refused:
-            indexer.index_corpus(str(corpus), index_dir, search_index=False)
+            indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
     finally:
         gin.clear_config()
     message = str(refused.value)
     assert "did not finish" in message and "other settings" in message and "'corpus'" in message
+
+
+def test_the_same_corpus_at_another_path_resumes_and_reuses_its_index(tmp_path):
+    """A corpus moved (or mounted elsewhere) was 'started with other settings': only its path
+    differed, bytes and sha256 the same."""
+    import gin
+
+    from aligner_jax.indexing import indexer
+
+    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
+    moved = tmp_path / "elsewhere" / "corpus.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(corpus.read_bytes())
+    index_dir = tmp_path / "index"
+    cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
+    try:
+        indexer.index_corpus(str(corpus), str(index_dir))
+        before = (index_dir / ts.MANIFEST).read_bytes()
+        again = indexer.index_corpus(str(moved), str(index_dir))
+    finally:
+        gin.clear_config()
+    assert again.complete and again.shards_written == 0
+    assert (index_dir / ts.MANIFEST).read_bytes() == before  # search index still published
+    assert json.loads(before)["corpus"]["path"] == str(corpus.resolve())
 
 
 @pytest.mark.parametrize(

@@ -147,9 +147,19 @@ def _stored_tokens(encoded, config: IndexingConfig):
     )
 
 
-def check_or_write_config(directory: Path, settings: dict) -> None:
+def _same_corpus_anywhere(settings: dict) -> dict:
+    """``settings`` with the corpus's path left out when its bytes are fingerprinted (sha256):
+    the same file moved or mounted elsewhere is the same corpus."""
+    corpus = settings.get("corpus") or {}
+    if "sha256" not in corpus:
+        return settings
+    return {**settings, "corpus": {k: v for k, v in corpus.items() if k != "path"}}
+
+
+def check_or_write_config(directory: Path, settings: dict) -> dict:
     """Records ``settings`` (model, indexing settings, corpus) in ``index_config.json``, or
-    refuses a directory started with other ones."""
+    refuses a directory started with other ones; returns the recorded settings (a corpus at
+    another path than recorded, with the same bytes, keeps the recorded path)."""
     path = directory / CONFIG_FILE
     if path.exists() and not _holds_work(directory):
         # only the settings of a job that stopped before its first shard (a corpus refused at
@@ -158,7 +168,7 @@ def check_or_write_config(directory: Path, settings: dict) -> None:
         fileio.remove(path)
     if path.exists():
         existing = ts.read_json(path, "delete the index directory and index again")
-        if existing != settings:
+        if _same_corpus_anywhere(existing) != _same_corpus_anywhere(settings):
             diff = {
                 k: (existing.get(k), settings.get(k))
                 for k in set(existing) | set(settings)
@@ -178,9 +188,10 @@ def check_or_write_config(directory: Path, settings: dict) -> None:
                 f"{path}: this index directory was started with other settings {diff} "
                 "(existing, requested). Use another --index_dir or delete this one."
             )
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        fileio.atomic_write_json(path, settings)
+        return existing
+    directory.mkdir(parents=True, exist_ok=True)
+    fileio.atomic_write_json(path, settings)
+    return settings
 
 
 def _holds_work(directory: Path) -> bool:
@@ -272,7 +283,7 @@ def _build_token_store(
         "indexing": config.settings(),
         "corpus": corpus_info or {},
     }
-    check_or_write_config(directory, settings)
+    settings = check_or_write_config(directory, settings)
     write_encoder_spec(directory, encoder.bundle)
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens, tokens_encoded = 0.0, 0, 0, 0
