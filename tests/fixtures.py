@@ -318,5 +318,5 @@ def pid_worker(host: str, port: int, app_args: dict) -> None:
     from aligner_jax.serving import serve_job
 
     app = Starlette(routes=[Route("/", lambda request: JSONResponse({"pid": os.getpid()}))])
-    sock = serve_job._reuse_port_socket(host, port)
+    sock = serve_job._bound_socket(host, port, reuse_port=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -707,6 +707,31 @@ def test_workers_refuse_bad_settings_before_starting(tmp_path, pristine, monkeyp
         port = taken.getsockname()[1]
         with pytest.raises(errors.ConfigError, match=f"--port={port}: Address already in use"):
             serve_job.serve_job(str(pristine), port=port, workers=2)
+        # one worker: refused before the index is loaded (it loaded and warmed it, said it
+        # served on the port, then failed)
+        monkeypatch.setattr(serve_job, "build_app", lambda *a: pytest.fail("loaded"))
+        with pytest.raises(errors.ConfigError, match=f"--port={port}: Address already in use"):
+            serve_job.serve_job(str(pristine), port=port)
+
+
+def test_a_second_multi_worker_server_on_a_port_is_refused(pristine, monkeypatch):
+    """SO_REUSEPORT let a second aligner-serve --workers bind the port of a running one (also
+    on another index or mode), and the kernel spread the connections over both servers."""
+    holder = serve_job._bound_socket("127.0.0.1", 0, reuse_port=True)
+    port = holder.getsockname()[1]
+    lock = serve_job._lock_port("127.0.0.1", port)  # as the first server holds it
+    monkeypatch.setattr(serve_job.multiprocessing, "get_context", lambda *a: pytest.fail("start"))
+    try:
+        with pytest.raises(
+            errors.ConfigError,
+            match=rf"--port={port}: another aligner-serve --workers \(pid {os.getpid()}\) "
+            "serves this port",
+        ):
+            serve_job.serve_job(str(pristine), host="0.0.0.0", port=port, workers=2)
+    finally:
+        lock.close()
+        holder.close()
+    serve_job._lock_port("127.0.0.1", port).close()  # released with its file
 
 
 @pytest.mark.slow  # two worker processes loading JAX, the model and the warm-ups: ~60 s

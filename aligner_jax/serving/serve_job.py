@@ -17,13 +17,16 @@ snapshots.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import threadpoolctl
 import uvicorn
@@ -119,10 +122,21 @@ def serve_job(
             dict(index_dir=index_dir, mode=mode, write_token=token, threads=threads,
                  limits=limits_obj, explainer=explainer, refresh_s=refresh_s),
         )  # fmt: skip
-    app = build_app(index_dir, mode, token, threads, limits_obj, explainer, refresh_s)
-    _log_start(index_dir, f"{app.state.service.snapshot.num_docs} documents", token, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-    app.state.service.close()
+    # Bound before the index loads: a port in use fails at once, and --port=0's port is known.
+    sock = _bound_socket(host, port, reuse_port=False)
+    try:
+        app = build_app(index_dir, mode, token, threads, limits_obj, explainer, refresh_s)
+    except BaseException:
+        sock.close()
+        raise
+    documents = f"{app.state.service.snapshot.num_docs} documents"
+    _log_start(index_dir, documents, token, host, sock.getsockname()[1])
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+        app.state.service.close()
     return "aligner-serve: stopped"
 
 
@@ -146,8 +160,11 @@ def _serve_workers(
     manifest = ts.read_manifest(app_args["index_dir"])
     # Holds the port (bound, not listening: it receives no connections) so that a port in use
     # fails here, and --port=0 picks one port for every worker.
-    holder = _reuse_port_socket(host, port)
+    holder = _bound_socket(host, port, reuse_port=True)
     port = holder.getsockname()[1]
+    # SO_REUSEPORT lets another program of this user bind the port too: another aligner-serve
+    # --workers would share its connections. Its lock (while this server runs) refuses that.
+    port_lock = _lock_port(host, port)
     ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(
@@ -177,6 +194,7 @@ def _serve_workers(
                 proc.kill()
                 proc.join()
         holder.close()
+        port_lock.close()
     failed = [(p.name, p.exitcode) for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
     if failed and not stop.is_set():
         raise RuntimeError(
@@ -197,11 +215,36 @@ def _log_start(index_dir: str, what: str, token: str | None, host: str, port: in
     )
 
 
-def _reuse_port_socket(host: str, port: int) -> socket.socket:
+def _lock_port(host: str, port: int):
+    """An exclusive lock on ``aligner-serve-port-PORT.lock`` in the temporary folder (any host:
+    sockets on 0.0.0.0 and 127.0.0.1 share a port), held by the returned open file (closing it
+    releases it); refuses a port another aligner-serve --workers holds."""
+    path = Path(tempfile.gettempdir()) / f"aligner-serve-port-{port}.lock"
+    f = open(path, "a+")  # noqa: SIM115 - held open for the server's life
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ConfigError(
+            f"--host={host} --port={port}: another aligner-serve --workers (pid {holder}) "
+            "serves this port; stop it or choose another port"
+        ) from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def _bound_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A socket bound to (host, port), not yet listening (uvicorn listens); ``reuse_port``:
+    with ``SO_REUSEPORT`` (``--workers``: one socket per worker on the port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:
@@ -213,7 +256,7 @@ def _reuse_port_socket(host: str, port: int) -> socket.socket:
 def _worker(host: str, port: int, app_args: dict) -> None:
     """One ``--workers`` process: loads the app (index, model, warm-ups), then listens."""
     app = build_app(**app_args)
-    sock = _reuse_port_socket(host, port)
+    sock = _bound_socket(host, port, reuse_port=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])
