@@ -218,6 +218,8 @@ def test_filters_on_lists_missing_fields_nulls_and_kinds_follow_qdrant(tmp_path)
         with pytest.raises(ConfigError, match=r"beyond 64-bit integers"):  # was an OverflowError
             table.mask(huge)
     assert kept({"n": {"lt": 2**63 - 1}}) == "abf"
+    with pytest.raises(ConfigError, match=r"""field 'a"b': a key holding '"' cannot be filtered"""):
+        table.mask({'a"b': 1})  # matched nothing, silently (SQLite's paths cannot name it)
 
 
 def test_a_repeated_filter_reuses_its_mask_and_never_confuses_kinds(tmp_path, monkeypatch):

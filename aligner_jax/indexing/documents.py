@@ -234,7 +234,9 @@ def _json_path(field: str) -> str:
     parts = [p.replace("\0", ".") for p in field.replace("\\.", "\0").split(".")]
     if not all(parts):
         raise ConfigError(f"filter: field {field!r} has an empty part (write e.g. 'venue.name')")
-    return "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
+    if any('"' in p for p in parts):  # SQLite's JSON paths cannot name such a key
+        raise ConfigError(f"filter: field {field!r}: a key holding '\"' cannot be filtered on")
+    return "$" + "".join(f'."{p}"' for p in parts)
 
 
 def _check_value(field: str, op: str, value) -> None:
