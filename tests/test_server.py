@@ -256,6 +256,27 @@ def test_health_stats_and_openapi(read_only):
     assert {"/search", "/explain", "/health", "/stats", "/documents"} <= set(schema["paths"])
     assert {"post", "delete"} <= set(schema["paths"]["/documents"])
     assert read_only.get("/docs").status_code == 200
+    # errors are documented as they are sent: {"detail": "one line"}, not FastAPI's list
+    error = {"$ref": "#/components/schemas/ErrorBody"}
+    assert schema["components"]["schemas"]["ErrorBody"]["properties"]["detail"]["type"] == "string"
+    for path, method, statuses in (
+        ("/search", "post", {"400", "413", "422", "500"}),
+        ("/documents", "post", {"400", "401", "403", "409", "413", "422", "500"}),
+        ("/documents", "delete", {"401", "403", "404", "409", "422"}),
+        ("/explain", "post", {"404", "422", "501"}),
+    ):
+        responses = schema["paths"][path][method]["responses"]
+        assert statuses <= set(responses), (path, method)
+        for status in statuses:
+            assert responses[status]["content"]["application/json"]["schema"] == error
+    assert "HTTPValidationError" not in json.dumps(schema["paths"])
+
+
+def test_a_body_that_is_not_utf8_json_is_one_line(read_only):
+    for body in (b'{"query": "\xff"}', b"[" * 1020 + b"]" * 1020):  # under its 2048-byte bound
+        r = read_only.post("/search", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400  # was "There was an error parsing the body"
+        assert r.json()["detail"].startswith("the body could not be parsed: send UTF-8 encoded")
 
 
 # -- writes ------------------------------------------------------------------------------------

@@ -30,10 +30,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aligner_jax.common import doc_ids, errors
 from aligner_jax.data import beir
@@ -98,6 +100,30 @@ class Document(BaseModel):
 class AddRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     documents: list[Document]
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: one line saying what was wrong (a 4xx names the field or flag)."""
+
+    detail: str
+
+
+def _errors(*statuses: int) -> dict[int, dict]:
+    """The OpenAPI ``responses`` of a route's error answers (all ``ErrorBody``: FastAPI would
+    document 422 as a list of validation errors, which this server never sends)."""
+    meaning = {
+        400: "the body is not UTF-8 encoded JSON",
+        401: "the write token is missing",
+        403: "writes are disabled, or the token is wrong",
+        404: "an unknown or deleted document id",
+        409: "another writer holds the index, or an id is already in it",
+        413: "the body, or its list, is larger than the server's bound",
+        422: "a bad field, query or filter",
+        500: "a server bug (its log has the traceback)",
+        501: "the server explains no hits",
+    }
+    every = (400, *statuses, 413, 500)
+    return {s: {"model": ErrorBody, "description": meaning[s]} for s in every}
 
 
 class DeleteRequest(BaseModel):
@@ -228,6 +254,15 @@ def create_app(
     async def _api_error(request: Request, exc: ApiError):
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            exc = StarletteHTTPException(
+                400, "the body could not be parsed: send UTF-8 encoded JSON (invalid bytes or "
+                "nesting thousands of levels deep are refused)"
+            )  # fmt: skip
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception):
         """A server bug: JSON like every other answer, one line (uvicorn logs the traceback)."""
@@ -298,7 +333,7 @@ def create_app(
         """Index size, model, requests served, search latency percentiles (ms), limits."""
         return await run_in_threadpool(service.stats)
 
-    @app.post("/search", response_model=SearchResponse)
+    @app.post("/search", response_model=SearchResponse, responses=_errors(422))
     async def search(body: SearchRequest) -> SearchResponse:
         """The ``k`` best documents after ``offset``, with their title, text and metadata."""
         start = time.perf_counter()
@@ -331,7 +366,7 @@ def create_app(
             filtered_docs=results.filtered_docs,
         )
 
-    @app.post("/explain")
+    @app.post("/explain", responses=_errors(404, 422, 501))
     async def explain(body: ExplainRequest) -> dict:
         """The alignment behind one hit: the query's most salient words, the document words each
         aligns to (rank, similarity, saliences), the score, and an HTML fragment (Tables 4–5)."""
@@ -357,7 +392,11 @@ def create_app(
             beir.document_text(beir.Document(body.doc_id, title, text)),
         )
 
-    @app.post("/documents", dependencies=[Depends(check_writer)])
+    @app.post(
+        "/documents",
+        dependencies=[Depends(check_writer)],
+        responses=_errors(401, 403, 409, 422),
+    )
     async def add_documents(body: AddRequest) -> dict:
         """Adds documents (write token). Answers once they are searchable (by this server
         process; with ``--workers``, by the others within ``--refresh_s``)."""
@@ -381,7 +420,11 @@ def create_app(
         out = await run_in_threadpool(run_user_errors, service.add, records)
         return {**out, "took_ms": 1000.0 * (time.perf_counter() - start)}
 
-    @app.delete("/documents", dependencies=[Depends(check_writer)])
+    @app.delete(
+        "/documents",
+        dependencies=[Depends(check_writer)],
+        responses=_errors(401, 403, 404, 409, 422),
+    )
     async def delete_documents(body: DeleteRequest) -> dict:
         """Deletes documents by id (write token): never returned again."""
         if not body.ids:
