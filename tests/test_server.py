@@ -199,6 +199,20 @@ def test_a_server_bug_is_a_json_500_counted_as_a_failed_search(index_copy, query
     service.close()
 
 
+def test_an_unreadable_index_file_is_a_503_not_the_clients_422(index_copy, query_encoder):
+    service = _service(index_copy, query_encoder)
+
+    def gone(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "search_index/codes.npy")
+
+    service.snapshot.searcher.search_batch = gone
+    with TestClient(http_app.create_app(service)) as c:
+        r = c.post("/search", json={"query": BEES})
+        assert r.status_code == 503 and "search_index/codes.npy" in r.json()["detail"]
+        assert c.get("/stats").json()["counts"]["failed_searches"] == 1
+    service.close()
+
+
 def test_an_empty_filter_is_no_filter(read_only):
     """As in Qdrant; it counted every document as passing a filter."""
     r = read_only.post("/search", json={"query": BEES, "k": 3, "filter": {}})

@@ -120,9 +120,10 @@ def _errors(*statuses: int) -> dict[int, dict]:
         413: "the body, or its list, is larger than the server's bound",
         422: "a bad field, query or filter",
         500: "a server bug (its log has the traceback)",
+        503: "the index could not be read or written (a file missing or damaged, a full disk)",
         501: "the server explains no hits",
     }
-    every = (400, *statuses, 413, 500)
+    every = (400, *statuses, 413, 500, 503)
     return {s: {"model": ErrorBody, "description": meaning[s]} for s in every}
 
 
@@ -211,9 +212,14 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def _user_error_status(e: BaseException) -> int:
+    """409 for a held lock, 422 for what the request got wrong (a field, id, query, filter),
+    503 for what the server's side got wrong (an index file missing, unreadable or damaged,
+    a full disk): the client cannot fix those."""
     if isinstance(e, errors.LockedError):
         return 409
-    return 422
+    if isinstance(e, (errors.ConfigError, errors.BeirFormatError)):
+        return 422
+    return 503
 
 
 @dataclasses.dataclass(frozen=True)
