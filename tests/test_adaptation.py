@@ -57,6 +57,21 @@ def test_protocol_by_hand():
     assert result.oracle == max(result.per_strategy.values())
 
 
+def test_default_and_oracle_are_measured_on_the_queries_adapted_is():
+    """10 queries, one fold of 8: the adapted score was the mean of the 2 remaining queries,
+    the default and oracle the mean of all 10, so adapted (63.0) could beat the oracle (41.9)."""
+    qids = [f"q{i}" for i in range(10)]
+    rng = np.random.default_rng(0)
+    per_query = {s: {q: float(rng.random()) for q in qids} for s in adaptation.PAPER_STRATEGIES}
+    result = adaptation.few_shot_adaptation(per_query, adaptation.AdaptationConfig())
+    (fold,) = adaptation.make_folds(sorted(qids), 8, 0)
+    rest = [q for q in qids if q not in fold]
+    for s in adaptation.PAPER_STRATEGIES:
+        assert result.per_strategy[s] == pytest.approx(np.mean([per_query[s][q] for q in rest]))
+    assert result.default == result.per_strategy["top_k:1"]
+    assert result.adapted_mean <= result.oracle == max(result.per_strategy.values())
+
+
 def test_incomplete_fold_is_not_a_few_shot_set_and_ties_prefer_default():
     qids = [f"q{i}" for i in range(20)]
     flat = {s: {q: 0.5 for q in qids} for s in adaptation.PAPER_STRATEGIES}

@@ -6,7 +6,9 @@ best mean nDCG@10 on the fold's 8 queries is chosen among top-k, k ∈ {1, 2, 4,
 p ∈ {0.5, 1, 1.5, 2}% (ties go to the earlier strategy in the list, i.e. to top-1); the remaining
 queries are scored with it. We report the mean ± standard deviation of these per-fold scores
 (one score per fold), beside the default strategy (top-1) and the oracle (the best single strategy
-on all queries). Candidates are retrieved once and re-scored with every strategy in one pass (see
+in hindsight), both measured as the adapted score is: on each fold's remaining queries, averaged
+over the folds (when the folds cover every query, the plain mean over all of them; with few
+queries the three are still compared on the same queries). Candidates are retrieved once and re-scored with every strategy in one pass (see
 :mod:`aligner_jax.retrieval.refine`), so adaptation costs one refinement.
 """
 
@@ -148,7 +150,9 @@ def select_on_folds(
     """The §4.1 few-shot protocol for any finite set of ``choices`` (alignment strategies,
     fusion weights, ...): on each fold of ``fold_size`` labelled queries the choice with the best
     mean ``per_query[choice][qid]`` wins (ties: the earlier choice), and is scored on the
-    remaining queries; mean ± std over folds, beside ``default`` and the oracle."""
+    remaining queries; mean ± std over folds, beside ``default`` and the oracle (and every
+    choice's ``per_strategy`` value) measured on the same remaining queries, averaged over the
+    folds."""
     names = list(choices)
     missing = [s for s in names if s not in per_query]
     if missing:
@@ -163,14 +167,16 @@ def select_on_folds(
     table = np.array([[per_query[s][q] for q in qids] for s in names])  # [S, Q]
     index = {q: i for i, q in enumerate(qids)}
     folds = make_folds(qids, fold_size, seed)
-    scores, chosen = [], []
+    scores, chosen, held_out = [], [], []
     for fold in folds:
         in_fold = np.zeros(len(qids), bool)
         in_fold[[index[q] for q in fold]] = True
         best = int(np.argmax(table[:, in_fold].mean(axis=1)))  # first maximum: earlier wins
         scores.append(float(table[best, ~in_fold].mean()))
         chosen.append(names[best])
-    means = table.mean(axis=1)
+        held_out.append(table[:, ~in_fold].mean(axis=1))
+    # every choice scored where the adapted one is: a fold's remaining queries, over the folds
+    means = np.mean(held_out, axis=0)
     oracle = int(np.argmax(means))
     return AdaptationResult(
         per_strategy={s: float(m) for s, m in zip(names, means, strict=True)},
@@ -223,6 +229,7 @@ def markdown_table(rows: Mapping[str, AdaptationResult]) -> str:
     lines.append(
         f"{first.metric} ×100. Adapted: on each fold of {first.fold_size} queries the strategy "
         "with the best fold score is chosen and applied to the remaining queries; mean ± std over "
-        "the folds. Oracle: the best single strategy on all queries."
+        "the folds. Every column (oracle: the best single strategy in hindsight) is measured "
+        "on the same remaining queries, averaged over the folds."
     )
     return "\n".join(lines) + "\n"
