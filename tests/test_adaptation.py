@@ -121,6 +121,7 @@ def test_evaluate_with_adapt_writes_reports(tmp_path):
     # The default equals the main evaluation's nDCG@10 (same candidates, same strategy).
     assert saved["default"] == pytest.approx(report["metrics"]["ndcg@10"])
     assert report["adaptation"]["oracle"] >= saved["default"]
+    assert report["timing"]["includes_adaptation_scoring"] is True  # its latencies say so
     assert "| toy |" in (tmp_path / "out" / "adaptation.md").read_text()
     # the summary names the metric and the default strategy ("adaptation default 23.7" was
     # top_k:1's MRR@10 beside the run's nDCG@10, neither named)

@@ -44,7 +44,8 @@ def test_zero_shot_exhaustive_and_token_search(toy, tmp_path, capsys, caplog):
     assert saved["num_queries"] == 4 and saved["num_docs"] == 12
     assert saved["config"]["projection"] == "identity"
     assert saved["config"]["alignment"] == "top_k:1"
-    assert saved["config"]["search"] == "exact" and saved["config"]["k_prime"] == 0
+    assert saved["config"]["search"] == "exact" and saved["config"]["k_prime"] is None  # no k′
+    assert saved["timing"]["includes_adaptation_scoring"] is False
     # β^q/β^d prune what generates candidates: not applied here, and recorded so (None)
     assert saved["config"]["beta_q"] is None and saved["config"]["beta_d"] is None
     for key in ("ndcg@10", "recall@100", "mrr@10"):

@@ -39,3 +39,8 @@ def test_run_flops_exact_counts():
     assert out["r_bar"] == pytest.approx(10 / (3 * 2 + 1 * 4))
     assert out["formula_full_refinement"] == pytest.approx(flops.colbert_formula(3.0, 5, 38 / 4, 8))
     assert flops.run_flops([], 8, 5) == {}
+    # no k′ search ran (centroid index, --rerank_run, exhaustive): its formulas do not apply;
+    # a reranked run reported k′ 4000 and a formula 4,000x its real cost
+    unsearched = flops.run_flops(costs, dim=8, k_prime=None)
+    assert unsearched["formula_full_refinement"] is None and unsearched["formula_xtr"] is None
+    assert unsearched["actual_full_refinement_per_query"] == out["actual_full_refinement_per_query"]

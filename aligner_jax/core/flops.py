@@ -42,8 +42,11 @@ def xtr_formula(n: float, k_prime: float, r_bar: float) -> float:
     return n * n * k_prime * (r_bar + 1)
 
 
-def run_flops(costs: Sequence[QueryCost], dim: int, k_prime: int) -> dict:
-    """Both formulas with the run's averages, and exact per-query counts over real candidates."""
+def run_flops(costs: Sequence[QueryCost], dim: int, k_prime: int | None) -> dict:
+    """Both formulas with the run's averages, and exact per-query counts over real candidates.
+    ``k_prime``: the token search's k′; None when no k′ search ran (a centroid index, a
+    reranked run, exhaustive search): the formulas, which count candidates by k′, are then
+    None."""
     if not costs:
         return {}
     n = float(np.mean([c.searched_tokens for c in costs]))
@@ -65,8 +68,10 @@ def run_flops(costs: Sequence[QueryCost], dim: int, k_prime: int) -> dict:
         "r_bar": r_bar,
         "dim": dim,
         "k_prime": k_prime,
-        "formula_full_refinement": colbert_formula(n, k_prime, m_bar, dim),
-        "formula_xtr": xtr_formula(n, k_prime, r_bar),
+        "formula_full_refinement": None
+        if k_prime is None
+        else colbert_formula(n, k_prime, m_bar, dim),
+        "formula_xtr": None if k_prime is None else xtr_formula(n, k_prime, r_bar),
         "actual_full_refinement_per_query": float(full_actual.mean()),
         "actual_xtr_per_query": float(xtr_actual.mean()),
         "candidates_per_query_mean": float(cands.mean()),

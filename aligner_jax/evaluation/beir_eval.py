@@ -381,7 +381,9 @@ def evaluate(
     if identical.query_ids_in_corpus:
         logging.warning("%s", identical.describe())
     ranked = {s: identical.apply(r) for s, r in out.results.items()}
-    results = ranked[name]
+    # the run is the configured strategy as the search alone ranks (centroid --adapt scores
+    # every strategy, top-1 too, from the float store for the adaptation table)
+    results = identical.apply(out.run(name))
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
     adapted, files = None, {}
     if adapt and hybrid_run is not None:
@@ -407,7 +409,7 @@ def evaluate(
             if rerank_run
             else (search_config.backend if not search_config.exhaustive else "exact"),
             "exhaustive": search_config.exhaustive and not rerank_run,
-            "k_prime": search_config.k_prime,
+            "k_prime": search_config.k_prime if token_index is not None else None,  # k′ search
             # β^q/β^d prune the tokens that generate candidates: none when every document (or
             # every document of the run) is one, whatever SearchConfig holds (None: not applied)
             "beta_q": None if unpruned else search_config.beta_q,
@@ -442,9 +444,13 @@ def evaluate(
             if searcher.centroid is not None or rerank_run
             else search_config.query_batch_size,
             "search_queries_per_s": len(qids) / out.wall_s if out.wall_s else 0.0,
+            # --adapt: the search also scores every strategy of the adaptation (slower)
+            "includes_adaptation_scoring": len(strategies) > 1,
         },
         "candidates_per_query_median": float(np.median(out.num_candidates)),
-        "scoring_flops": flops.run_flops(out.costs, store.dim, search_config.k_prime),
+        "scoring_flops": flops.run_flops(
+            out.costs, store.dim, search_config.k_prime if token_index is not None else None
+        ),
         "index_bytes": {
             "refinement_store": store.nbytes(),
             "token_index": token_index.nbytes()

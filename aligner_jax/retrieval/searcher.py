@@ -146,6 +146,14 @@ class SearchOutput:
     costs: list[flops.QueryCost] = dataclasses.field(default_factory=list)
     wall_s: float = 0.0
     exact: list[bool] = dataclasses.field(default_factory=list)  # per query: allowed set refined
+    # The configured top-1 strategy as the search alone ranks, where ``results`` scores it
+    # otherwise (centroid search with --adapt: every strategy, top-1 too, from the float store,
+    # so the adaptation compares them on one footing); None: ``results`` holds it.
+    run_results: dict[str, dict[str, float]] | None = None
+
+    def run(self, name: str) -> dict[str, dict[str, float]]:
+        """The run of strategy ``name`` (the configured one) as the search alone ranks it."""
+        return self.results[name] if self.run_results is None else self.run_results
 
     @property
     def search_ms(self) -> list[float]:
@@ -941,6 +949,7 @@ class Searcher:
         fast = tuple(strategies) == (top1,)
         top1_at = list(strategies).index(top1) if not fast and top1 in strategies else None
         results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in names}
+        run_results = {} if top1_at is not None else None
         search_ms, num_candidates, costs, exact = [], [], [], []
         ids = self.store.doc_ids
         pool_size = len(subset) if subset is not None else int((~self.store.deleted).sum())
@@ -964,15 +973,22 @@ class Searcher:
                     q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
                 )
                 if top1_at is not None:  # top-1 as a search with it alone ranks (--adapt)
-                    rankings = list(rankings)
-                    rankings[top1_at] = self.centroid.search(
+                    docs, scores = self.centroid.search(
                         q.vectors, q.salience, kept, k, None, allowed=allowed
                     )[0][0]
+                    run_results[qid] = {
+                        ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
+                    }
                 reached, refined = counts.candidates, counts.refined
                 refined_tokens = counts.refined_tokens
                 if len(rankings[0][0]) < min(k, pool_size):  # too few reached: refine them all
                     pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
                     rankings = self._refine_subset(q, pool, strategies, k)
+                    if run_results is not None:  # what the search alone gives then too
+                        docs, scores = rankings[top1_at]
+                        run_results[qid] = {
+                            ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
+                        }
                     reached = refined = len(pool)
                     refined_tokens = int(self.store.doc_lengths[pool].sum())
                     exact[-1] = True
@@ -995,7 +1011,8 @@ class Searcher:
         bar.close()
         wall = time.perf_counter() - start_all
         return SearchOutput(
-            results, [0.0] * len(search_ms), search_ms, num_candidates, costs, wall, exact
+            results, [0.0] * len(search_ms), search_ms, num_candidates, costs, wall, exact,
+            run_results,
         )  # fmt: skip
 
     def _refine_subset(self, q: EncodedText, docs: np.ndarray, strategies, k: int):
