@@ -53,7 +53,8 @@ def test_metrics_json_is_written_last_with_the_files_checksums(tmp_path, monkeyp
         fileio, "atomic_write_bytes", lambda p, d: written.append(p.name) or real(p, d)
     )
     report = fileio.write_outputs(tmp_path, {"run.trec": "q Q0 d 1 1.0 t\n"}, {"x": 1})
-    assert written == ["run.trec", "metrics.json"]
+    assert written == [fileio.PENDING_OUTPUTS, "run.trec", "metrics.json"]
+    assert not (tmp_path / fileio.PENDING_OUTPUTS).exists()
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved == report
     assert saved["files"] == {"run.trec": hashlib.sha256(b"q Q0 d 1 1.0 t\n").hexdigest()}
@@ -71,14 +72,37 @@ def test_a_rerun_removes_the_files_of_the_run_before_that_it_does_not_write(tmp_
 
 def test_interrupted_output_leaves_no_metrics_json(tmp_path, monkeypatch):
     (tmp_path / "metrics.json").write_text("{}")  # from an earlier run
+    real = fileio.atomic_write_bytes
 
     def disk_full(path, data):
-        raise OSError(28, "No space left on device")
+        if path.name != fileio.PENDING_OUTPUTS:
+            raise OSError(28, "No space left on device")
+        real(path, data)
 
     monkeypatch.setattr(fileio, "atomic_write_bytes", disk_full)
     with pytest.raises(OSError):
         fileio.write_outputs(tmp_path, {"run.trec": "x"}, {})
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_a_run_after_an_interrupted_one_removes_what_the_one_before_wrote(tmp_path, monkeypatch):
+    """--adapt wrote adaptation.json; a re-run interrupted after it removed metrics.json lost
+    the list, so the run after it left adaptation.json beside a metrics.json not listing it."""
+    fileio.write_outputs(tmp_path, {"run.trec": "a", "adaptation.json": "{}"}, {})
+    real = fileio.atomic_write_bytes
+
+    def interrupted(path, data):
+        if path.name == "run.trec":
+            raise KeyboardInterrupt
+        real(path, data)
+
+    monkeypatch.setattr(fileio, "atomic_write_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.write_outputs(tmp_path, {"run.trec": "b"}, {})
+    monkeypatch.setattr(fileio, "atomic_write_bytes", real)
+    report = fileio.write_outputs(tmp_path, {"run.trec": "c"}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "run.trec"]
+    assert list(report["files"]) == ["run.trec"]
 
 
 def test_permission_error_names_the_output_not_the_temporary(tmp_path, monkeypatch):

@@ -341,6 +341,9 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
     return path
 
 
+PENDING_OUTPUTS = ".outputs-pending.json"  # the files a write_outputs in progress may leave
+
+
 def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) -> dict:
     """Writes a job's output files and then ``metrics.json`` as the commit marker.
 
@@ -349,11 +352,15 @@ def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) 
     without ``--adapt`` leaves no ``adaptation.json`` of the run before), and the new
     ``metrics.json`` (``report`` plus ``files``: each file's sha256) is written last: a folder
     either has a ``metrics.json`` whose listed files are exactly the job's files beside it, or
-    none (an interrupted run). Files the job never wrote are left alone. Returns the report as
-    written."""
+    none (an interrupted run, whose files the next run still removes: ``PENDING_OUTPUTS`` lists
+    them meanwhile). Files the job never wrote are left alone. Returns the report as written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    previous = _listed_files(directory / "metrics.json")
+    # what an earlier run listed, also one interrupted after it removed metrics.json (its
+    # pending list): a run after it still removes those files
+    pending = directory / PENDING_OUTPUTS
+    previous = _listed_files(directory / "metrics.json") + _listed_files(pending)
+    atomic_write_json(pending, {"files": dict.fromkeys([*previous, *files], "")})
     (directory / "metrics.json").unlink(missing_ok=True)
     sums = {}
     for name, content in files.items():
@@ -365,6 +372,7 @@ def write_outputs(directory: Path, files: dict[str, str | bytes], report: dict) 
             remove(directory / name)
     report = {**report, "files": sums}
     atomic_write_json(directory / "metrics.json", report, sort_keys=False)
+    remove(pending)
     return report
 
 
