@@ -183,7 +183,7 @@ def test_a_jsonl_corpus_is_checked_and_counted_before_it_is_indexed(tmp_path):
     lines = [json.dumps(r, ensure_ascii=False) for r in RECORDS]
     body = "\r\n".join(lines[:2]) + "\n\n  \n\u00a0\n" + "\n".join(lines[2:])
     path.write_bytes(body.encode())
-    assert cs._sha256(path, chunk_bytes=7) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert cs.file_sha256(path, chunk_bytes=7) == hashlib.sha256(path.read_bytes()).hexdigest()
     documents, info = cs.open_corpus(str(path))
     assert len(documents) == len(RECORDS)
     assert info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

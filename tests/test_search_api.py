@@ -244,6 +244,27 @@ def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(
     assert "Traceback" not in r.stderr
 
 
+def test_a_committed_replacement_run_again_is_refused_as_done(built, tmp_path):
+    """--delete X --add=FILE re-run after it committed (a kill at the commit leaves the user
+    unsure) deleted the new X and added it again: re-encoded, one more tombstone each time."""
+    import shutil
+
+    from aligner_jax.indexing import updates
+
+    index_dir = Path(shutil.copytree(built, tmp_path / "replace"))
+    new = tmp_path / "d1.jsonl"
+    new.write_text(json.dumps({"_id": "d1", "title": "Bees", "text": "bees again"}) + "\n")
+    updates.update_index(str(index_dir), delete="d1", add=str(new))
+    before = (index_dir / ts.MANIFEST).read_bytes()
+    with pytest.raises(errors.ConfigError, match=r"this replacement was committed already"):
+        updates.update_index(str(index_dir), delete="d1", add=str(new))
+    assert (index_dir / ts.MANIFEST).read_bytes() == before
+    new.write_text(json.dumps({"_id": "d1", "title": "Bees", "text": "bees, third"}) + "\n")
+    summary = updates.update_index(str(index_dir), delete="d1", add=str(new))  # new bytes: applied
+    assert summary["deleted_docs"] == 1 and summary["added_docs"] == 1
+    assert int(ts.TokenStore(index_dir).deleted.sum()) == 2
+
+
 def test_a_searcher_keeps_its_generation_until_refreshed(built, tmp_path):
     """A searcher opened before another writer commits a delete and a re-add keeps answering
     from the generation it opened; ``refresh()`` moves to the committed one, where the deleted

@@ -151,14 +151,15 @@ def open_corpus(spec: str, split: str = "train") -> tuple[Iterator[beir.Document
         raise FileNotFoundError(
             f"--corpus={spec}: no such file (a BEIR corpus.jsonl, seqio:TASK or tfds:NAME)"
         )
-    info = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+    info = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
     # Every record is checked before anything is encoded: a bad line near the end of a large
     # corpus is one FILE:LINE error, not hours of shards its fixed file can no longer resume.
     records = sum(1 for _ in beir.iter_corpus(path))
     return _Counted(_non_empty(beir.iter_corpus(path), f"--corpus={spec}"), records), info
 
 
-def _sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
+def file_sha256(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """The hex sha256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(chunk_bytes):

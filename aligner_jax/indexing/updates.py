@@ -24,7 +24,7 @@ from absl import logging
 
 from aligner_jax.common import errors, progress
 from aligner_jax.common.errors import ConfigError
-from aligner_jax.data import beir
+from aligner_jax.data import beir, corpus_sources
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.indexing import centroid_index as ci
@@ -101,7 +101,11 @@ def add_documents(
             )
     encode_s = time.perf_counter() - start
     source = str(Path(corpus).resolve()) if from_file else "python"
-    summary = _append(directory, manifest, entries, source, "delete+add" if pending else "add")
+    # a replacement's record names its file's bytes: a re-run of a committed one is refused
+    extra = {"replaces": True, "sha256": corpus_sources.file_sha256(corpus)} if pending else {}
+    summary = _append(
+        directory, manifest, entries, source, "delete+add" if pending else "add", **extra
+    )
     summary.update(doc_maxlen=encoder.maxlen("doc"), encode_s=round(encode_s, 3))
     summary["seconds"] = round(time.perf_counter() - start, 3)
     logging.info("aligner-index --add: %s", summary)
@@ -109,7 +113,7 @@ def add_documents(
 
 
 def _append(
-    directory: Path, manifest: dict, entries: list[dict], source: str, op: str = "add"
+    directory: Path, manifest: dict, entries: list[dict], source: str, op: str = "add", **record
 ) -> dict:
     """Commits the new shards ``entries`` (written after the manifest's last one): the
     manifest's shards, counts and update log, and the search index's next generation."""
@@ -124,7 +128,7 @@ def _append(
     truncated = sum(e.get("stats", {}).get("truncated_docs", 0) for e in entries)
     stats = manifest.setdefault("stats", {})
     stats["truncated_docs"] = stats.get("truncated_docs", 0) + truncated
-    record = _record("add", source=source, num_docs=num_docs)
+    record = _record("add", source=source, num_docs=num_docs, **record)
     manifest["updates"] = manifest.get("updates", []) + [record]
     start = time.perf_counter()
     _commit(directory, manifest, op, num_docs=num_docs)
@@ -204,6 +208,21 @@ def delete_documents(index_dir: str, ids: list[str], where: str = "--delete") ->
     manifest, summary = _mark_deleted(directory, ids, where)
     _commit(directory, manifest, "delete", num_docs=summary["deleted_docs"])
     return summary
+
+
+def _refuse_committed_replacement(directory: Path, corpus: str) -> None:
+    """A ``--delete`` + ``--add`` whose file is the one the last committed replacement added
+    (a re-run after a kill at the commit) is refused as done: applied again, it re-encoded the
+    documents and left one more tombstone each time."""
+    if not Path(corpus).is_file():
+        return  # add_documents names the missing file
+    updates = ts.read_manifest(directory).get("updates", [])
+    last = updates[-1] if updates else {}
+    if last.get("replaces") and last.get("sha256") == corpus_sources.file_sha256(corpus):
+        raise ConfigError(
+            f"--delete with --add={corpus}: this replacement was committed already (at "
+            f"{last.get('time')}, the index's last update); nothing was done"
+        )
 
 
 def _mark_deleted(directory: Path, ids: list[str], where: str) -> tuple[dict, dict]:
@@ -292,6 +311,7 @@ def update_index(
         if (Path(index_dir) / ts.MANIFEST).exists():
             ci.collect_garbage(Path(index_dir))  # what a killed writer left
         if delete and add:  # a replacement: one commit, never the delete without the add
+            _refuse_committed_replacement(Path(index_dir), add)
             manifest, deleted = _mark_deleted(Path(index_dir), parse_ids(delete), "--delete")
             summary.update(deleted)
             summary.update(add_documents(index_dir, add, manifest=manifest))
