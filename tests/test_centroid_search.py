@@ -367,6 +367,25 @@ def test_searcher_centroid_backend_other_strategies_refine_from_float_store(stor
     np.testing.assert_allclose(list(run.values()), list(alone.values()), rtol=1e-5)
 
 
+def test_k_past_every_live_document_ranks_them_exactly(store, index):
+    """Probes that reach every document left the fallback off: k >= the live documents gave
+    them all in the fast order (compressed scores, exact False) though WORKSPACE promises the
+    exact ranking."""
+    config = search_lib.SearchConfig(backend="centroid", top_k=5, filter_exact_docs=0)
+    reach_all = cs.CentroidSearchConfig(probes=index.num_centroids, refine_docs=4)
+    searcher = search_lib.Searcher(store, config, centroid_index=index, centroid_config=reach_all)
+    exhaustive = search_lib.Searcher(
+        store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5)
+    )
+    q = _query(11)
+    k = store.num_docs
+    out = searcher.run(["q"], [q], k=k, show_progress=False)
+    ref = exhaustive.run(["q"], [q], k=k, show_progress=False).results["top_k:1"]["q"]
+    got = out.results["top_k:1"]["q"]
+    assert out.exact == [True] and list(got) == list(ref)
+    np.testing.assert_allclose(list(got.values()), list(ref.values()), rtol=1e-5)
+
+
 def test_top1_ranks_alike_alone_and_beside_other_strategies(tmp_path):
     """A model without saliences: top-1 alone is scored from the compressed index; beside
     other strategies (``aligner-eval --adapt``) it once came from the float store, and the

@@ -264,6 +264,12 @@ def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
         h.doc_id for h in exhaustive.search_vectors(q, k=10, offset=NUM_DOCS - 4)
     ]
     assert len(fast.search_vectors(q, k=NUM_DOCS + 5)) == NUM_DOCS
+    # k past every document: all of them, ranked exactly (they came in the fast order, scores
+    # up to 0.02 off, exact False, when the probes happened to reach every document)
+    whole = fast.search_vectors(q, k=NUM_DOCS + 5)
+    assert whole.exact and [(h.doc_id, h.rank) for h in whole] == [
+        (h.doc_id, h.rank) for h in exhaustive.search_vectors(q, k=NUM_DOCS + 5)
+    ]
 
 
 def test_hits_carry_content_and_still_unpack_as_pairs(toy_searcher):

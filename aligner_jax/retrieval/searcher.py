@@ -981,7 +981,8 @@ class Searcher:
                     }
                 reached, refined = counts.candidates, counts.refined
                 refined_tokens = counts.refined_tokens
-                if len(rankings[0][0]) < min(k, pool_size):  # too few reached: refine them all
+                # too few reached, or k asks for every one: refine them all (exact)
+                if len(rankings[0][0]) < min(k, pool_size) or k >= pool_size:
                     pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
                     rankings = self._refine_subset(q, pool, strategies, k)
                     if run_results is not None:  # what the search alone gives then too
