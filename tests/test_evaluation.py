@@ -374,3 +374,25 @@ def test_another_beta_d_builds_an_index_for_the_run_and_leaves_the_published_one
     assert loaded.meta["config"]["beta_d"] == 1.0 and loaded.meta["config"]["residual_bits"] == 8
     again, seconds = beir_eval.open_centroid_index(after, beta_d=1.0)
     assert seconds == 0.0 and again.meta["config"]["residual_bits"] == 8
+
+
+def test_an_index_with_added_documents_is_refused_in_one_line(toy, tmp_path):
+    """After aligner-index --add, aligner-eval failed with "shard-00001 holds document 'x',
+    which the corpus does not; give the corpus this index was built from", which the user had
+    given (and no corpus passes both checks)."""
+    from aligner_jax.indexing import updates
+
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
+    index_dir = tmp_path / "index"
+    beir_eval.evaluate(
+        dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index_dir)
+    )
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
+    updates.update_index(str(index_dir), add=str(more))
+    with pytest.raises(errors.IndexIntegrityError, match=r"1 documents were added to it "
+                       r"\(aligner-index --add\) since it was built from .*data/toy; "):  # fmt: skip
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index_dir)
+        )
+    assert not (tmp_path / "b").exists()

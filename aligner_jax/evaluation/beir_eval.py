@@ -78,6 +78,16 @@ def ensure_token_store(
                 f"{index_dir / ts.MANIFEST}: built from another corpus "
                 f"({manifest.get('corpus', {}).get('path')}); use another --index_dir"
             )
+        added = sum(
+            u.get("num_docs", 0) for u in manifest.get("updates", []) if u.get("op") == "add"
+        )
+        if added:  # its store holds documents the dataset's corpus lacks
+            raise errors.IndexIntegrityError(
+                f"{index_dir}: {added} documents were added to it (aligner-index --add) since it "
+                f"was built from {manifest['corpus'].get('path')}; aligner-eval evaluates an "
+                "index of the dataset's corpus alone: give another --index_dir (it builds one), "
+                "or rank the queries with aligner-search --queries"
+            )
         reused = True
         _warn_unapplied_indexing(index_dir, manifest)
         indexer.write_encoder_spec(index_dir, encoder.bundle)
