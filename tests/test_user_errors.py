@@ -911,3 +911,26 @@ def test_sigterm_inside_a_binary_is_handled_as_ctrl_c_with_status_143(monkeypatc
     assert capsys.readouterr().err == (
         "aligner-publish: terminated (SIGTERM): nothing was published\n"
     )
+
+
+def test_rerunning_the_build_of_an_updated_index_counts_the_corpus_alone(tmp_path):
+    """It printed the corpus's documents and shards beside the updated index's tokens."""
+    import gin
+
+    from aligner_jax.indexing import indexer, updates
+
+    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
+    index_dir = tmp_path / "index"
+    cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
+    try:
+        first = indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
+        updates.update_index(str(index_dir), add=str(more))
+        again = indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
+    finally:
+        gin.clear_config()
+    assert (again.num_docs, again.num_tokens, again.num_shards) == (
+        first.num_docs, first.num_tokens, first.num_shards,
+    )  # fmt: skip
+    assert ts.read_manifest(index_dir)["counts"]["num_tokens"] > first.num_tokens

@@ -331,8 +331,10 @@ def _build_token_store(
     if split is not None:
         split.barrier("manifest written")
     stats = _sum_stats(directory, num_shards)
-    if complete and (directory / ts.MANIFEST).exists():  # the index's, not this process's
-        total_tokens = int(ts.read_manifest(directory)["counts"]["num_tokens"])
+    if complete:  # the corpus's shards, not this process's (nor an --add's after them)
+        total_tokens = sum(
+            ts.read_shard_marker(directory, i)["num_tokens"] for i in range(num_shards)
+        )
     return IndexingSummary(
         directory=directory,
         num_docs=total_docs,
