@@ -934,3 +934,30 @@ def test_rerunning_the_build_of_an_updated_index_counts_the_corpus_alone(tmp_pat
         first.num_docs, first.num_tokens, first.num_shards,
     )  # fmt: skip
     assert ts.read_manifest(index_dir)["counts"]["num_tokens"] > first.num_tokens
+
+
+def test_an_add_says_which_indexing_bindings_it_does_not_apply(tmp_path, caplog):
+    """--add with --gin.IndexingConfig.shard_size=1 used the index's recorded settings without
+    a word; --compact with --search_index dropped the compact silently."""
+    import gin
+
+    from aligner_jax.indexing import indexer, updates
+
+    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
+    index_dir = tmp_path / "index"
+    cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
+    try:
+        indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
+    finally:
+        gin.clear_config()
+    cli.parse_gin([], ["IndexingConfig.shard_size = 1"])
+    try:
+        with caplog.at_level("WARNING"):
+            updates.update_index(str(index_dir), add=str(more))
+    finally:
+        gin.clear_config()
+    assert "not applied: {'shard_size': 1}" in caplog.text
+    with pytest.raises(errors.ConfigError, match=r"--search_index \(alone\) rebuilds .* give one"):
+        updates.update_index(str(index_dir), compact_index=True, search_index=True)

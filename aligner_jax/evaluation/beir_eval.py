@@ -89,7 +89,7 @@ def ensure_token_store(
                 "or rank the queries with aligner-search --queries"
             )
         reused = True
-        _warn_unapplied_indexing(index_dir, manifest)
+        indexer.warn_unapplied_settings(index_dir, manifest)
         indexer.write_encoder_spec(index_dir, encoder.bundle)
         documents.fill_missing(index_dir, manifest, dataset.corpus)  # an index older than them
         logging.info("Reusing the token store in %s", index_dir)
@@ -104,20 +104,6 @@ def ensure_token_store(
     ts.check_model_matches(store.manifest, encoder.bundle.info(), index_dir)
     check_store_holds_corpus(store, dataset)
     return store, seconds, reused
-
-
-def _warn_unapplied_indexing(index_dir: Path, manifest: dict) -> None:
-    """Warns when this run's ``IndexingConfig`` bindings differ from the reused store's: the
-    store was written with its own (the run uses it as it is)."""
-    wanted = indexer.IndexingConfig().settings()
-    recorded = indexer.IndexingConfig.recorded(manifest.get("indexing", {})).settings()
-    changed = {k: v for k, v in wanted.items() if recorded.get(k, v) != v}
-    if changed:
-        logging.warning(
-            "%s: reused as it was written (IndexingConfig %s); not applied: %s (index into another "
-            "--index_dir to use them)",
-            index_dir, {k: recorded.get(k) for k in changed}, changed,
-        )  # fmt: skip
 
 
 def open_centroid_index(store: ts.TokenStore, beta_d: float) -> tuple[ci.CentroidIndex, float]:

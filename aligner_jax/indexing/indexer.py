@@ -199,6 +199,21 @@ def _holds_work(directory: Path) -> bool:
     return (directory / ts.MANIFEST).exists() or any(directory.glob("shard-*"))
 
 
+def warn_unapplied_settings(index_dir: Path, manifest: dict) -> None:
+    """Warns when this run's ``IndexingConfig`` bindings differ from the store's recorded ones:
+    a reused or updated store is written with its own (``aligner-eval`` reusing it,
+    ``aligner-index --add``)."""
+    wanted = IndexingConfig().settings()
+    recorded = IndexingConfig.recorded(manifest.get("indexing", {})).settings()
+    changed = {k: v for k, v in wanted.items() if recorded.get(k, v) != v}
+    if changed:
+        logging.warning(
+            "%s: written with its own IndexingConfig %s; not applied: %s (index into another "
+            "--index_dir to use them)",
+            index_dir, {k: recorded.get(k) for k in changed}, changed,
+        )  # fmt: skip
+
+
 def write_encoder_spec(directory: Path, bundle) -> None:
     """Saves ``encoder.json`` (the model that encodes this store's queries) unless it exists."""
     path = Path(directory) / ENCODER_FILE

@@ -88,6 +88,7 @@ def add_documents(
         )
     if not docs:
         raise ConfigError(f"{label}: no documents")
+    indexer.warn_unapplied_settings(directory, manifest)
     config = indexer.IndexingConfig.recorded(manifest["indexing"])
     start = time.perf_counter()
     first = max(s["index"] for s in manifest["shards"]) + 1
@@ -305,6 +306,11 @@ def update_index(
         raise errors.MissingPathError(
             f"--index_dir={index_dir}: not a folder; build an index there first with "
             f"aligner-index --corpus=CORPUS.jsonl --index_dir={index_dir}"
+        )
+    if search_index and (compact_index or force_compact):
+        raise ConfigError(
+            "--search_index (alone) rebuilds the search index; --compact re-clusters it: "
+            "give one of them"
         )
     summary = {}
     with indexer.writer_lock(index_dir):
