@@ -64,7 +64,7 @@ def declare_key_flags() -> None:
 
 
 def flags_given(*others: str) -> list[str]:
-    """The process flags (these and ``others``) given on the command line, as ``--name``."""
+    """The process flags (these and ``others``) given on the command line, dashes included."""
     names = (*PROCESS_FLAGS, *others)
     return [f"--{name}" for name in names if flags.FLAGS[name].present]
 
