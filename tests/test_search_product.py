@@ -357,6 +357,7 @@ def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
         ([{"id": "x", "text": "a", "when": object()}], r"metadata\.when is a object \(<obj"),
         ([{"id": "x", "text": "a", "v": [1.0, float("inf")]}], r"metadata\.v\[1\] is inf"),
         ([{"id": "x", "text": "a", "m": {3: "a"}}], "metadata.m has the key 3"),
+        ([{"id": "x", "_id": "y", "text": "a"}], "has both 'id' and '_id'"),  # '_id' dropped
         ({"id": "x", "text": "a"}, "wrap one document in a list"),
         ([], "no documents"),
     ]:

@@ -78,7 +78,7 @@ def add_documents(
     if clash:
         raise ConfigError(
             f"{label}: {len(clash)} document ids are already in {directory} "
-            f"(e.g. {clash[:3]}): nothing was added ("
+            f"(e.g. {clash[:3]}): nothing was {'added or deleted' if pending else 'added'} ("
             + (
                 "was this add committed before? To replace documents, give --delete of their "
                 "ids in the same command)"

@@ -141,6 +141,8 @@ def to_documents(docs) -> list[documents_lib.IndexDocument]:
                     f"{where}: expected a dict with 'id' and 'text', got {type(record).__name__}"
                 )
         record = dict(record)
+        if "id" in record and "_id" in record:  # one would be dropped: which is the id?
+            raise ConfigError(f"{where}: has both 'id' and '_id'; give one of them")
         key = "id" if "id" in record else "_id"
         doc_id = record.pop(key, None)
         try:
