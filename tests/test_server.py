@@ -24,6 +24,7 @@ from aligner_jax.common import cli, errors
 from aligner_jax.encoding import loading
 from aligner_jax.encoding.encoder import Encoder, EncodingConfig
 from aligner_jax.evaluation import live_explanation
+from aligner_jax.indexing import token_store as ts
 from aligner_jax.indexing.indexer import IndexingConfig
 from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import http_app, index_service, serve_job
@@ -211,6 +212,28 @@ def test_an_unreadable_index_file_is_a_503_not_the_clients_422(index_copy, query
         assert r.status_code == 503 and "search_index/codes.npy" in r.json()["detail"]
         assert c.get("/stats").json()["counts"]["failed_searches"] == 1
     service.close()
+
+
+def test_a_committed_write_whose_snapshot_fails_to_load_is_still_answered_done(
+    index_copy, query_encoder
+):
+    """A write that committed but whose new snapshot failed to load answered as a failure: a
+    retry then clashed with the write it had made."""
+    service = _service(index_copy, query_encoder)
+    loads = []
+
+    def failing(directory, encoder):
+        loads.append(directory)
+        raise OSError("out of memory mapping the new generation")
+
+    service._loader = failing
+    try:
+        out = service.add([{"id": "n1", "text": "glaciers carve valleys", "title": ""}])
+        assert out == {"added": 1, "generation": 0} and loads
+        assert service.stats()["counts"]["publish_errors"] == 1
+        assert "n1" in ts.TokenStore(index_copy).live_positions()  # committed
+    finally:
+        service.close()
 
 
 def test_an_empty_filter_is_no_filter(read_only):

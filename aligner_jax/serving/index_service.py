@@ -345,7 +345,7 @@ class IndexService:
                     "DELETE /documents them first or use new ids",
                 )
             summary = self._writer(old).add(list(documents))
-            self._publish(old, added=documents)
+            self._publish_committed(old, added=documents)
         self._counts["added_documents"] += len(documents)
         return {"added": summary["added_docs"], "generation": self._snapshot.generation}
 
@@ -364,9 +364,19 @@ class IndexService:
                     f"{unknown[:3]}); nothing was deleted",
                 )
             self._writer(old).delete(list(ids))
-            self._publish(old, deleted=ids)
+            self._publish_committed(old, deleted=ids)
         self._counts["deleted_documents"] += len(ids)
         return {"deleted": len(ids), "generation": self._snapshot.generation}
+
+    def _publish_committed(self, old: Snapshot, **changes) -> None:
+        """:meth:`_publish` after a write committed: a failure to load the new state is logged
+        and counted, not answered as a failed write (it is done; a retry would clash), and the
+        next refresh serves it."""
+        try:
+            self._publish(old, **changes)
+        except Exception:  # noqa: BLE001 - the write stands whatever loading it does
+            self._counts["publish_errors"] += 1
+            logging.exception("aligner-serve: a committed write is not served yet (next refresh)")
 
     def _publish(self, old: Snapshot, added=(), deleted=()) -> None:
         """Loads the index as the write left it and makes it the snapshot of new requests."""
