@@ -60,6 +60,14 @@ def test_weight_limits_are_each_systems_ranking(method):
     assert np.argmax(fusion.fuse(*both, 0.5, method)) == 0
 
 
+def test_a_cut_among_tied_fused_scores_keeps_what_trec_eval_ranks_first():
+    """Ties went by candidate order: cut at k among them, the kept documents were not the
+    ones trec_eval ranks first (larger doc id first), so metrics.py's promise failed."""
+    docs = ["a", "c", "b", "z"]
+    fused = np.array([1.0, 1.0, 1.0, 2.0])
+    assert list(fusion.top(docs, fused, 3)) == ["z", "c", "b"]
+
+
 def _two_doc_run(num_queries: int) -> tuple[hybrid.HybridRun, dict]:
     """Every query: relevant "a", non-relevant "b"; ALIGNER prefers b, the lexical stage a."""
     qids = [f"q{i}" for i in range(num_queries)]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from aligner_jax.data import runs
+
 FUSIONS = ("rrf", "score")
 RRF_K = 60
 
@@ -66,7 +68,8 @@ def fuse(
 
 
 def top(doc_ids, fused: np.ndarray, k: int) -> dict[str, float]:
-    """The ``k`` best documents by fused score, ``{doc_id: score}`` best first (ties: candidate
-    order)."""
-    order = np.argsort(-np.asarray(fused), kind="stable")[:k]
-    return {doc_ids[int(i)]: float(fused[i]) for i in order}
+    """The ``k`` best documents by fused score, ``{doc_id: score}`` best first, in trec_eval's
+    order (ties: the larger doc id first; candidate order kept other tied documents than
+    trec_eval scores when the cut fell among ties)."""
+    scored = {doc_ids[i]: float(x) for i, x in enumerate(np.asarray(fused))}
+    return dict(runs.ranked(scored)[:k])
