@@ -396,3 +396,12 @@ def test_an_index_with_added_documents_is_refused_in_one_line(toy, tmp_path):
             dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index_dir)
         )
     assert not (tmp_path / "b").exists()
+
+
+def test_an_output_dir_that_is_the_index_dir_is_refused(toy, tmp_path):
+    """metrics.json and run.trec were written into the store's folder."""
+    parse_gin("eval/zero_shot.gin", "eval/exhaustive.gin")
+    same = tmp_path / "both"
+    with pytest.raises(errors.ConfigError, match=r"--output_dir=.*both is the --index_dir"):
+        beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(same), index_dir=f"{same}/")
+    assert not same.exists()

@@ -196,6 +196,11 @@ def prepare(
     length). Queries and documents that were cut are counted in ``truncation``. ``dataset``: the
     split, when the caller has loaded it already."""
     output = fileio.check_output_dir(output_dir, "--output_dir")  # created when results exist
+    if index_dir and Path(index_dir).resolve() == output.resolve():
+        raise ConfigError(
+            f"--output_dir={output_dir} is the --index_dir: the run's files would land among "
+            "the index's; give another --output_dir (the index may stay where it is)"
+        )
     if index_dir and not (Path(index_dir) / ts.MANIFEST).exists():  # a complete one is only read
         fileio.check_output_dir(index_dir, "--index_dir")
     if dataset is None:
