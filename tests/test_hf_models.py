@@ -541,6 +541,19 @@ def test_export_layouts_replace_each_other(bert_folder, tmp_path):
         hf_export.export_model(*args, layout="onnx")
 
 
+def test_a_reexport_through_a_symbolic_link_replaces_its_target(bert_folder, tmp_path):
+    """The link was renamed aside and left behind (rmtree cannot remove a link), the real
+    folder put in its place, and the export it pointed to left stale."""
+    backbone_config, _ = hf_models.load_backbone(bert_folder)
+    bundle = _trained_like(backbone_config, f"hf:{bert_folder}", tmp_path)
+    args = (bundle.config, bundle.params, bundle.source["tokenizer"])
+    hf_export.export_model(*args, tmp_path / "v1", layout="transformers")
+    (tmp_path / "current").symlink_to(tmp_path / "v1")
+    hf_export.export_model(*args, tmp_path / "current", layout="pylate")
+    assert (tmp_path / "current").is_symlink() and (tmp_path / "v1" / "modules.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 @pytest.mark.parametrize("failure", ["disk full", "interrupt"])
 def test_a_failed_reexport_leaves_the_earlier_export_whole(
     bert_folder, tmp_path, monkeypatch, failure

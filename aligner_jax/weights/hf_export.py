@@ -272,11 +272,14 @@ def export_model(
     (the backbone folder and the heads only). An existing folder is refused unless it holds an
     earlier export, which is replaced as a whole: the new export is written into a temporary
     folder beside it and renamed into place once complete, so a failed or interrupted export
-    leaves the earlier one as it was (never a mix of two).
+    leaves the earlier one as it was (never a mix of two). A symbolic link is followed: the
+    export it points to is replaced, the link kept.
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"--format={layout}: choose one of {', '.join(LAYOUTS)}")
     output_dir = fileio.check_output_dir(output_dir, "--output_dir")
+    if output_dir.is_symlink():  # the export goes where the link points; the link stays
+        output_dir = output_dir.resolve()
     if (
         output_dir.is_dir()
         and any(output_dir.iterdir())
