@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -244,3 +245,26 @@ def test_sentencepiece_tokenizer_matches_the_t5_convention(tmp_path):
     assert tok.pad_id == 0 and tok.ids_to_tokens([1]) == ["</s>"]
     with pytest.raises(FileNotFoundError, match="sentencepiece:"):
         tokenization.SentencePieceTokenizer(tmp_path / "missing.model")
+    long = " ".join(texts * 400)  # 12k words: tokenized from a prefix, the same pieces
+    assert list(tok.encode(long, max_length=64)) == processor.encode(long)[:63] + [1]
+
+
+def test_a_long_text_is_tokenized_from_a_prefix_with_the_same_ids(tok, monkeypatch):
+    """A whole 11 MB document was tokenized (6.5 s, 1 GB) to keep 256 tokens; a prefix cut at
+    a whitespace gives the same ids, and one too short for them (whitespace runs) is redone."""
+    rng = np.random.default_rng(0)
+    words = ["naïve", "café", "Tokenization", "splits", "words,", "(pieces)", "北京", "x" * 150]
+    long = " ".join(rng.choice(words, 30_000)) + "\n"
+    spaced = " " * 20_000 + long  # its prefix holds no token at all
+    want = [e.ids for e in tok._tokenizer(256).encode_batch_fast([long, spaced, "short text"])]
+    seen = []
+    real = tokenizers.Tokenizer.encode_batch_fast
+    monkeypatch.setattr(
+        tokenizers.Tokenizer,
+        "encode_batch_fast",
+        lambda self, batch: seen.extend(len(t) for t in batch) or real(self, batch),
+    )
+    got = tok.encode_batch([long, spaced, "short text"])
+    assert [list(g) for g in got] == want and len(got[0]) == 256
+    assert max(seen[:3]) <= 256 * tokenization.CHARS_PER_KEPT_TOKEN  # cut, then...
+    assert seen[3:] == [len(spaced)]  # ...the whitespace-led one again whole
