@@ -28,7 +28,8 @@ from absl import app, flags
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aligner_jax.common import fileio  # noqa: E402
+import result_files  # noqa: E402
+
 from aligner_jax.indexing import documents  # noqa: E402
 
 _DOCS = flags.DEFINE_list("docs", ["100000", "1000000"], "Table sizes (documents).")
@@ -167,13 +168,8 @@ def main(argv) -> None:
         "repeats": _REPEATS.value,
         "rows": [row for n in _DOCS.value for row in measure(int(n))],
     }
-    out = Path(_OUTPUT.value)
-    out.mkdir(parents=True, exist_ok=True)
-    fileio.atomic_write_json(out / f"{_NAME.value}.json", results)
-    fileio.atomic_write_text(out / f"{_NAME.value}.md", markdown(results))
-    plot(results, out / f"{_NAME.value}.png")
-    print(markdown(results))
-    print(f"wrote {out / _NAME.value}.json, .md, .png; tables under {_WORK_DIR.value}")
+    path = result_files.save(results, _NAME.value, markdown, plot, _OUTPUT.value)
+    print(f"wrote {path}, .md, .png; tables under {_WORK_DIR.value}")
 
 
 if __name__ == "__main__":

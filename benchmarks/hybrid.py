@@ -28,7 +28,9 @@ from absl import app, flags
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aligner_jax.common import cli, fileio  # noqa: E402
+import result_files  # noqa: E402
+
+from aligner_jax.common import cli  # noqa: E402
 from aligner_jax.evaluation import beir_eval  # noqa: E402
 
 _COLLECTIONS = flags.DEFINE_list("collections", ["scifact", "cisi"], "BEIR folders to measure.")
@@ -160,10 +162,7 @@ def main(argv) -> None:
         for system, files, bindings, adapt in SYSTEMS:
             report = run_system(collection, system, files, bindings, adapt)
             results["collections"][collection][system] = row(report)
-    out = REPO / "benchmarks" / "results"
-    fileio.atomic_write_json(out / f"{_NAME.value}.json", results)
-    fileio.atomic_write_text(out / f"{_NAME.value}.md", markdown(results))
-    print(markdown(results))
+    result_files.save(results, _NAME.value, markdown)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from absl import app, flags
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aligner_jax.common import cli, fileio  # noqa: E402
+import result_files  # noqa: E402
+
+from aligner_jax.common import cli  # noqa: E402
 from aligner_jax.evaluation import beir_eval  # noqa: E402
 from aligner_jax.indexing import token_store as ts  # noqa: E402
 
@@ -141,11 +143,7 @@ def main(argv) -> None:
                     "recall@100": report["metrics"]["recall@100"],
                 }
             print(json.dumps({collection: {store: stores[store]}}), flush=True)
-    out = REPO / "benchmarks" / "results"
-    fileio.atomic_write_json(out / f"{_NAME.value}.json", results)
-    fileio.atomic_write_text(out / f"{_NAME.value}.md", markdown(results))
-    plot(results, out / f"{_NAME.value}.png")
-    print(markdown(results))
+    result_files.save(results, _NAME.value, markdown, plot)
 
 
 if __name__ == "__main__":

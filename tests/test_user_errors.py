@@ -913,16 +913,21 @@ def test_sigterm_inside_a_binary_is_handled_as_ctrl_c_with_status_143(monkeypatc
     )
 
 
+def _toy_corpus_and_an_addition(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(the toy corpus.jsonl, a one-document corpus to --add, where the index goes)."""
+    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
+    return corpus, more, tmp_path / "index"
+
+
 def test_rerunning_the_build_of_an_updated_index_counts_the_corpus_alone(tmp_path):
     """It printed the corpus's documents and shards beside the updated index's tokens."""
     import gin
 
     from aligner_jax.indexing import indexer, updates
 
-    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
-    more = tmp_path / "more.jsonl"
-    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
-    index_dir = tmp_path / "index"
+    corpus, more, index_dir = _toy_corpus_and_an_addition(tmp_path)
     cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
     try:
         first = indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
@@ -943,10 +948,7 @@ def test_an_add_says_which_indexing_bindings_it_does_not_apply(tmp_path, caplog)
 
     from aligner_jax.indexing import indexer, updates
 
-    corpus = write_toy_beir(tmp_path) / "corpus.jsonl"
-    more = tmp_path / "more.jsonl"
-    more.write_text(json.dumps({"_id": "x1", "title": "", "text": "an added document"}) + "\n")
-    index_dir = tmp_path / "index"
+    corpus, more, index_dir = _toy_corpus_and_an_addition(tmp_path)
     cli.parse_gin(["models/minilm_identity.gin"], ["IndexingConfig.shard_size = 5"])
     try:
         indexer.index_corpus(str(corpus), str(index_dir), search_index=False)
