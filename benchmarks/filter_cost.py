@@ -16,7 +16,6 @@ under --work_dir (delete them after).
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import time
@@ -163,7 +162,7 @@ def main(argv) -> None:
     import sqlite3
 
     results = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPU cores)",
+        "machine": result_files.machine(),
         "sqlite": sqlite3.sqlite_version,
         "repeats": _REPEATS.value,
         "rows": [row for n in _DOCS.value for row in measure(int(n))],

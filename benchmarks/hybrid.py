@@ -17,8 +17,6 @@ each run's folder (metrics.json, run file, fusion_adaptation.md) under ``--outpu
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -152,7 +150,7 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     results = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPU cores, shared with other jobs)",
+        "machine": result_files.machine(", shared with other jobs"),
         "model_gin": _MODEL_GIN.value,
         "bindings": _BINDINGS.value,
         "collections": {},

@@ -4,6 +4,8 @@ default). A sibling module of the benchmark scripts, imported by them (not a ben
 
 from __future__ import annotations
 
+import os
+import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,11 @@ sys.path.insert(0, str(REPO))
 from aligner_jax.common import fileio  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+
+
+def machine(note: str = "") -> str:
+    """The machine a result was measured on, as every result names it."""
+    return f"{platform.node()} ({os.cpu_count()} CPU cores{note})"
 
 
 def save(

@@ -19,8 +19,6 @@ under ``--work_dir``.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -127,7 +125,7 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     results = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPU cores)",
+        "machine": result_files.machine(),
         "checkpoint": _CHECKPOINT.value,
         "model_gin": _MODEL_GIN.value,
         "collections": {},
