@@ -57,7 +57,8 @@ from aligner_jax.data import beir
 
 FILE = "documents.sqlite"
 MASK_CACHE_BYTES = 64 << 20  # masks of recent filters kept per table (one byte per document)
-MASK_CACHE_ENTRIES = 256  # and at most this many filters, each of parameters under 64 KiB
+MASK_CACHE_ENTRIES = 256  # and at most this many filters,
+MASK_CACHE_KEY_BYTES = 64 << 10  # each of parameters under this many characters
 BUSY_TIMEOUT_S = 60.0  # several indexing processes of one job may write at once
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -451,7 +452,7 @@ class DocumentTable:
                 return self._masks[key]
         out = self._run_filter(filter, where, params)
         out.setflags(write=False)
-        if sum(len(p) for p in params if isinstance(p, str)) > 64 << 10:
+        if sum(len(p) for p in params if isinstance(p, str)) > MASK_CACHE_KEY_BYTES:
             return out
         with self._masks_lock:
             self._masks[key] = out

@@ -51,12 +51,17 @@ def _commit(directory: Path, manifest: dict, op: str, **fields) -> None:
 
 
 def add_documents(
-    index_dir: str, corpus, encoder: Encoder | None = None, manifest: dict | None = None
+    index_dir: str,
+    corpus,
+    encoder: Encoder | None = None,
+    manifest: dict | None = None,
+    replaces: str | None = None,
 ) -> dict:
     """Encodes the documents of ``corpus`` (a BEIR corpus.jsonl, or documents given in Python
     by ``aligner_jax.Index.add``) into new shards, committed in one update. ``manifest``: the
     index's pending manifest to add to (``--delete`` of the same command: both in one commit),
-    else the committed one."""
+    else the committed one. ``replaces``: the sha256 of the file of a replacement, recorded so
+    that a re-run of it is refused as done."""
     from_file = isinstance(corpus, (str, os.PathLike))
     label = f"--add={corpus}" if from_file else "Index.add"
     if from_file and not Path(corpus).is_file():
@@ -102,8 +107,7 @@ def add_documents(
             )
     encode_s = time.perf_counter() - start
     source = str(Path(corpus).resolve()) if from_file else "python"
-    # a replacement's record names its file's bytes: a re-run of a committed one is refused
-    extra = {"replaces": True, "sha256": corpus_sources.file_sha256(corpus)} if pending else {}
+    extra = {"replaces": True, "sha256": replaces} if replaces else {}
     summary = _append(
         directory, manifest, entries, source, "delete+add" if pending else "add", **extra
     )
@@ -211,15 +215,13 @@ def delete_documents(index_dir: str, ids: list[str], where: str = "--delete") ->
     return summary
 
 
-def _refuse_committed_replacement(directory: Path, corpus: str) -> None:
-    """A ``--delete`` + ``--add`` whose file is the one the last committed replacement added
-    (a re-run after a kill at the commit) is refused as done: applied again, it re-encoded the
-    documents and left one more tombstone each time."""
-    if not Path(corpus).is_file():
-        return  # add_documents names the missing file
+def _refuse_committed_replacement(directory: Path, corpus: str, sha256: str) -> None:
+    """A ``--delete`` + ``--add`` whose file (``sha256``) is the one the last committed
+    replacement added (a re-run after a kill at the commit) is refused as done: applied again,
+    it re-encoded the documents and left one more tombstone each time."""
     updates = ts.read_manifest(directory).get("updates", [])
     last = updates[-1] if updates else {}
-    if last.get("replaces") and last.get("sha256") == corpus_sources.file_sha256(corpus):
+    if last.get("replaces") and last.get("sha256") == sha256:
         raise ConfigError(
             f"--delete with --add={corpus}: this replacement was committed already (at "
             f"{last.get('time')}, the index's last update); nothing was done"
@@ -317,10 +319,11 @@ def update_index(
         if (Path(index_dir) / ts.MANIFEST).exists():
             ci.collect_garbage(Path(index_dir))  # what a killed writer left
         if delete and add:  # a replacement: one commit, never the delete without the add
-            _refuse_committed_replacement(Path(index_dir), add)
+            sha256 = corpus_sources.file_sha256(add) if Path(add).is_file() else None
+            _refuse_committed_replacement(Path(index_dir), add, sha256)
             manifest, deleted = _mark_deleted(Path(index_dir), parse_ids(delete), "--delete")
             summary.update(deleted)
-            summary.update(add_documents(index_dir, add, manifest=manifest))
+            summary.update(add_documents(index_dir, add, manifest=manifest, replaces=sha256))
         elif delete:
             summary.update(delete_documents(index_dir, parse_ids(delete)))
         elif add:
