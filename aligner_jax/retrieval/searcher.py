@@ -215,6 +215,11 @@ class SearchResults(list):
         self.took_ms = took_ms
 
 
+def _scored(ids: Sequence[str], docs: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """``{doc_id: score}`` of a ranking of store positions, in its order."""
+    return {ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)}
+
+
 def _check_query(text, where: str = "query") -> str:
     """A query is a string with a visible character (``beir.is_blank``; refused otherwise:
     there is nothing to search with)."""
@@ -963,41 +968,36 @@ class Searcher:
                 ranking, reached = self.centroid.xtr(q.vectors, kept, k)
                 rankings, refined, refined_tokens = [ranking], reached, 0
             else:
-                refine_fn = None
-                if not fast:
-                    qbatch = refine_lib.QueryBatch.from_encoded(
-                        [q], self.refiner.config.query_bucket(len(q.token_ids))
+                rankings = None
+                if k < pool_size:  # else every document is asked for: refined below
+                    refine_fn = None
+                    if not fast:
+                        qbatch = refine_lib.QueryBatch.from_encoded(
+                            [q], self.refiner.config.query_bucket(len(q.token_ids))
+                        )
+                        refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
+                    rankings, counts = self.centroid.search(
+                        q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
                     )
-                    refine_fn = lambda d, qb=qbatch: self.refiner.score(qb, [d], strategies)[0]  # noqa: E731
-                rankings, counts = self.centroid.search(
-                    q.vectors, q.salience, kept, k, refine_fn, allowed=allowed
-                )
-                if top1_at is not None:  # top-1 as a search with it alone ranks (--adapt)
-                    docs, scores = self.centroid.search(
-                        q.vectors, q.salience, kept, k, None, allowed=allowed
-                    )[0][0]
-                    run_results[qid] = {
-                        ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
-                    }
-                reached, refined = counts.candidates, counts.refined
-                refined_tokens = counts.refined_tokens
+                    if top1_at is not None:  # top-1 as a search with it alone ranks (--adapt)
+                        run_ranking = self.centroid.search(
+                            q.vectors, q.salience, kept, k, None, allowed=allowed
+                        )[0][0]
+                    reached, refined = counts.candidates, counts.refined
+                    refined_tokens = counts.refined_tokens
                 # too few reached, or k asks for every one: refine them all (exact)
-                if len(rankings[0][0]) < min(k, pool_size) or k >= pool_size:
+                if rankings is None or len(rankings[0][0]) < min(k, pool_size):
                     pool = subset if subset is not None else np.flatnonzero(~self.store.deleted)
                     rankings = self._refine_subset(q, pool, strategies, k)
-                    if run_results is not None:  # what the search alone gives then too
-                        docs, scores = rankings[top1_at]
-                        run_results[qid] = {
-                            ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
-                        }
+                    run_ranking = rankings[top1_at] if top1_at is not None else None
                     reached = refined = len(pool)
                     refined_tokens = int(self.store.doc_lengths[pool].sum())
                     exact[-1] = True
+                if run_results is not None:
+                    run_results[qid] = _scored(ids, *run_ranking)
             search_ms.append(1000.0 * (time.perf_counter() - t0))
             for name, (docs, scores) in zip(names, rankings, strict=True):
-                results[name][qid] = {
-                    ids[int(d)]: float(x) for d, x in zip(docs, scores, strict=True)
-                }
+                results[name][qid] = _scored(ids, docs, scores)
             num_candidates.append(reached)
             costs.append(
                 flops.QueryCost(
