@@ -8,7 +8,8 @@ queries are scored with it. We report the mean ± standard deviation of these pe
 (one score per fold), beside the default strategy (top-1) and the oracle (the best single strategy
 in hindsight), both measured as the adapted score is: on each fold's remaining queries, averaged
 over the folds (when the folds cover every query, the plain mean over all of them; with few
-queries the three are still compared on the same queries). Candidates are retrieved once and re-scored with every strategy in one pass (see
+queries the three are still compared on the same queries). Candidates are retrieved once and
+re-scored with every strategy in one pass (see
 :mod:`aligner_jax.retrieval.refine`), so adaptation costs one refinement.
 """
 

@@ -386,6 +386,7 @@ def evaluate(
     # every strategy, top-1 too, from the float store for the adaptation table)
     results = identical.apply(out.run(name))
     evaluation = metrics.evaluate_run(dataset.qrels, results, k_values=K_VALUES)
+    k_prime = search_config.k_prime if token_index is not None else None  # no k′ search: None
     adapted, files = None, {}
     if adapt and hybrid_run is not None:
         adapted, files = fusion_adaptation(
@@ -410,7 +411,7 @@ def evaluate(
             if rerank_run
             else (search_config.backend if not search_config.exhaustive else "exact"),
             "exhaustive": search_config.exhaustive and not rerank_run,
-            "k_prime": search_config.k_prime if token_index is not None else None,  # k′ search
+            "k_prime": k_prime,
             # β^q/β^d prune the tokens that generate candidates: none when every document (or
             # every document of the run) is one, whatever SearchConfig holds (None: not applied)
             "beta_q": None if unpruned else search_config.beta_q,
@@ -449,9 +450,7 @@ def evaluate(
             "includes_adaptation_scoring": len(strategies) > 1,
         },
         "candidates_per_query_median": float(np.median(out.num_candidates)),
-        "scoring_flops": flops.run_flops(
-            out.costs, store.dim, search_config.k_prime if token_index is not None else None
-        ),
+        "scoring_flops": flops.run_flops(out.costs, store.dim, k_prime),
         "index_bytes": {
             "refinement_store": store.nbytes(),
             "token_index": token_index.nbytes()

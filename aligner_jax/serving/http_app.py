@@ -120,8 +120,8 @@ def _errors(*statuses: int) -> dict[int, dict]:
         413: "the body, or its list, is larger than the server's bound",
         422: "a bad field, query or filter",
         500: "a server bug (its log has the traceback)",
-        503: "the index could not be read or written (a file missing or damaged, a full disk)",
         501: "the server explains no hits",
+        503: "the index could not be read or written (a file missing or damaged, a full disk)",
     }
     every = (400, *statuses, 413, 500, 503)
     return {s: {"model": ErrorBody, "description": meaning[s]} for s in every}
