@@ -4,10 +4,9 @@ r"""Indexing binary (``aligner-index``): corpus → sharded, resumable token sto
   python -m aligner_jax.index --gin_file=models/minilm.gin --gin_file=index/default.gin \
     --gin.load_encoder.checkpoint="'outputs/scifact_minilm'" --corpus=corpus.jsonl --index_dir=X
 
-Default gin: ``models/minilm_identity.gin`` + ``index/default.gin``. ``--corpus``: JSONL, ``seqio:TASK``
-or ``tfds:NAME`` (``--corpus_split``), or ``--dataset_dir=DIR``. Updates (indexing/updates.py, one
-process): ``--add``, ``--delete``, ``--compact``, ``--search_index`` alone (a rebuild). A killed job
-resumes; N hosts: WORKSPACE.md "Running on many hosts"."""
+Default gin: ``models/minilm_identity.gin`` + ``index/default.gin``; ``--corpus``: JSONL, ``seqio:TASK``,
+``tfds:NAME`` (``--corpus_split``) or ``--dataset_dir=DIR``; a killed job resumes. Updates, one process
+(indexing/updates.py): ``--add``, ``--delete``, ``--compact``, ``--vacuum``, ``--search_index`` alone."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ flags.DEFINE_string("add", None, "Update: add the documents of a corpus.jsonl to
 flags.DEFINE_string("delete", None, "Update: tombstone documents (ID,ID,... or @file).")
 flags.DEFINE_bool("compact", False, "Update: re-cluster the search index if it drifted.")
 flags.DEFINE_bool("force_compact", False, "Update: re-cluster (or rebuild) it regardless.")
+flags.DEFINE_bool("vacuum", False, "Update: rewrite the store without deleted documents.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -42,16 +42,16 @@ def main(argv: Sequence[str]) -> None:
     cli.refuse_empty("corpus", "dataset_dir", "index_dir", "add", "delete")
     given = FLAGS.corpus or FLAGS.dataset_dir
     rebuild = FLAGS["search_index"].present and FLAGS.search_index and not given
-    updates_asked = (rebuild, FLAGS.add, FLAGS.delete, FLAGS.compact, FLAGS.force_compact)
-    if FLAGS.index_dir and any(updates_asked):
+    asked = dict(add=FLAGS.add, delete=FLAGS.delete, compact_index=FLAGS.compact,
+                 force_compact=FLAGS.force_compact, vacuum_store=FLAGS.vacuum)  # fmt: skip
+    if FLAGS.index_dir and (rebuild or any(asked.values())):
         if given:  # building an index, or updating one: never one of them silently
             raise app.UsageError("--corpus/--dataset_dir build an index: not with --add etc.")
         if split := distributed.flags_given("process_index", "process_count"):  # each would run it
             raise app.UsageError(f"updates run as one process: drop {', '.join(split)}")
         summary = cli.run_job(
-            "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, add=FLAGS.add,
-            on_interrupt=updates.interrupted(FLAGS.index_dir), delete=FLAGS.delete,
-            search_index=rebuild, compact_index=FLAGS.compact, force_compact=FLAGS.force_compact,
+            "aligner-index", updates.update_index, index_dir=FLAGS.index_dir, search_index=rebuild,
+            on_interrupt=updates.interrupted(FLAGS.index_dir), **asked,
         )  # fmt: skip
         return print(json.dumps(summary))
     if FLAGS.dataset_dir and FLAGS.corpus:

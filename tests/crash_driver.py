@@ -156,6 +156,8 @@ def run_op(op: str, directory: Path, corpus_file: Path) -> None:
         updates.update_index(str(directory), force_compact=True)
     elif op == "rebuild":
         updates.update_index(str(directory), search_index=True)
+    elif op == "vacuum":
+        updates.update_index(str(directory), vacuum_store=True)
     else:
         raise ValueError(op)
 
@@ -289,7 +291,7 @@ def main() -> None:
     after_dir = work / "after"
     shutil.rmtree(after_dir, ignore_errors=True)
     shutil.copytree(base, after_dir)
-    if args.op == "add":  # so that d3 can come back
+    if args.op in ("add", "vacuum"):  # so that d3 can come back, or there is one to reclaim
         assert run_in_child(lambda: updates.update_index(str(after_dir), delete="d3")) == 0
         shutil.rmtree(base)
         shutil.copytree(after_dir, base)

@@ -1,8 +1,8 @@
-"""Crash-consistent updates (issue 24): every update (add, delete, compact, search-index rebuild)
-killed at each of its durable steps in turn, or hitting a full disk there, leaves an index that
-opens with verified checksums and answers exactly as before or exactly as after the update; the
-same command run again reaches the after-state and removes what the killed writer left. And a
-reader searching while another process commits sees only committed generations.
+"""Crash-consistent updates (issue 24): every update (add, delete, compact, search-index rebuild,
+vacuum) killed at each of its durable steps in turn, or hitting a full disk there, leaves an
+index that opens with verified checksums and answers exactly as before or exactly as after the
+update; the same command run again reaches the after-state and removes what the killed writer
+left. And a reader searching while another process commits sees only committed generations.
 
 The work runs in ``tests/crash_driver.py`` (its own process, which forks one child per fault).
 """
@@ -53,6 +53,7 @@ def _driver(env: dict, *args: str, timeout: int = 600) -> dict:
         ("delete", "kill"),
         ("compact", "kill"),
         ("rebuild", "kill"),
+        ("vacuum", "kill"),
         ("add", "enospc"),
     ],
 )

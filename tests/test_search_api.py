@@ -244,6 +244,44 @@ def test_add_then_delete_equals_a_rebuild_in_exhaustive_mode(
     assert "Traceback" not in r.stderr
 
 
+def test_vacuum_from_the_command_line_and_the_build_run_again_after_it(
+    built, folders, run_binary, tmp_path
+):
+    """``--delete=ID --vacuum``: the store without the documents, searchable; the command that
+    built the index, run again, keeps the vacuumed store and encodes nothing (without the
+    guard, it encoded the corpus again into the shards the vacuum had replaced)."""
+    import shutil
+
+    index_dir = Path(shutil.copytree(built, tmp_path / "vacuumed"))
+    r = run_binary("index", f"--index_dir={index_dir}", "--delete=d1,d4", "--vacuum")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["deleted_docs"] == 2 and summary["removed_docs"] == 2
+    assert (summary["shards_before"], summary["shards_after"]) == (3, 2)  # 12 - 2 docs, by 5
+    manifest = (index_dir / ts.MANIFEST).read_bytes()
+    assert sorted(p.name for p in index_dir.glob("shard-?????.json")) == [
+        "shard-00003.json",
+        "shard-00004.json",
+    ]
+    searcher = search_lib.Searcher.load(str(index_dir))
+    hits = searcher.search(TOY_QUERIES["q1"], k=3)
+    assert hits[0].doc_id == "d10" and hits[0].title == "Beekeeping"  # d1 is gone
+    r = run_binary(
+        "index",
+        MODEL,
+        f"--corpus={folders['all'] / 'corpus.jsonl'}",
+        f"--index_dir={index_dir}",
+        "--gin.IndexingConfig.shard_size=5",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["shards_written"] == 0
+    assert (index_dir / ts.MANIFEST).read_bytes() == manifest
+    assert not (index_dir / "shard-00000.json").exists()
+    r = run_binary("index", f"--index_dir={index_dir}", "--vacuum", "--compact")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--vacuum rewrites the store" in r.stderr.strip().splitlines()[-1]
+
+
 def test_a_committed_replacement_run_again_is_refused_as_done(built, tmp_path):
     """--delete X --add=FILE re-run after it committed (a kill at the commit leaves the user
     unsure) deleted the new X and added it again: re-encoded, one more tombstone each time."""

@@ -615,6 +615,27 @@ def test_changes_committed_by_another_writer_are_served(index_copy, query_encode
     service.close()
 
 
+def test_a_search_on_a_snapshot_another_process_vacuumed_is_answered_on_the_new_one(
+    index_copy, query_encoder
+):
+    """A vacuum replaces the store's shard files: the snapshot the server opened before it can
+    no longer read the ones it had not mapped; the search loads the committed state and is
+    answered there (it failed with the old snapshot's missing file)."""
+    service = _service(index_copy, query_encoder)
+    try:
+        writer = aligner_jax.Index.open(index_copy)
+        writer.delete(["d2"])
+        summary = writer.vacuum()
+        assert summary["removed_docs"] == 1 and summary["shards_after"] == 2  # 8 docs, shards of 4
+        snapshot, hits = service.submit(BEES, k=3).result(timeout=120)
+        assert hits[0][0] == "d1" and hits[0].title == "Honey bees"
+        assert snapshot.generation == 1 and service.stats()["counts"]["refreshes"] == 1
+        chess = service.submit(TOY_QUERIES["q3"], k=8).result(timeout=120)[1]
+        assert chess and "d2" not in [h[0] for h in chess]
+    finally:
+        service.close()
+
+
 def test_a_request_cancelled_in_the_queue_leaves_the_search_thread_alive(index_copy, query_encoder):
     """A future cancelled while queued (a handler cancelled by a timeout) made set_result raise
     in the only search thread, which died: every later search hung while /health said ok."""

@@ -50,6 +50,11 @@ class IndexIntegrityError(UserError, RuntimeError):
     """An index directory does not match its manifest (or the model asking to use it)."""
 
 
+class SnapshotGoneError(IndexIntegrityError):
+    """A file of the index generation a reader opened was removed by a later commit (a vacuum
+    replaces the store's shards): the reader must load the index again."""
+
+
 class LockedError(UserError, RuntimeError):
     """Another process holds the lock of a folder this job writes (e.g. an index directory)."""
 

@@ -228,6 +228,54 @@ def fill_missing(
     return written
 
 
+def copy_shard(directory: str | Path, shard_index: int, sources: Sequence[tuple[int, int]]) -> None:
+    """Writes shard ``shard_index``'s rows as copies of the rows ``sources`` (``(shard, slot)``
+    pairs, in the new shard's order), in one transaction that first drops what the shard held
+    (``updates.vacuum``: the documents that stay, moved to new shards). A source without a row
+    (an ``add_encoded`` shard of an index without a table) is skipped."""
+    path = Path(directory) / FILE
+    try:
+        db = _connect(path)
+        try:
+            with db:
+                db.execute("DELETE FROM documents WHERE shard = ?", (shard_index,))
+                db.executemany(
+                    "INSERT INTO documents SELECT ?, ?, doc_id, title, text, metadata "
+                    "FROM documents WHERE shard = ? AND slot = ?",
+                    [(shard_index, slot, *src) for slot, src in enumerate(sources)],
+                )
+        finally:
+            db.close()
+    except sqlite3.OperationalError as e:
+        raise _write_error(path, e) from e
+
+
+def drop_unlisted(directory: str | Path, shards: Sequence[int]) -> int:
+    """Deletes the rows of every shard not in ``shards`` (the committed manifest's) and gives
+    their pages back to the file system (SQLite's ``VACUUM``); returns the rows deleted. Call
+    it holding the writer lock: the rows of shards an earlier vacuum replaced, or an
+    interrupted add wrote, are never read by the committed generation."""
+    path = Path(directory) / FILE
+    if not path.exists():
+        return 0
+    try:
+        db = _connect(path)
+        try:
+            with db:
+                db.execute("CREATE TEMP TABLE listed (shard INTEGER PRIMARY KEY)")
+                db.executemany("INSERT INTO listed VALUES (?)", [(int(s),) for s in shards])
+                deleted = db.execute(
+                    "DELETE FROM documents WHERE shard NOT IN (SELECT shard FROM listed)"
+                ).rowcount
+            if deleted:
+                db.execute("VACUUM")
+        finally:
+            db.close()
+    except sqlite3.OperationalError as e:
+        raise _write_error(path, e) from e
+    return int(deleted)
+
+
 # -- filters ------------------------------------------------------------------------------------
 def _json_path(field: str) -> str:
     """SQLite's JSON path of a dotted field name; ``\\.`` is a dot inside a key

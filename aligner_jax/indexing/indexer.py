@@ -300,6 +300,16 @@ def _build_token_store(
     }
     settings = check_or_write_config(directory, settings)
     write_encoder_spec(directory, encoder.bundle)
+    if (directory / ts.MANIFEST).exists():
+        manifest = ts.read_manifest(directory)
+        if manifest.get("first_shard", 0):  # vacuumed: the corpus's shards were replaced
+            logging.info("indexing: %s was vacuumed (--vacuum); its store is kept", directory)
+            counts, stats = manifest["counts"], manifest.get("stats", {})
+            return IndexingSummary(
+                directory, counts["num_docs"], counts["num_tokens"], counts["num_shards"], 0,
+                counts["num_shards"], 0.0, 0, stats.get("truncated_docs", 0),
+                stats.get("empty_docs", 0), True,
+            )  # fmt: skip
     entries, written, skipped = [], 0, 0
     encode_seconds, total_docs, total_tokens, tokens_encoded = 0.0, 0, 0, 0
     total = len(documents) if hasattr(documents, "__len__") else None

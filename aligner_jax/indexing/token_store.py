@@ -258,10 +258,12 @@ class TokenStore:
         self.manifest = read_manifest(self.directory) if manifest is None else manifest
         shards = sorted(self.manifest["shards"], key=lambda s: s["index"])
         num_shards = self.manifest["counts"].get("num_shards", len(shards))
-        if [s["index"] for s in shards] != list(range(num_shards)):
+        first = int(self.manifest.get("first_shard", 0))  # > 0 once vacuumed (updates.vacuum)
+        if [s["index"] for s in shards] != list(range(first, first + num_shards)):
             raise errors.IndexIntegrityError(
                 f"{self.directory / MANIFEST}: lists shards {[s['index'] for s in shards]}, "
-                f"expected 0..{num_shards - 1}; the manifest was altered, rebuild this index"
+                f"expected {first}..{first + num_shards - 1}; the manifest was altered, rebuild "
+                "this index"
             )
         if manifest is None:
             self.checksums_verified = verify_files(self.directory, shards, verify_checksums)
@@ -345,8 +347,27 @@ class TokenStore:
         path = self.directory / meta["path"]
         try:
             return fileio.load_npy(path)
+        except FileNotFoundError:
+            raise self._missing(meta["path"]) from None
         except ValueError as e:
             raise errors.IndexIntegrityError(f"{path}: not a readable .npy file ({e})") from e
+
+    def _missing(self, name: str) -> errors.IndexIntegrityError:
+        """The error of a shard file ``name`` that no longer exists (it did at open): removed by
+        a commit since (a vacuum replaces the shards), or lost."""
+        listed = {
+            m["path"] for s in read_manifest(self.directory)["shards"] for m in s["files"].values()
+        }
+        if name in listed:
+            return errors.IndexIntegrityError(
+                f"{self.directory / name}: missing (it existed when the store was opened); "
+                "rebuild this index"
+            )
+        return errors.SnapshotGoneError(
+            f"{self.directory / name}: removed by an update committed after this store was "
+            "opened (aligner-index --vacuum replaces the shards); load the index again "
+            "(searcher = searcher.refresh(), or Searcher.load)"
+        )
 
     def _array(self, kind: str, s: int, evict: bool = True) -> np.ndarray | None:
         """Shard ``s``'s ``kind`` array (vectors, salience, token_ids), mapped through the
@@ -530,25 +551,31 @@ class TokenStore:
         ``(lo, hi, to)`` of ``runs``, read with ``os.pread`` from its ``.npy`` file (its path
         and header parsed once per file and kept)."""
         header = self._headers.get((kind, s))
-        if header is None:
-            path = str(self.directory / self._shards[s]["files"][kind]["path"])
-            with open(path, "rb") as f:
-                major, _ = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if major == 1 else None
-                shape, fortran, dtype = (read or np.lib.format.read_array_header_2_0)(f)
-                if fortran:
-                    raise errors.IndexIntegrityError(f"{path}: a Fortran-ordered array")
-                row = tuple(shape[1:])
-                row_bytes = dtype.itemsize * math.prod(row)
-                header = self._headers[(kind, s)] = (path, f.tell(), dtype, row, row_bytes)
-        path, start, dtype, row, row_bytes = header
-        fd = os.open(path, os.O_RDONLY)  # a bare descriptor: a Python file object costs more
+        try:
+            if header is None:
+                header = self._headers[(kind, s)] = self._read_header(kind, s)
+            path, start, dtype, row, row_bytes = header
+            fd = os.open(path, os.O_RDONLY)  # a bare descriptor: a Python file object costs more
+        except FileNotFoundError:
+            raise self._missing(self._shards[s]["files"][kind]["path"]) from None
         try:
             for lo, hi, to in runs:
                 data = os.pread(fd, (hi - lo) * row_bytes, start + lo * row_bytes)
                 out[to : to + hi - lo] = np.frombuffer(data, dtype).reshape((hi - lo, *row))
         finally:
             os.close(fd)
+
+    def _read_header(self, kind: str, s: int) -> tuple:
+        """(path, data offset, dtype, row shape, row bytes) of shard ``s``'s ``kind`` file."""
+        path = str(self.directory / self._shards[s]["files"][kind]["path"])
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else None
+            shape, fortran, dtype = (read or np.lib.format.read_array_header_2_0)(f)
+            if fortran:
+                raise errors.IndexIntegrityError(f"{path}: a Fortran-ordered array")
+            row = tuple(shape[1:])
+            return path, f.tell(), dtype, row, dtype.itemsize * math.prod(row)
 
     def _document_runs(self, kinds: tuple[str, ...], doc_indices: np.ndarray):
         """(its shard's arrays of ``kinds``, first row, end row) of each document, in order. A

@@ -5,10 +5,11 @@ model recorded in ``encoder.json``) into new shards after the last one, appends 
 manifest, and compresses their tokens with the existing centroids (``CentroidIndex.update``).
 ``--delete=ID,ID,...`` (or ``@file`` with one id per line) lists their store positions in the
 manifest's ``deleted`` (an id deleted and added again is a new document):
-the documents stay on disk and are never returned. Each update is appended to the manifest's
+the documents stay on disk and are never returned until ``--vacuum`` writes the store again
+without them (``vacuum``). Each update is appended to the manifest's
 ``updates`` list. ``--compact`` re-clusters the search index over every stored token (new
 centroids) when its drift (``CentroidIndex.drift``) exceeds ``DRIFT_LIMIT``, or always with
-``--force_compact``; tombstoned documents stay in the store. ``--search_index`` (without
+``--force_compact``. ``--search_index`` (without
 ``--corpus``) rebuilds the search index of an existing store: the repair of a missing, stale,
 damaged or other store's ``search_index/``.
 """
@@ -20,6 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 from absl import logging
 
 from aligner_jax.common import errors, progress
@@ -282,6 +284,82 @@ def rebuild_search_index(index_dir: str) -> dict:
     return {"search_index_rebuilt": True, "build_s": round(time.perf_counter() - start, 3)}
 
 
+def vacuum(index_dir: str) -> dict:
+    """``aligner-index --index_dir=DIR --vacuum``: the store written again without its deleted
+    documents, in full shards of the index's shard size (an add's small shards merged), and its
+    search index built again on it (re-clustered, as ``--force_compact``): one commit. The new
+    shards are numbered after the last one (the manifest's ``first_shard``), so nothing the
+    committed generation reads is touched before the commit; the replaced shard files are then
+    removed. The documents table keeps the replaced shards' rows until the next vacuum (a
+    searcher opened before this one still reads their contents). Without deletions, and with
+    every shard but the last full, there is nothing to do (no commit)."""
+    start = time.perf_counter()
+    directory = Path(index_dir)
+    store = ts.TokenStore(directory)
+    manifest = store.manifest
+    spans = store.shard_spans()
+    rows_removed = documents_lib.drop_unlisted(directory, [s["index"] for s, _, _ in spans])
+    shard_size = int(manifest.get("indexing", {}).get("shard_size", ts.SHARD_SIZE))
+    live = np.flatnonzero(~store.deleted)
+    summary = {"vacuumed": False, "table_rows_removed": rows_removed}
+    if not store.deleted.any() and store.num_shards <= max(1, -(-len(live) // shard_size)):
+        logging.info("--vacuum: %s has no deleted documents nor partial shards", directory)
+        return summary
+    if not len(live):
+        raise ConfigError(
+            f"--vacuum: every document of {directory} is deleted; nothing was done (index "
+            "the documents you want in a new --index_dir)"
+        )
+    doc_starts = np.array([first_doc for _, _, first_doc in spans], np.int64)
+    owner = np.searchsorted(doc_starts, live, side="right") - 1
+    old_index = np.array([s["index"] for s, _, _ in spans], np.int64)[owner]
+    old_slot = live - doc_starts[owner]
+    first = max(s["index"] for s, _, _ in spans) + 1
+    table = (directory / documents_lib.FILE).exists()
+    entries = []
+    with progress.Progress(len(live), "index --vacuum: copy documents", "doc") as bar:
+        for lo in range(0, len(live), shard_size):
+            shard = []
+            for p in live[lo : lo + shard_size].tolist():
+                vectors, salience, token_ids = store.document(p)
+                shard.append(ts.EncodedDocument(store.doc_ids[p], vectors, salience, token_ids))
+            index = first + len(entries)
+            if table:
+                sources = np.stack([old_index, old_slot], 1)[lo : lo + shard_size].tolist()
+                documents_lib.copy_shard(directory, index, sources)
+            entries.append(ts.write_shard(directory, index, shard, store.dim))
+            store.close()  # unmaps the shards read (memory of one output shard at a time)
+            bar.update(len(shard))
+    new = {k: v for k, v in manifest.items() if k not in ("deleted", "tombstones")}
+    new["shards"], new["first_shard"] = entries, first
+    new["counts"] = {
+        "num_docs": int(len(live)),
+        "num_tokens": sum(e["num_tokens"] for e in entries),
+        "num_shards": len(entries),
+    }
+    summary.update(
+        vacuumed=True,
+        removed_docs=int(store.deleted.sum()),
+        live_docs=int(len(live)),
+        shards_before=store.num_shards,
+        shards_after=len(entries),
+        store_bytes_before=store.nbytes(),
+        store_bytes_after=sum(m["bytes"] for e in entries for m in e["files"].values()),
+    )
+    record = {k: summary[k] for k in ("removed_docs", "shards_before", "shards_after")}
+    new["updates"] = manifest.get("updates", []) + [_record("vacuum", **record)]
+    if manifest.get("search_index"):
+        pending = ts.TokenStore(directory, manifest=new)
+        index = ci.CentroidIndex.build(pending, recorded_config(directory), commit=False)
+        index.commit(pending, new)
+    else:
+        ts.write_manifest(directory, new)
+        ci.collect_garbage(directory)
+    summary["seconds"] = round(time.perf_counter() - start, 3)
+    logging.info("aligner-index --vacuum: %s", summary)
+    return summary
+
+
 def interrupted(index_dir: str) -> str:
     """What a Ctrl-C during an update leaves (``aligner-index: interrupted: ...``)."""
     return (
@@ -298,9 +376,10 @@ def update_index(
     compact_index: bool = False,
     force_compact: bool = False,
     search_index: bool = False,
+    vacuum_store: bool = False,
 ) -> dict:
     """``aligner-index``'s update flags, in the order delete → add → compact (or, with
-    ``search_index``, a rebuild of the search index), holding the index directory's writer lock
+    ``search_index``, a rebuild of the search index; with ``vacuum_store``, a vacuum), holding the index directory's writer lock
     (the indexing job's, process 0). Each is one transaction: its files are written beside the
     committed ones and published by one atomic rename of the manifest; a crash leaves the index
     as the last commit left it, and the next writer removes the leftovers first."""
@@ -313,6 +392,11 @@ def update_index(
         raise ConfigError(
             "--search_index (alone) rebuilds the search index; --compact re-clusters it: "
             "give one of them"
+        )
+    if vacuum_store and (search_index or compact_index or force_compact):
+        raise ConfigError(
+            "--vacuum rewrites the store and builds its search index again (re-clustered): "
+            "give it without --search_index, --compact or --force_compact"
         )
     summary = {}
     with indexer.writer_lock(index_dir):
@@ -328,7 +412,9 @@ def update_index(
             summary.update(delete_documents(index_dir, parse_ids(delete)))
         elif add:
             summary.update(add_documents(index_dir, add))
-        if search_index:
+        if vacuum_store:
+            summary.update(vacuum(index_dir))
+        elif search_index:
             summary.update(rebuild_search_index(index_dir))
         elif compact_index or force_compact:
             summary.update(compact(index_dir, force_compact))

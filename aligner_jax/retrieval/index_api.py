@@ -13,7 +13,8 @@ The index directory is the one ``aligner-index`` writes (token store, manifest, 
 first ``add`` runs the indexing job's ``indexer.build_token_store`` and builds the search index
 (``updates.rebuild_search_index``, as ``aligner-index --index_dir=DIR --search_index``);
 later ones are ``aligner-index --add`` (``updates.add_documents``), ``delete`` is
-``aligner-index --delete`` (``updates.delete_documents``), each under the directory's writer
+``aligner-index --delete`` (``updates.delete_documents``), ``vacuum`` is ``aligner-index
+--vacuum`` (``updates.vacuum``), each under the directory's writer
 lock. ``aligner-index --index_dir=DIR --add=more.jsonl`` and ``Searcher.load(DIR)`` work on an
 index made here, and ``Index.open`` on one made by ``aligner-index``.
 
@@ -289,6 +290,14 @@ class Index:
             raise ConfigError(f"Index.delete: an id {reason}") from None
         with indexer.writer_lock(self.directory):
             return updates.delete_documents(str(self.directory), ids, where="Index.delete")
+
+    def vacuum(self) -> dict:
+        """Writes the store again without its deleted documents (``aligner-index --vacuum``:
+        their bytes come back, the search index is built again); returns the summary."""
+        if not (self.directory / ts.MANIFEST).exists():
+            raise ConfigError(f"Index.vacuum: {self.directory} holds no documents yet")
+        with indexer.writer_lock(self.directory):
+            return updates.vacuum(str(self.directory))
 
     def searcher(self, mode: str = "fast", **options):
         """A :class:`Searcher` over the index as it is now (``Searcher.load`` options)."""

@@ -294,12 +294,23 @@ class IndexService:
         for group in groups.values():
             self._run_group(snapshot, group)
 
-    def _run_group(self, snapshot: Snapshot, group: list[_Pending]) -> None:
+    def _run_group(self, snapshot: Snapshot, group: list[_Pending], retry: bool = True) -> None:
         first = group[0]
         try:
             results = snapshot.searcher.search_batch(
                 [p.text for p in group], k=first.k, offset=first.offset, filter=first.filter
             )
+        except errors.SnapshotGoneError as gone:  # the index was vacuumed: search its commit
+            failure: Exception = gone
+            if retry:
+                try:
+                    self.refresh()
+                    return self._run_group(self._snapshot, group, retry=False)
+                except Exception as e:  # noqa: BLE001 - the group's answer, as for any failure
+                    failure = e
+            for p in group:
+                p.future.set_exception(failure)
+            return
         except Exception as e:  # noqa: BLE001 - one bad query must not fail its group: run alone
             if len(group) > 1:
                 for p in group:
