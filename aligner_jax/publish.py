@@ -41,7 +41,7 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing publication (colle
 flags.DEFINE_integer("shards", None, "Server collection's shard_number (a Qdrant cluster).")
 flags.DEFINE_integer("replication", None, "Server collection's replication_factor (cluster).")
 flags.DEFINE_string("query", None, "Query the published collection: prints a ranked list.")
-flags.DEFINE_integer("k", 10, "Documents per query.")
+flags.DEFINE_integer("k", None, "Documents per query (default 10).")
 flags.DEFINE_enum("mode", None, list(targets.MODES), "Query mode (default fusion).")
 flags.DEFINE_string("minicoil_models", None, "--sparse=minicoil: saved models (default: fit).")
 flags.DEFINE_string("corpus", None, "The indexed corpus (file or BEIR folder) if it moved.")

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import gin
 import numpy as np
@@ -202,10 +203,41 @@ def test_deleted_documents_are_not_exported(built, tmp_path, exhaustive):
         qdrant.target.close()
 
 
-def test_beta_d_keeps_the_top_tokens_by_salience(built, tmp_path, exhaustive):
+def test_documents_without_an_indexed_word_are_counted_and_warned_about(built, tmp_path, caplog):
+    """Qdrant's IDF counts the points holding a sparse vector; ours every document: a document
+    with no indexed word makes the engine's scores differ from BM25Index's, silently before."""
+    copy = Path(shutil.copytree(built, tmp_path / "index"))
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"_id": "stop", "title": "", "text": "The and of the it is."}))
+    updates.add_documents(str(copy), str(more))  # only stopwords: no indexed word
+    with caplog.at_level("WARNING"):
+        record = exporter.publish_embedded(ts.TokenStore(copy), tmp_path / "shard")
+    assert record["sparse_empty_docs"] == 1 and record["num_points"] == len(DOCS) + 1
+    assert "1 documents have no indexed word (an empty bm25 vector" in caplog.text
+    assert f"counts the other {len(DOCS)} documents, ours all {len(DOCS) + 1}" in caplog.text
+
+
+def test_minicoil_idf_check_counts_the_points_the_engine_counts():
+    """The engine's N is the rows holding an entry: an empty row (a document without a known
+    word) makes miniCOIL's idf (N over every document) differ, and the check says so."""
+
+    class Index:
+        doc_matrix = sp.csr_matrix(np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+        idf = bm25.lucene_idf(np.array([2, 1]), 3)  # as MiniCoilIndex counts: 3 documents
+
+    assert sparse_lib.MiniCoilVectors(Index(), None).check_idf() > 0.1  # was 0.0
+    Index.idf = bm25.lucene_idf(np.array([2, 1]), 2)
+    assert sparse_lib.MiniCoilVectors(Index(), None).check_idf() < 1e-12
+
+
+def test_beta_d_keeps_the_top_tokens_by_salience(built, tmp_path, exhaustive, caplog):
     store = ts.TokenStore(built)
     config = exporter.ExportConfig(beta_d=0.5, sparse="none")
-    record = exporter.publish_embedded(store, tmp_path / "shard", config)
+    with caplog.at_level("WARNING"):
+        record = exporter.publish_embedded(store, tmp_path / "shard", config)
+    assert "beta_d=0.5 on a model without saliences (every u = 1): the export keeps each " in (
+        caplog.text
+    )  # the first tokens: what the sweep warns about too
     assert record["sparse"] is None and record["beta_d"] == 0.5
     target = targets.EdgeTarget(tmp_path / "shard")
     target.open(None)
@@ -310,6 +342,31 @@ def test_minicoil_cells_with_the_idf_modifier_score_q_idf_d(built, tmp_path, exh
     order = [i for i in np.argsort(-scores, kind="stable") if scores[i] > 0][:10]
     assert [d for d, _ in got] == [store.doc_ids[i] for i in order]
     np.testing.assert_allclose([s for _, s in got], scores[order], rtol=1e-4)
+
+
+def test_publish_refuses_flags_it_would_ignore(built, tmp_path):
+    """Each of these was accepted and ignored: --record beside an embedded shard (then a query
+    with it failed, saying no record), a query's --k/--mode/QueryConfig when publishing, and
+    QueryConfig.rrf_k=0 (Qdrant's 0-based ranks gave the first hits 1/0 = inf)."""
+    shard = str(tmp_path / "shard")
+    with pytest.raises(errors.ConfigError, match=r"^--record=r.json: an embedded shard keeps "):
+        publish_job.publish_job(str(built), qdrant_path=shard, record="r.json")
+    for kwargs, named in (({"k": 5}, "--k"), ({"mode": "sparse"}, "--mode")):
+        with pytest.raises(errors.ConfigError, match=rf"^{named}: for a query \(--query=TEXT\)"):
+            publish_job.publish_job(str(built), qdrant_path=shard, **kwargs)
+    gin.clear_config()
+    cli.parse_gin([], ["QueryConfig.prefetch_limit = 50"])
+    try:
+        with pytest.raises(errors.ConfigError, match=r"^--gin.QueryConfig.\*: for a query"):
+            publish_job.publish_job(str(built), qdrant_path=shard)
+    finally:
+        gin.clear_config()
+    assert not (tmp_path / "shard").exists()  # nothing was published
+    with pytest.raises(errors.ConfigError, match=r"QueryConfig.rrf_k=0: must be >= 1"):
+        querying.QueryConfig(rrf_k=0)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(errors.ConfigError, match=r"^--qdrant_path=.*afile: a file, not a folder"):
+        publish_job.publish_job(str(built), qdrant_path=str(tmp_path / "afile"))
 
 
 def test_publish_binary_exports_then_queries(built, tmp_path, ours):

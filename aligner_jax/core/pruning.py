@@ -19,6 +19,13 @@ import numpy as np
 
 from aligner_jax.core import salience as salience_lib
 
+# How a β keeps tokens, by whether the model has saliences (the rule below: the top by
+# salience, ties to the earlier token, so without saliences the first tokens).
+PRUNED_BY = {
+    True: "keeps each text's top β of tokens by unary salience (§3.2)",
+    False: "keeps each text's first ⌈β·n⌉ tokens (by position)",
+}
+
 
 def keep_count(n, beta: float):
     """How many of ``n`` tokens (int or int array) survive pruning at ratio ``beta``:

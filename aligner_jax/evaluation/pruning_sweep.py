@@ -24,7 +24,7 @@ from absl import logging
 
 from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, MissingPathError
-from aligner_jax.core import scoring
+from aligner_jax.core import pruning, scoring
 from aligner_jax.data import beir
 from aligner_jax.encoding.encoder import EncodingConfig
 from aligner_jax.evaluation import adaptation as adaptation_lib
@@ -36,12 +36,7 @@ PAPER_BETA_D = (1.0, 0.4, 0.2, 0.1, 0.05)
 PAPER_BETA_Q = (1.0, 0.5, 0.3, 0.1)
 
 
-# How the sweep's β keeps tokens, by whether the model has saliences (core.pruning's rule: the
-# top by salience, ties to the earlier token, so without saliences the first tokens).
-PRUNED_BY = {
-    True: "keeps each text's top β of tokens by unary salience (§3.2)",
-    False: "keeps each text's first ⌈β·n⌉ tokens (by position)",
-}
+PRUNED_BY = pruning.PRUNED_BY  # how the sweep's β keeps tokens, by whether there are saliences
 
 
 @gin.configurable

@@ -200,6 +200,12 @@ def export_store(
             "top-1 with u = 1), not by Eq. 2's salience-weighted alignment",
             store.manifest["model"].get("salience"),
         )
+    if config.beta_d < 1.0 and not store.has_saliences:
+        logging.warning(
+            "ExportConfig.beta_d=%s on a model without saliences (every u = 1): the export %s",
+            config.beta_d,
+            pruning.PRUNED_BY[False],
+        )
     try:
         docs = store_documents(store, {ids[r] for r in live}, corpus)
     except MissingPathError as e:
@@ -213,10 +219,18 @@ def export_store(
     layout = targets.CollectionLayout(
         dim=store.dim, datatype=config.datatype, sparse=None if sparse is None else sparse.name
     )
-    doc_matrix = None
+    doc_matrix, empty = None, 0
     if sparse is not None:
         doc_matrix = sparse.doc_matrix.tocsr()
         doc_matrix.eliminate_zeros()  # no posting for a 0
+        empty = int(np.count_nonzero(np.diff(doc_matrix.indptr) == 0))
+        if empty:
+            logging.warning(
+                "%d documents have no indexed word (an empty %s vector, e.g. only stopwords): "
+                "the engine's IDF counts the other %d documents, ours all %d, so its %s scores "
+                "differ a little from ours (aligner-index --delete them to make them equal)",
+                empty, sparse.name, len(live) - empty, len(live), sparse.name,
+            )  # fmt: skip
     target.create(layout)
     sparse_s = time.perf_counter() - start
     done, last_log = 0, time.perf_counter()
@@ -256,6 +270,7 @@ def export_store(
         "num_points": count,
         "deleted_skipped": int(store.deleted.sum()),
         "sparse": None if sparse is None else sparse.state(),
+        "sparse_empty_docs": empty,
         "seconds": {"sparse": round(sparse_s, 3), "total": round(time.perf_counter() - start, 3)},
     }
 
@@ -317,6 +332,8 @@ def publish_embedded(
     replaced only with ``overwrite`` (``--overwrite``); any other non-empty folder is refused.
     Returns the record (also ``path/RECORD``)."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--qdrant_path={path}: a file, not a folder; choose a new folder")
     if path.exists() and any(path.iterdir()) and not (path / RECORD).is_file():
         raise ConfigError(
             f"--qdrant_path={path}: a non-empty folder that is not an aligner-publish shard; "

@@ -77,7 +77,7 @@ def publish_job(
     sparse: str | None = None,
     overwrite: bool = False,
     query: str | None = None,
-    k: int = 10,
+    k: int | None = None,
     mode: str | None = None,
     minicoil_models: str | None = None,
     corpus: str | None = None,
@@ -104,6 +104,11 @@ def publish_job(
         )
     if qdrant_url and not record:
         raise ConfigError("--qdrant_url needs --record=FILE.json (what the query side reads)")
+    if qdrant_path and record:
+        raise ConfigError(
+            f"--record={record}: an embedded shard keeps its record inside it "
+            f"({Path(qdrant_path) / exporter.RECORD}); drop --record (it is for --qdrant_url)"
+        )
     record_path = Path(record) if record else Path(qdrant_path) / exporter.RECORD
 
     def target():
@@ -116,6 +121,7 @@ def publish_job(
     if query is not None:
         if not query.strip():
             raise ConfigError("--query is empty: give the text to search for")
+        k = 10 if k is None else k
         if k < 1:
             raise ConfigError(f"--k={k}: must be >= 1")
         publishing = [
@@ -153,6 +159,26 @@ def publish_job(
         ranked = [(h.payload["doc_id"], h.score) for h in hits]
         titles = {h.payload["doc_id"]: h.payload.get("title", "") for h in hits}
         return search_job.format_ranking(f"{query}  [{config.mode}]", ranked, titles)
+    querying_flags = [
+        flag
+        for flag, given in (
+            ("--k", k is not None),
+            ("--mode", mode is not None),
+            (
+                "--gin.QueryConfig.*",
+                any(
+                    checks.is_bound(f"QueryConfig.{f.name}")
+                    for f in dataclasses.fields(querying.QueryConfig)
+                ),
+            ),
+        )
+        if given
+    ]
+    if querying_flags:
+        raise ConfigError(
+            f"{', '.join(querying_flags)}: for a query (--query=TEXT); publishing writes every "
+            "document, and a query chooses its own mode and k"
+        )
     if not index_dir:
         raise ConfigError("--index_dir is required to publish (or give --query=TEXT)")
     store = ts.TokenStore(index_dir)

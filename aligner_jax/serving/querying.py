@@ -34,7 +34,8 @@ from aligner_jax.serving import sparse as sparse_lib
 @dataclasses.dataclass(frozen=True)
 class QueryConfig:
     """Attributes: mode (``targets.MODES``), prefetch_limit (candidates per prefetch),
-    rrf_k (RRF's k)."""
+    rrf_k (RRF's k, at least 1: Qdrant's ranks start at 0, so 0 would give its first hits
+    1/0)."""
 
     mode: str = "fusion"
     prefetch_limit: int = 100
@@ -43,7 +44,7 @@ class QueryConfig:
     def __post_init__(self):
         checks.choice("QueryConfig.mode", self.mode, targets.MODES)
         checks.integer("QueryConfig.prefetch_limit", self.prefetch_limit, minimum=1)
-        checks.integer("QueryConfig.rrf_k", self.rrf_k, minimum=0)
+        checks.integer("QueryConfig.rrf_k", self.rrf_k, minimum=1)
 
 
 def sparse_vectors(record: dict, minicoil_index=None, record_dir=None, encoder=None):

@@ -13,7 +13,9 @@ keep it right. That is the idf of our BM25 (``data.bm25``, Lucene variant), henc
     tf / (tf + k1 · (1 − b + b · |d| / avgdl)) (``bm25.term_frequency_importance``), query values
     = how often each term occurs in the query, over ``bm25.analyze``'s terms (the one analysis:
     stopwords, Snowball stems). Σ_t count_q(t) · idf(t) · importance(t, d) is exactly
-    ``BM25Index.score`` (bm25s counts a repeated query term once per occurrence).
+    ``BM25Index.score`` (bm25s counts a repeated query term once per occurrence) when every
+    document holds an indexed word: one that holds none is a point without this vector, which
+    the engine's N leaves out and ours counts (the export counts and names them).
   * ``MiniCoilVectors``: miniCOIL's cells (``lexical.minicoil.MiniCoilIndex``: ``doc_matrix`` and
     ``query_matrix`` without the idf, ``idf`` per cell; score = q · diag(idf) · dᵀ). Every cell of
     a word is non-zero exactly where the word occurs, so the engine's idf of a cell is the word's
@@ -155,7 +157,8 @@ class MiniCoilVectors:
         matrix.eliminate_zeros()  # a stored 0 is no posting for the engine
         doc_freq = np.bincount(matrix.indices, minlength=matrix.shape[1])
         used = doc_freq > 0
-        engine = bm25.lucene_idf(doc_freq[used], matrix.shape[0])
+        points = int(np.count_nonzero(np.diff(matrix.indptr)))  # the engine's N: non-empty rows
+        engine = bm25.lucene_idf(doc_freq[used], points)
         diff = float(np.abs(engine - np.asarray(self.index.idf, np.float64)[used]).max(initial=0))
         if diff > atol:
             logging.warning(
