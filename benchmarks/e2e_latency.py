@@ -100,6 +100,11 @@ def percentiles(ms: Sequence[float]) -> dict:
     }
 
 
+def token_percentiles(counts: Sequence[int]) -> dict:
+    """``percentiles`` of a count (query tokens), its keys without the ``_ms`` of a time."""
+    return {k.removesuffix("_ms"): v for k, v in percentiles(counts).items()}
+
+
 def timed(fn, *args, **kwargs) -> float:
     start = time.perf_counter()
     fn(*args, **kwargs)
@@ -165,7 +170,7 @@ def measure(searcher, queries: dict[str, str], k: int, rerank_n: int, rounds: in
             {**percentiles(rerank[len(qids) :]), "candidates": rerank_n} if rounds > 1 else None
         ),
         "compilations_after_load": counter.count,
-        "query_tokens": percentiles([len(e.token_ids) for e in encoded]),
+        "query_tokens": token_percentiles([len(e.token_ids) for e in encoded]),
         "by_query_tokens": by_query_tokens(
             [len(e.token_ids) for e in encoded] * rounds,
             {"end_to_end": e2e, "encode": encode, "search": search},
