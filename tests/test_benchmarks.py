@@ -926,3 +926,38 @@ def test_compaction_drift_compares_both_references_on_a_small_index(tmp_path):
     assert "| another corpus | 2 |" in (out / "compaction_drift.md").read_text()
     assert (out / "compaction_drift.png").stat().st_size > 0
     assert not (tmp_path / "work").exists()  # the scratch stores are removed
+
+
+def test_vacuum_benchmark_on_a_small_index_loses_no_answer(tmp_path):
+    """The vacuum benchmark end to end on the toy corpus: a third of the documents deleted,
+    the vacuum in a child, the store smaller, every exhaustive answer identical."""
+    from fixtures import TOY_DOCS, run_module, write_toy_beir
+
+    data = write_toy_beir(tmp_path)
+    index_dir = tmp_path / "index"
+    r = run_module(
+        "aligner_jax.index",
+        "--gin_file=models/minilm_identity.gin",
+        f"--corpus={data / 'corpus.jsonl'}",
+        f"--index_dir={index_dir}",
+        "--gin.IndexingConfig.shard_size=3",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "out"
+    proc = run_python(
+        REPO / "benchmarks" / "vacuum.py",
+        f"--index_dir={index_dir}", f"--dataset_dir={data}", "--delete_fraction=0.34",
+        f"--work_dir={tmp_path / 'work'}", f"--output={out}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "vacuum.json").read_text())
+    assert result["deleted_docs"] == 4 and result["live_docs"] == len(TOY_DOCS) - 4
+    assert result["vacuum"]["removed_docs"] == 4 and result["vacuum"]["peak_rss_gib"] > 0
+    disk = result["disk"]
+    assert disk["after"]["store_bytes"] < disk["before"]["store_bytes"]
+    assert disk["after_second"]["table_bytes"] <= disk["after"]["table_bytes"]
+    answers = result["answers"]
+    assert answers["exhaustive_same_ids"] == answers["queries"] > 0
+    assert answers["exhaustive_max_score_diff"] < 1e-5
+    assert "| after |" in (out / "vacuum.md").read_text()
+    assert (out / "vacuum.png").stat().st_size > 0
