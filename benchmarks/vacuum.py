@@ -147,6 +147,7 @@ def grown(scales: list[str], work: Path, log: Path) -> list[dict]:
     source = scale.REPO / scale.SOURCES[_GROW_MODEL.value]
     one = work / "x1"
     scale.make_store(source, one, 1.0, 0.0)
+    binary(one, "--search_index", log)  # residual_sigma reads its centroids
     sigma = scale.residual_sigma(one)
     shutil.rmtree(one)
     rows = []
