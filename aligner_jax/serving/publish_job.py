@@ -68,6 +68,18 @@ def _minicoil(
     return index, rows, f"{words} dim-{index.models.dim} word models {how}, {seconds:.1f}s"
 
 
+def _given(config_class, flags: dict[str, bool]) -> list[str]:
+    """The flags of ``flags`` given, then ``--gin.CLASS.*`` where a field of ``config_class``
+    is bound in gin: what one side of the job (publish or query) would ignore."""
+    bound = any(
+        checks.is_bound(f"{config_class.__name__}.{f.name}")
+        for f in dataclasses.fields(config_class)
+    )
+    return [f for f, given in flags.items() if given] + (
+        [f"--gin.{config_class.__name__}.*"] if bound else []
+    )
+
+
 def publish_job(
     index_dir: str | None,
     qdrant_path: str | None = None,
@@ -124,23 +136,15 @@ def publish_job(
         k = 10 if k is None else k
         if k < 1:
             raise ConfigError(f"--k={k}: must be >= 1")
-        publishing = [
-            flag
-            for flag, given in (
-                ("--minicoil_models", minicoil_models is not None),
-                ("--sparse", sparse is not None),
-                ("--overwrite", overwrite),
-                ("--corpus", corpus is not None),
-                (
-                    "--gin.ExportConfig.*",
-                    any(
-                        checks.is_bound(f"ExportConfig.{f.name}")
-                        for f in dataclasses.fields(exporter.ExportConfig)
-                    ),
-                ),
-            )
-            if given
-        ]
+        publishing = _given(
+            exporter.ExportConfig,
+            {
+                "--minicoil_models": minicoil_models is not None,
+                "--sparse": sparse is not None,
+                "--overwrite": overwrite,
+                "--corpus": corpus is not None,
+            },
+        )
         if publishing:
             raise ConfigError(
                 f"{', '.join(publishing)}: for publishing; a query (--query) reads the "
@@ -159,21 +163,9 @@ def publish_job(
         ranked = [(h.payload["doc_id"], h.score) for h in hits]
         titles = {h.payload["doc_id"]: h.payload.get("title", "") for h in hits}
         return search_job.format_ranking(f"{query}  [{config.mode}]", ranked, titles)
-    querying_flags = [
-        flag
-        for flag, given in (
-            ("--k", k is not None),
-            ("--mode", mode is not None),
-            (
-                "--gin.QueryConfig.*",
-                any(
-                    checks.is_bound(f"QueryConfig.{f.name}")
-                    for f in dataclasses.fields(querying.QueryConfig)
-                ),
-            ),
-        )
-        if given
-    ]
+    querying_flags = _given(
+        querying.QueryConfig, {"--k": k is not None, "--mode": mode is not None}
+    )
     if querying_flags:
         raise ConfigError(
             f"{', '.join(querying_flags)}: for a query (--query=TEXT); publishing writes every "
