@@ -19,6 +19,10 @@ same dict for ``Task.get_dataset(sequence_length=…)`` and for the feature conv
 
     query_tokens  int32 [Lq]
     doc_tokens    int32 [1+N, Ld]   (positive first)
+    doc_keys      int32 [1+N]       content keys of the documents (``tasks.sources``)
+    relevant_keys int32 [R]         keys of every document relevant to the query (0-padded)
+
+(the two key features when the task gives them: every registered task does).
 
 Padding uses id 0 (seqio's PAD_ID; [PAD] in BERT, <pad> in T5), which no real token has, so the
 model derives its masks as ``query_mask = query_tokens != 0`` and ``doc_mask = doc_tokens != 0``;
@@ -40,6 +44,8 @@ DEFAULT_QUERY_LENGTH = 64
 DEFAULT_DOC_LENGTH = 256
 DEFAULT_TASK_FEATURE_LENGTHS = {"query": DEFAULT_QUERY_LENGTH, "doc": DEFAULT_DOC_LENGTH}
 PAD_ID = seqio.vocabularies.PAD_ID
+# Passed through to the model unchanged: what tells false negatives apart (``tasks.sources``).
+KEY_FEATURES = ("doc_keys", "relevant_keys")
 # Examples per tokenizer call in the task preprocessor.
 TOKENIZE_BATCH_SIZE = 64
 
@@ -204,7 +210,8 @@ def tokenize_query_and_documents(
 
 
 class AlignerFeatureConverter(seqio.FeatureConverter):
-    """Task features ``query``/``doc`` → model features ``query_tokens``/``doc_tokens``.
+    """Task features ``query``/``doc`` → model features ``query_tokens``/``doc_tokens`` (and the
+    ``KEY_FEATURES`` unchanged, when the task gives them).
 
     ``query_tokens`` int32 ``[Lq]`` and ``doc_tokens`` int32 ``[1+N, Ld]`` (positive first),
     zero-padded to the task feature lengths ``{"query": Lq, "doc": Ld}``. Masks are
@@ -237,6 +244,14 @@ class AlignerFeatureConverter(seqio.FeatureConverter):
         query_length = int(task_feature_lengths["query"])
         doc_length = int(task_feature_lengths["doc"])
         num_docs = ds.element_spec["doc"].shape[0]
+        # seqio validates the output against MODEL_FEATURES and get_model_feature_lengths after
+        # this conversion: the key features join them here when the dataset has them.
+        keys = [k for k in KEY_FEATURES if k in ds.element_spec]
+        self.MODEL_FEATURES = dict(type(self).MODEL_FEATURES)
+        self._key_lengths = {}
+        for k in keys:
+            self.MODEL_FEATURES[k] = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=1)
+            self._key_lengths[k] = ds.element_spec[k].shape[0]
 
         def convert(example):
             query = tf.cast(example["query"], tf.int32)
@@ -249,7 +264,9 @@ class AlignerFeatureConverter(seqio.FeatureConverter):
                 doc = doc.to_tensor(default_value=PAD_ID)
             doc = tf.pad(doc, [[0, 0], [0, doc_length - tf.shape(doc)[1]]], constant_values=PAD_ID)
             doc = tf.ensure_shape(doc, [num_docs, doc_length])
-            return {"query_tokens": query, "doc_tokens": doc}
+            out = {"query_tokens": query, "doc_tokens": doc}
+            out.update({k: example[k] for k in keys})
+            return out
 
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -257,6 +274,7 @@ class AlignerFeatureConverter(seqio.FeatureConverter):
         return {
             "query_tokens": task_feature_lengths["query"],
             "doc_tokens": task_feature_lengths["doc"],
+            **getattr(self, "_key_lengths", {}),
         }
 
 

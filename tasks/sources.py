@@ -3,7 +3,14 @@
 Every retrieval task builds (once per process and configuration) a ``RetrievalExamples`` table:
 a pool of unique texts and, per example, the pool indices of its query, its positive and its
 ``N`` negatives. ``RetrievalSource`` turns the table into a ``tf.data.Dataset`` of text examples
-``{"query": str, "positive": str, "negatives": [N] str}``:
+``{"query": str, "positive": str, "negatives": [N] str}`` with two int32 features that let the
+loss leave false negatives out (``AlignerModel.loss_fn``):
+
+* ``doc_keys [1+N]``: a content key of the positive and of each negative (``text_keys``: equal
+  texts, equal keys, whichever task they come from);
+* ``relevant_keys [MAX_RELEVANT]``: the keys of every text the table pairs with this example's
+  query as a positive (its own positive included), padded with 0. A query with more is cut to
+  ``MAX_RELEVANT`` (counted as ``relevant_keys_cut`` in the table's stats).
 
 * ``shuffle=False``: table order.
 * ``shuffle=True``: each epoch is a uniformly random permutation of the whole table, drawn with
@@ -28,6 +35,7 @@ import dataclasses
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
@@ -35,6 +43,9 @@ import numpy as np
 import seqio
 import tensorflow as tf
 from absl import logging
+
+# Relevant documents per query the loss can tell apart from negatives (``relevant_keys``).
+MAX_RELEVANT = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +90,14 @@ class RetrievalExamples:
     @property
     def num_negatives(self) -> int:
         return int(self.negatives.shape[1])
+
+    def relevant(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(splits, values)``: the pool indices of the positives the table pairs with each
+        query text, as CSR rows over the pool (row ``t`` for the text of pool index ``t``)."""
+        pairs = np.unique(np.stack([self.query, self.positive], axis=1).reshape(-1, 2), axis=0)
+        counts = np.bincount(pairs[:, 0], minlength=len(self.texts))
+        splits = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return splits, pairs[:, 1].astype(np.int64)
 
     def example(self, i: int) -> dict[str, object]:
         """Example ``i`` as texts: ``{"query": str, "positive": str, "negatives": [str]}``."""
@@ -129,6 +148,18 @@ def make_examples(
     )
 
 
+def text_keys(texts: Sequence[str]) -> np.ndarray:
+    """int32 content keys in ``[1, 2³¹)`` (CRC-32 of the UTF-8 text): equal texts, equal keys.
+
+    0 is the padding of ``relevant_keys``. Two different texts share a key with probability
+    about 2⁻³¹, which at worst leaves one negative out of one row's softmax.
+    """
+    keys = np.fromiter(
+        (zlib.crc32(t.encode("utf-8")) & 0x7FFF_FFFF for t in texts), np.int64, len(texts)
+    )
+    return np.maximum(keys, 1).astype(np.int32)
+
+
 def file_fingerprint(paths: Sequence[str | os.PathLike]) -> tuple[tuple[str, int, int], ...]:
     """``(absolute path, size, mtime_ns)`` of each existing file: part of the cache keys."""
     out = []
@@ -172,6 +203,10 @@ def examples_dataset(
             f"{shard_info.num_shards if shard_info else 1}."
         )
     pool = tf.constant(np.asarray(examples.texts, dtype=object), dtype=tf.string)
+    content = text_keys(examples.texts)
+    splits, values = examples.relevant()
+    relevant = tf.RaggedTensor.from_row_splits(tf.constant(content[values]), tf.constant(splits))
+    content = tf.constant(content)
     query = tf.constant(examples.query[rows])
     positive = tf.constant(examples.positive[rows])
     negatives = tf.constant(examples.negatives[rows].reshape(rows.size, examples.num_negatives))
@@ -192,10 +227,16 @@ def examples_dataset(
         order = tf.data.Dataset.range(size)
 
     def lookup(i):
+        documents = tf.concat([positive[i][None], negatives[i]], axis=0)
+        mine = relevant[query[i]][:MAX_RELEVANT]
         return {
             "query": tf.gather(pool, query[i]),
             "positive": tf.gather(pool, positive[i]),
             "negatives": tf.gather(pool, negatives[i]),
+            "doc_keys": tf.gather(content, documents),
+            "relevant_keys": tf.ensure_shape(
+                tf.pad(mine, [[0, MAX_RELEVANT - tf.shape(mine)[0]]]), [MAX_RELEVANT]
+            ),
         }
 
     return order.map(lookup, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -254,6 +295,18 @@ class RetrievalSource(seqio.DataSource):
             raise ValueError(
                 f"Task {self._name!r} (split {split!r}) produced no examples from {config}; "
                 "check the data files and bindings (see the warnings above)."
+            )
+        splits, _ = examples.relevant()
+        cut = int(np.maximum(np.diff(splits) - MAX_RELEVANT, 0).sum())
+        if cut:
+            examples.stats["relevant_keys_cut"] = cut
+            logging.warning(
+                "%s[%s]: %d relevant documents of queries with more than %d are not told apart "
+                "from in-batch negatives (sources.MAX_RELEVANT)",
+                self._name,
+                split,
+                cut,
+                MAX_RELEVANT,
             )
         stats = ", ".join(f"{k}={v:g}" for k, v in examples.stats.items())
         logging.info(

@@ -173,3 +173,43 @@ def test_head_initialisation_without_the_backbone_equals_the_full_one(
         )
         for a, b in leaves:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_false_negative_mask_names_relevant_documents_other_than_the_positive():
+    # Row 0's query judges keys 11 and 21 relevant (21 is row 1's positive); row 1's positive
+    # is row 2's too (key 21); row 2's negative 12 is row 0's negative as well (not relevant).
+    doc_keys = jnp.asarray([[11, 12], [21, 22], [21, 12]], jnp.int32)
+    relevant = jnp.asarray([[11, 21, 0], [21, 0, 0], [21, 0, 0]], jnp.int32)
+    mask = np.asarray(aligner_model.false_negative_mask(doc_keys, relevant))
+    expected = np.zeros((3, 6), bool)
+    expected[0, [2, 4]] = True  # rows 1 and 2's positive (key 21) is relevant to row 0's query
+    expected[1, 4] = True  # row 2's positive is row 1's positive
+    expected[2, 2] = True  # and the other way round
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_relevant_in_batch_documents_are_not_negatives():
+    """A document relevant to a row's query is left out of that row's softmax: the row's loss is
+    the cross-entropy over the other columns only, and the batch counts it."""
+    model = _model("lp")
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(2)))
+    batch = _batch(seed=3)
+    batch["doc_keys"] = jnp.asarray([[11, 12], [21, 22], [31, 32]], jnp.int32)
+    batch["relevant_keys"] = jnp.asarray([[11, 21], [21, 0], [31, 0]], jnp.int32)
+    loss, metrics = model.loss_fn(params, batch, None)
+    q, u_q, q_mask = model.encode(params, batch["query_tokens"], aligner_lib.QUERY)
+    docs = batch["doc_tokens"].reshape(6, -1)
+    d, u_d, d_mask = model.encode(params, docs, aligner_lib.DOC)
+    logits = np.asarray(model.batch_scores(q, q_mask, u_q, d, d_mask, u_d)) / 0.02
+    rows = [np.delete(logits[0], 2), logits[1], logits[2]]  # row 0 without row 1's positive
+    labels = [0, 2, 4]
+    expected = np.mean(
+        [
+            np.log(np.sum(np.exp(r - r.max()))) + r.max() - r[y]
+            for r, y in zip(rows, labels, strict=True)
+        ]
+    )
+    assert float(loss) == pytest.approx(expected, rel=1e-4)
+    assert float(metrics["false_negatives"]) == pytest.approx(1 / 3)
+    unmasked, plain = model.loss_fn(params, _batch(seed=3), None)
+    assert float(plain["false_negatives"]) == 0.0 and float(unmasked) != pytest.approx(expected)

@@ -239,7 +239,7 @@ def test_feature_converter_shapes_padding_and_positive_first(tmp_path, tokenizer
     task = seqio.get_mixture_or_task(tasks.BEIR_TRAIN_BM25)
     raw = list(task.get_dataset(LENGTHS, shuffle=False).as_numpy_iterator())
     ds = seqio.get_dataset(tasks.BEIR_TRAIN_BM25, LENGTHS, tasks.AlignerFeatureConverter())
-    assert set(ds.element_spec) == {"query_tokens", "doc_tokens"}
+    assert set(ds.element_spec) == {"query_tokens", "doc_tokens", "doc_keys", "relevant_keys"}
     batches = list(tasks.batches_as_numpy(ds, 4))
     assert len(batches) == len(raw) // 4  # the remainder is dropped
     for b, batch in enumerate(batches):
@@ -633,6 +633,38 @@ def test_registry_holds_the_three_tasks():
         )
         seqio.TaskRegistry.remove(name)
     assert msmarco.TEXT_TRIPLES == "triples.train.small.tsv"
+
+
+def test_documents_carry_content_keys_and_each_query_its_relevant_documents_keys(tmp_path):
+    """What lets the loss leave false negatives out: a query judging two documents relevant has
+    two examples, and each names both documents' keys as relevant (its own positive included)."""
+    folder, docs, queries, qrels = _topic_corpus(tmp_path)
+    _bind(f"beir_train_source.dataset_dir = '{folder}'", "beir_train_source.num_negatives = 2")
+    ds = seqio.get_dataset(tasks.BEIR_TRAIN_BM25, LENGTHS, tasks.AlignerFeatureConverter())
+    batch = next(tasks.batches_as_numpy(ds, 6))
+    examples = seqio.get_mixture_or_task(tasks.BEIR_TRAIN_BM25).source.examples("train")
+    assert batch["doc_keys"].shape == (6, 3) and batch["doc_keys"].dtype == np.int32
+    assert batch["relevant_keys"].shape == (6, sources.MAX_RELEVANT)
+    text_of = {f"{d['title']} {d['text']}": i for i, d in docs.items()}
+    key_of = {i: k for i, k in zip(docs, sources.text_keys(list(text_of)), strict=True)}
+    for i in range(6):
+        ex = examples.example(i)
+        ids = [text_of[t] for t in [ex["positive"], *ex["negatives"]]]
+        np.testing.assert_array_equal(batch["doc_keys"][i], [key_of[d] for d in ids])
+        query_id = next(q for q, text in queries.items() if text == ex["query"])
+        relevant = sorted(key_of[d] for d, r in qrels[query_id].items() if r > 0)
+        row = batch["relevant_keys"][i]
+        assert sorted(row[row > 0]) == relevant and (row[len(relevant) :] == 0).all()
+    assert len(set(batch["relevant_keys"][0]) - {0}) == 2  # q0 judges d0 and d1 relevant
+
+
+def test_relevant_documents_past_the_limit_are_counted(tmp_path, monkeypatch, caplog):
+    folder, *_ = _topic_corpus(tmp_path)
+    monkeypatch.setattr(sources, "MAX_RELEVANT", 1)
+    _bind(f"beir_train_source.dataset_dir = '{folder}'")
+    examples = seqio.get_mixture_or_task(tasks.BEIR_TRAIN_BM25).source.examples("train")
+    assert examples.stats["relevant_keys_cut"] == 6  # q0, q4, …, q20 each judge two documents
+    assert "6 relevant documents" in caplog.text
 
 
 def test_supervised_and_selfsup_mixture(tmp_path):

@@ -106,11 +106,37 @@ def test_tiny_model_trains_on_one_device(name, toy, tmp_path):
         np.mean([losses[s] for s in range(26, 31)]),
     )
     assert final < 0.7 * first, (first, final)
-    assert set(last) >= {"loss", "accuracy", "grad_norm"}
+    assert set(last) >= {"loss", "accuracy", "grad_norm", "false_negatives"}
     steps = sorted(int(p.name) for p in (tmp_path / "m" / "checkpoints").iterdir())
     assert steps == [24, 27, 30]  # every 3 steps, keep 3
     assert list((tmp_path / "m").glob("events.out.tfevents*"))  # TensorBoard summaries
     assert "AlignerModel.config" in (tmp_path / "m" / "config.gin").read_text()
+
+
+def test_non_finite_gradients_under_a_finite_loss_stop_before_a_checkpoint(
+    toy, tmp_path, monkeypatch
+):
+    import jax.numpy as jnp  # noqa: PLC0415
+    from jax import tree_util  # noqa: PLC0415
+
+    from aligner_jax.models.aligner_model import AlignerModel  # noqa: PLC0415
+
+    real = AlignerModel.loss_fn
+
+    def poisoned(self, params, batch, rng):
+        loss, metrics = real(self, params, batch, rng)
+        leaf = tree_util.tree_leaves(params)[0]
+        poison = 0.0 * jnp.sqrt(jnp.sum(leaf * 0.0))  # 0 itself; its gradient is 0·∞ = nan
+        metrics["total_loss"] = loss + poison
+        return loss + poison, metrics
+
+    monkeypatch.setattr(AlignerModel, "loss_fn", poisoned)
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 4))
+    with pytest.raises(
+        errors.NonFiniteLossError, match=r"gradient norm is nan \(loss [0-9.]+\) at step 1:"
+    ):
+        trainer.train()
+    assert not list((tmp_path / "m" / "checkpoints").glob("*/"))
 
 
 def test_nan_loss_stops_with_a_clear_message(toy, tmp_path):
@@ -371,6 +397,7 @@ def test_saved_batches_replay_the_pipeline_exactly(toy, tmp_path):
     stream = input_pipeline.train_batches(config)
     expected = [next(stream) for _ in range(5)]
     assert expected[0]["doc_tokens"].shape == (8, 2, 32)
+    assert expected[0]["doc_keys"].shape == (8, 2)  # replayed too: the loss's false negatives
     replay = input_pipeline.train_batches(cached, start_batch=2)
     for want in expected[2:]:
         got = next(replay)

@@ -11,6 +11,12 @@ Objectives (``LossConfig.objective``):
     top-p or differentiable, Appendix A.2) with the unary saliences of Eq. 3–5 (or an ablation);
   * ``xtr``: the same cross-entropy over f_XTR (XTR Eq. 2: in-batch token top-k_train retrieval
     with its normaliser Z).
+
+A document of the batch that is relevant to a row's query but is not that row's positive (the
+same query with another positive, a positive shared by two queries, a document relevant to both)
+is not a negative: with the batch's ``doc_keys [B, G]`` and ``relevant_keys [B, R]``
+(``tasks.sources``) it is left out of that row's softmax (``false_negative_mask``) and counted in
+the ``false_negatives`` metric. A batch without them (saved by older versions) masks nothing.
 """
 
 from __future__ import annotations
@@ -122,13 +128,19 @@ class AlignerModel:
         d, u_d, d_mask = self.encode(params, docs, aligner_lib.DOC, rd)
         scores = self.batch_scores(q, q_mask, u_q, d, d_mask, u_d)  # [B, B·G]
         labels = jnp.arange(b) * g
+        excluded = jnp.zeros(scores.shape, bool)
         if not self.loss.in_batch_negatives:
-            own = (jnp.arange(b * g)[None, :] // g) == jnp.arange(b)[:, None]
-            scores = jnp.where(own, scores, -1e9)
+            excluded = (jnp.arange(b * g)[None, :] // g) != jnp.arange(b)[:, None]
+        false_negatives = jnp.zeros(scores.shape, bool)
+        if "relevant_keys" in batch:
+            false_negatives = false_negative_mask(batch["doc_keys"], batch["relevant_keys"])
+            false_negatives = false_negatives & ~excluded
+        scores = jnp.where(excluded | false_negatives, -1e9, scores)
         logits = scores.astype(jnp.float32) / self.loss.temperature
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         metrics = {
             "loss": loss,
+            "false_negatives": jnp.sum(false_negatives) / b,
             "accuracy": jnp.mean(jnp.argmax(logits, axis=-1) == labels),
             "positive_score": jnp.mean(scores[jnp.arange(b), labels]),
         }
@@ -163,6 +175,23 @@ class AlignerModel:
         return scoring.alignment_scores(
             s, q_mask[:, None], d_mask, self.strategy, u_q=u_q[:, None], u_d=u_d
         )
+
+
+def false_negative_mask(doc_keys: jax.Array, relevant_keys: jax.Array) -> jax.Array:
+    """[B, B·G] True where batch document j is relevant to row i's query but is not row i's
+    positive (column i·G): such a document must not be a negative of row i.
+
+    ``doc_keys [B, G]`` content keys of each row's documents (positive first); ``relevant_keys
+    [B, R]`` the keys of the documents relevant to each row's query, 0-padded (keys are ≥ 1).
+    """
+    b, g = doc_keys.shape
+    columns = doc_keys.reshape(b * g)
+    relevant = jnp.any(
+        (relevant_keys[:, :, None] == columns[None, None, :]) & (relevant_keys[:, :, None] > 0),
+        axis=1,
+    )
+    positive = jnp.arange(b * g)[None, :] == (jnp.arange(b) * g)[:, None]
+    return relevant & ~positive
 
 
 def _nonzero_fraction(u: jax.Array, mask: jax.Array) -> jax.Array:

@@ -131,7 +131,8 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     """Yields every global batch, from batch ``start_batch`` on (the same on every process).
 
     Batches are dicts of numpy arrays: ``query_tokens [b, Lq]`` and ``doc_tokens [b, 1+N, Ld]``
-    int32 (0 = padding), with b = ``batch_size``.
+    int32 (0 = padding), with b = ``batch_size``, and the documents' content keys ``doc_keys
+    [b, 1+N]`` and ``relevant_keys [b, R]`` that tell false negatives apart (``tasks.sources``).
     """
     if config.cached_batches:
         return _replay_batches(config, start_batch)
@@ -156,7 +157,9 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     return ds.as_numpy_iterator()
 
 
-BATCH_KEYS = ("query_tokens", "doc_tokens")
+TOKEN_KEYS = ("query_tokens", "doc_tokens")
+# Saved and replayed when the batches have them (files saved before stop 89 do not).
+OPTIONAL_KEYS = ("doc_keys", "relevant_keys")
 
 
 def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) -> Path:
@@ -172,7 +175,8 @@ def save_batches(config: DataConfig, num_batches: int, path: str | os.PathLike) 
     source = dataclasses.replace(config, cached_batches=None)
     stream = train_batches(source)
     batches = [next(stream) for _ in range(num_batches)]
-    arrays = {k: np.stack([b[k] for b in batches]) for k in BATCH_KEYS}
+    keys = TOKEN_KEYS + tuple(k for k in OPTIONAL_KEYS if k in batches[0])
+    arrays = {k: np.stack([b[k] for b in batches]) for k in keys}
     identity = np.array(json.dumps(source.identity()))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +190,8 @@ def _replay_batches(config: DataConfig, start_batch: int) -> Iterator[dict[str, 
     try:
         with np.load(path) as f:
             saved = json.loads(str(f["identity"]))
-            arrays = {k: f[k] for k in BATCH_KEYS}
+            keys = TOKEN_KEYS + tuple(k for k in OPTIONAL_KEYS if k in f.files)
+            arrays = {k: f[k] for k in keys}
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(
             f"DataConfig.cached_batches: {path} is not a saved batch file ({e})"

@@ -217,7 +217,9 @@ def train(
         try:
             for step in range(start_step, end):
                 global_batch = next(batches)
-                batch_tokens = int(sum(np.count_nonzero(v) for v in global_batch.values()))
+                batch_tokens = sum(
+                    int(np.count_nonzero(global_batch[k])) for k in input_pipeline.TOKEN_KEYS
+                )
                 window_tokens += batch_tokens
                 batch = {k: _place(v, batch_sharding) for k, v in global_batch.items()}
                 state, metrics = step_fn(state, batch)
@@ -226,9 +228,15 @@ def train(
                 if step == start_step and (step + 1) % summary_period and step + 1 != end:
                     # Rates exclude compiling: the first window starts after this run's first step.
                     window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-                if not np.isfinite(metrics_host["total_loss"]):
+                loss, grad_norm = metrics_host["total_loss"], metrics_host["grad_norm"]
+                if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+                    what = (
+                        f"training loss is {loss}"
+                        if not np.isfinite(loss)
+                        else f"training gradient norm is {grad_norm} (loss {loss:.4g})"
+                    )
                     raise NonFiniteLossError(
-                        f"training loss is {metrics_host['total_loss']} at step {step + 1}: "
+                        f"{what} at step {step + 1}: "
                         f"stopping without saving this state. The last checkpoint is step "
                         f"{last_saved} in {checkpointing.checkpoint_dir(model_dir)} (its weights "
                         "may already be diverging: if a resume stops again, start again in "
