@@ -331,6 +331,19 @@ def test_resuming_with_other_data_bindings_is_refused(toy, tmp_path):
     cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
     with pytest.raises(ValueError, match=r"another input pipeline \(sources: .*'num_negatives'"):
         trainer.train()
+    # Another tokenizer too: the checkpoint's batches were tokenized with the default one.
+    import shutil  # noqa: PLC0415
+
+    from aligner_jax.tasks import vocab  # noqa: PLC0415
+
+    other = shutil.copy(vocab.default_tokenizer_file(), tmp_path / "tokenizer.json")
+    gin.clear_config()
+    bindings = _bindings(
+        tmp_path / "m", toy, 6, **{"task_vocabulary.tokenizer_file": repr(str(other))}
+    )
+    cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], bindings)
+    with pytest.raises(ValueError, match=r"another input pipeline \(sources: .*'tokenizer_file'"):
+        trainer.train()
 
 
 def test_every_gin_file_parses():
@@ -706,4 +719,41 @@ def test_an_incomplete_checkpoint_folder_is_named_as_such(toy, tmp_path):
     cli.parse_gin(["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 6))
     with pytest.raises(errors.CheckpointError, match=r"checkpoints/5: an incomplete checkpoint "
                        r"\(no state or data: a copy or save that did not finish\)"):  # fmt: skip
+        trainer.train()
+
+
+def _sentencepiece_model(path: Path) -> Path:
+    spm = pytest.importorskip("sentencepiece")
+    from fixtures import TOY_DOCS  # noqa: PLC0415
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([d["text"] for d in TOY_DOCS.values()] * 5),
+        model_prefix=str(path.with_suffix("")),
+        vocab_size=100, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    return path
+
+
+def test_t5x_weights_train_on_their_sentencepiece_vocabulary(toy, tmp_path):
+    """``train.backbone_weights='t5x:…'`` used to tokenize the training data with the default
+    WordPiece vocabulary (ids that mean nothing to T5) while evaluation encodes with T5's
+    SentencePiece model beside the checkpoint."""
+    from aligner_jax import tasks  # noqa: PLC0415
+
+    checkpoint = tmp_path / "t5x" / "checkpoint_1"
+    checkpoint.mkdir(parents=True)
+    gin_files = ["models/t5_tiny.gin", "models/aligner_t5.gin", "runs/train.gin"]
+    weights = {"train.backbone_weights": repr(f"t5x:{checkpoint}"), "WARMUP_STEPS": 1}
+    cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 2, **weights))
+    with pytest.raises(errors.ConfigError, match=r"no spiece.model.*sentencepiece_model_file"):
+        trainer.train()
+
+    spiece = _sentencepiece_model(tmp_path / "t5x" / "spiece.model")
+    trainer._use_weights_vocabulary(f"t5x:{checkpoint}", None, tmp_path / "m")
+    assert tasks.task_vocabulary().sp_model == spiece.read_bytes()
+    gin.clear_config()
+    wordpiece = {**weights, "task_vocabulary.kind": "'wordpiece'"}
+    cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 2, **wordpiece))
+    with pytest.raises(errors.ConfigError, match=r"is not the tokenizer of train.backbone_weights"):
         trainer.train()

@@ -42,11 +42,14 @@ DEFAULT_FEATURE_LENGTHS = {"query": 64, "doc": 256}
 # The configurables that point the registered tasks at their data (tasks/): a job resumed with
 # other values of theirs would train on other examples than its checkpoint's batches count.
 SOURCES = ("beir_train_source", "msmarco_train_source", "selfsup_train_source", "supervised_rate")
+# The tokenizer of the tasks: recorded even when unbound (``{}``, the default WordPiece), so a
+# resume can tell "unbound then" from a checkpoint written before stop 89 that did not record it.
+VOCABULARY = "task_vocabulary"
 
 
 def source_bindings() -> dict:
     """``{configurable: {parameter: value}}`` of the gin bindings of ``SOURCES`` (macros
-    resolved; values as JSON keeps them), those bound at all."""
+    resolved; values as JSON keeps them), those bound at all, and of ``VOCABULARY``."""
     out = {}
     for name in SOURCES:
         try:
@@ -55,6 +58,10 @@ def source_bindings() -> dict:
             continue
         if bound:
             out[name] = json.loads(json.dumps(bound, sort_keys=True, default=repr))
+    try:
+        out[VOCABULARY] = json.loads(json.dumps(gin.get_bindings(VOCABULARY), sort_keys=True))
+    except ValueError:  # not registered: the tasks were not imported (cached batches)
+        pass
     return out
 
 

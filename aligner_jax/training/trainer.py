@@ -146,9 +146,9 @@ def train(
     _check_batch_fits_mesh(data, mesh)  # checked before MODEL_DIR is made: a refusal leaves none
     input_pipeline.check_task(data)
     model_dir.mkdir(parents=True, exist_ok=True)
-    from_hf = bool(backbone_weights) and backbone_weights.startswith(hf_models.PREFIX)
-    if from_hf and not data.cached_batches:  # replayed batches were tokenized when saved
-        _use_folder_vocabulary(backbone_weights, config.backbone, model_dir)
+    pretrained = bool(backbone_weights) and backbone_weights.startswith((hf_models.PREFIX, "t5x:"))
+    if pretrained and not data.cached_batches:  # replayed batches were tokenized when saved
+        _use_weights_vocabulary(backbone_weights, config.backbone, model_dir)
     rules = partitioning.standard_logical_axis_rules()
 
     with mesh, nn.logical_axis_rules(rules):
@@ -443,16 +443,29 @@ class _FreshState:
 _VOCABULARY_BINDINGS = ("kind", "tokenizer_file", "sentencepiece_model_file")
 
 
-def _use_folder_vocabulary(backbone_weights: str, backbone_config, model_dir: Path) -> None:
-    """Training data from ``hf:`` weights is tokenized with the folder's own tokenizer (as
-    ``load_encoder`` encodes with it): ``task_vocabulary`` is bound to it when no
-    ``task_vocabulary`` binding is given, and a configured vocabulary that differs is refused."""
+def _use_weights_vocabulary(backbone_weights: str, backbone_config, model_dir: Path) -> None:
+    """Training data from ``hf:`` or ``t5x:`` weights is tokenized with their own tokenizer (as
+    ``load_encoder`` encodes with it: the folder's, or T5's SentencePiece model beside the
+    checkpoint): ``task_vocabulary`` is bound to it when no ``task_vocabulary`` binding is given,
+    and a configured vocabulary that differs is refused. A T5X checkpoint with no SentencePiece
+    model beside it needs ``task_vocabulary.sentencepiece_model_file``."""
     from aligner_jax import tasks  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
-    spec = loading_lib.resolve_tokenizer(loading_lib.AUTO, backbone_weights, backbone_config)
+    explicit = [name for name in _VOCABULARY_BINDINGS if checks.is_bound(f"task_vocabulary.{name}")]
+    try:
+        spec = loading_lib.resolve_tokenizer(loading_lib.AUTO, backbone_weights, backbone_config)
+    except ConfigError:  # a T5X checkpoint without its SentencePiece model beside it
+        if explicit and hasattr(tasks.task_vocabulary(), "sp_model"):
+            return  # the SentencePiece model bound is the one it can be checked against
+        raise ConfigError(
+            f"train.backbone_weights={backbone_weights!r} is a T5 checkpoint, whose training "
+            "data needs T5's SentencePiece vocabulary, and no spiece.model or "
+            "sentencepiece.model is beside it: set --gin.task_vocabulary.kind="
+            "\"'sentencepiece'\" --gin.task_vocabulary.sentencepiece_model_file="
+            "\"'/path/spiece.model'\""
+        ) from None
     kind = "sentencepiece" if spec.startswith("sentencepiece:") else "wordpiece"
     file = Path(spec.removeprefix("sentencepiece:").removeprefix("wordpiece:"))
-    explicit = [name for name in _VOCABULARY_BINDINGS if checks.is_bound(f"task_vocabulary.{name}")]
     if explicit:
         configured = tasks.task_vocabulary()
         if not _same_vocabulary(configured, kind, file):
@@ -524,6 +537,8 @@ def _restore_or_init(
         if "sources" not in saved or data.cached_batches:  # recorded since stop 84; a replay
             saved.pop("sources", None)  # (cached batches) may run where no task is registered
             now.pop("sources")
+        elif input_pipeline.VOCABULARY not in saved["sources"]:  # written before stop 89
+            now["sources"].pop(input_pipeline.VOCABULARY, None)
         if saved != now:
             changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
             raise ConfigError(
