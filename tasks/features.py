@@ -38,6 +38,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.tasks import vocab as vocab_lib
 
 DEFAULT_QUERY_LENGTH = 64
@@ -74,12 +75,32 @@ def _token_budget(
         raise ValueError(f"sequence_length[{name!r}]={max_length!r}: expected an integer.")
     budget = int(max_length) - len(prefix) - len(suffix)
     if budget < 0:
-        raise ValueError(
+        raise ConfigError(
             f"sequence_length[{name!r}]={max_length} leaves no room for the "
             f"{len(prefix) + len(suffix)} framing tokens; use a length ≥ "
-            f"{len(prefix) + len(suffix)}."
+            f"{len(prefix) + len(suffix)} (with the run gins: --gin.{name.upper()}_LENGTH)."
         )
     return budget
+
+
+def check_feature_lengths(
+    vocabulary: seqio.Vocabulary,
+    sequence_length: Mapping[str, int | None],
+    num_negatives: int | None,
+) -> None:
+    """Refuses feature lengths with no room for the framing tokens, or a doc length below the
+    documents per example (seqio trims the rank-2 'doc' feature's first axis to it)."""
+    frame = vocab_lib.special_token_ids(vocabulary)
+    for name in ("query", "doc"):
+        _token_budget(name, sequence_length.get(name), *frame)
+    doc_length = sequence_length.get("doc")
+    if doc_length is not None and num_negatives is not None and 1 + num_negatives > doc_length:
+        raise ConfigError(
+            f"sequence_length['doc']={doc_length} is smaller than the {1 + num_negatives} "
+            "documents per example (1 positive + num_negatives): seqio trims the first axis of "
+            "the rank-2 'doc' feature to that length, which would drop negatives. Lower the "
+            "source's num_negatives binding or raise the doc length (--gin.DOC_LENGTH)."
+        )
 
 
 def frame_tokens(
@@ -165,19 +186,11 @@ def tokenize_query_and_documents(
     sequence_length = dict(sequence_length or {})
     query_length = sequence_length.get("query")
     doc_length = sequence_length.get("doc")
-    if doc_length is not None and num_negatives is not None and 1 + num_negatives > doc_length:
-        raise ValueError(
-            f"sequence_length['doc']={doc_length} is smaller than the {1 + num_negatives} "
-            "documents per example (1 positive + num_negatives): seqio trims the first axis of "
-            "the rank-2 'doc' feature to that length, which would drop negatives. Lower the "
-            "source's num_negatives binding or raise the doc length."
-        )
     query_vocab = output_features["query"].vocabulary
     doc_vocab = output_features["doc"].vocabulary
+    check_feature_lengths(doc_vocab, sequence_length, num_negatives)
     query_frame = vocab_lib.special_token_ids(query_vocab)
     doc_frame = vocab_lib.special_token_ids(doc_vocab)
-    _token_budget("query", query_length, *query_frame)
-    _token_budget("doc", doc_length, *doc_frame)
 
     def as_rows(ids) -> tf.RaggedTensor:
         """Tokenizer output for a [b] (or [b, D]) string tensor as rows [b (or b·D), None]."""

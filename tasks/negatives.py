@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25
 
 # Independent generator streams for the different draws of one query.
@@ -45,7 +46,7 @@ def draw_random_documents(
     num_excluded = len(doc_id_set & excluded)
     available = len(doc_ids) - num_excluded
     if available < count:
-        raise ValueError(
+        raise ConfigError(
             f"{what}: needs {count} negative documents but only {available} of the "
             f"{len(doc_ids)} documents are neither relevant nor already chosen; lower "
             "num_negatives or use a larger corpus."

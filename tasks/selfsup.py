@@ -27,6 +27,7 @@ import re
 import gin
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import beir, bm25
 from aligner_jax.tasks import bindings, negatives, sources
 
@@ -91,12 +92,12 @@ def selfsup_train_source(
         )
         path = folder / "corpus.jsonl"
         if not path.is_file():
-            raise ValueError(
+            raise ConfigError(
                 f"{_BINDING}.dataset_dir={dataset_dir!r}: {path} does not exist; the folder "
                 f"needs a corpus.jsonl (or set {_BINDING}.corpus_file)."
             )
     else:
-        raise ValueError(
+        raise ConfigError(
             "selfsup_pseudo_queries needs a corpus: set the gin binding "
             f"{_BINDING}.dataset_dir (a folder with corpus.jsonl), e.g. "
             f"{bindings.flag(_BINDING + '.dataset_dir', '/data/beir/cisi')}, or "
@@ -162,7 +163,7 @@ def build_selfsup_examples(config: SelfSupConfig, split: str) -> sources.Retriev
             len(docs),
         )
     if not pairs:
-        raise ValueError(
+        raise ConfigError(
             f"{config.corpus_file}: no document gives a pseudo-query (every one has an empty "
             "text, or no title and a single sentence)."
         )

@@ -44,6 +44,8 @@ import seqio
 import tensorflow as tf
 from absl import logging
 
+from aligner_jax.common.errors import ConfigError
+
 # Relevant documents per query the loss can tell apart from negatives (``relevant_keys``).
 MAX_RELEVANT = 32
 
@@ -197,7 +199,7 @@ def examples_dataset(
     if shard_info is not None and shard_info.num_shards > 1:
         rows = rows[shard_info.index :: shard_info.num_shards]
     if rows.size == 0:
-        raise ValueError(
+        raise ConfigError(
             f"The example table has {len(examples)} examples: nothing for shard "
             f"{shard_info.index if shard_info else 0} of "
             f"{shard_info.num_shards if shard_info else 1}."
@@ -276,10 +278,14 @@ class RetrievalSource(seqio.DataSource):
     def list_shards(self, split: str) -> Sequence[str]:
         return [split]
 
+    def config(self) -> Hashable:
+        """The source configuration under the current gin bindings (cheap: reads no data)."""
+        return self._config_fn()
+
     def examples(self, split: str = "train") -> RetrievalExamples:
         """The (cached) example table of ``split`` under the current gin configuration."""
         if split not in self.splits:
-            raise ValueError(
+            raise ConfigError(
                 f"Task {self._name!r} has no split {split!r}; available: {list(self.splits)}."
             )
         config = self._config_fn()
@@ -292,7 +298,7 @@ class RetrievalSource(seqio.DataSource):
         examples = self._build_fn(config, split)
         seconds = time.perf_counter() - start
         if len(examples) == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"Task {self._name!r} (split {split!r}) produced no examples from {config}; "
                 "check the data files and bindings (see the warnings above)."
             )

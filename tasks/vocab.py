@@ -29,6 +29,7 @@ import seqio
 import tensorflow as tf
 import tokenizers
 
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.encoding import tokenization
 from aligner_jax.weights import minilm
 
@@ -60,7 +61,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         # Validates the file and the BERT special tokens, with messages naming the file.
         reference = tokenization.Tokenizer(self._tokenizer_file)
         if reference.pad_id != seqio.vocabularies.PAD_ID:
-            raise ValueError(
+            raise ConfigError(
                 f"{self._tokenizer_file}: [PAD] has id {reference.pad_id}, but seqio pads with id "
                 f"{seqio.vocabularies.PAD_ID} and the model masks tokens equal to it; use a "
                 "tokenizer whose [PAD] id is 0."
@@ -209,30 +210,30 @@ def task_vocabulary(
       extra_ids: sentinel ids appended to a SentencePiece vocabulary (T5 uses 100).
     """
     if kind not in VOCABULARY_KINDS:
-        raise ValueError(
+        raise ConfigError(
             f"task_vocabulary.kind={kind!r}: expected one of {VOCABULARY_KINDS}; set e.g. "
             "--gin.task_vocabulary.kind=\"'wordpiece'\"."
         )
     if kind == "sentencepiece":
         if not sentencepiece_model_file:
-            raise ValueError(
+            raise ConfigError(
                 "task_vocabulary.kind='sentencepiece' needs a model file: set the gin binding "
                 "task_vocabulary.sentencepiece_model_file, e.g. "
                 "--gin.task_vocabulary.sentencepiece_model_file="
                 "\"'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'\"."
             )
         if tokenizer_file:
-            raise ValueError(
+            raise ConfigError(
                 "task_vocabulary.tokenizer_file is for kind='wordpiece'; with "
                 "kind='sentencepiece' set task_vocabulary.sentencepiece_model_file instead."
             )
     elif sentencepiece_model_file:
-        raise ValueError(
+        raise ConfigError(
             "task_vocabulary.sentencepiece_model_file is set but task_vocabulary.kind is "
             "'wordpiece'; also set --gin.task_vocabulary.kind=\"'sentencepiece'\"."
         )
     if isinstance(extra_ids, bool) or not isinstance(extra_ids, int) or extra_ids < 0:
-        raise ValueError(f"task_vocabulary.extra_ids={extra_ids!r}: expected an integer ≥ 0.")
+        raise ConfigError(f"task_vocabulary.extra_ids={extra_ids!r}: expected an integer ≥ 0.")
     tokenizer_file = os.path.abspath(os.fspath(tokenizer_file)) if tokenizer_file else None
     return _cached_vocabulary(kind, tokenizer_file, sentencepiece_model_file, extra_ids)
 

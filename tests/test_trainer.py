@@ -532,7 +532,7 @@ def test_training_from_an_export_starts_from_its_trained_heads(toy, tmp_path):
     spec = repr(f"hf:{out}")
     extra = {"train.backbone_weights": spec, "LEARNING_RATE": 0.0, "WARMUP_STEPS": 1}
     cli.parse_gin(
-        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 2, **extra)
+        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3, **extra)
     )
     trainer.train()
     gin.clear_config()
@@ -757,3 +757,37 @@ def test_t5x_weights_train_on_their_sentencepiece_vocabulary(toy, tmp_path):
     cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 2, **wordpiece))
     with pytest.raises(errors.ConfigError, match=r"is not the tokenizer of train.backbone_weights"):
         trainer.train()
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ({"DOC_LENGTH": 1}, r"sequence_length\['doc'\]=1 leaves no room.*--gin.DOC_LENGTH"),
+        ({"QUERY_LENGTH": 1}, r"sequence_length\['query'\]=1 leaves no room"),
+        ({"task_vocabulary.kind": "'bpe'"}, r"task_vocabulary.kind='bpe'"),
+        (
+            {"DataConfig.task": "'selfsup_pseudo_queries'"},
+            r"selfsup_pseudo_queries needs a corpus",
+        ),
+        (
+            {
+                "DataConfig.task": "'beir_train_and_selfsup'",
+                "selfsup_train_source.dataset_dir": "beir_train_source.dataset_dir",
+                "beir_train_source.num_negatives": 2,
+            },
+            r"mixes tasks with different numbers of negatives.*beir_train_bm25: 2.*"
+            r"selfsup_pseudo_queries: 1",
+        ),
+    ],
+)
+def test_data_binding_errors_are_one_line_before_model_dir_is_made(toy, tmp_path, extra, message):
+    """These used to surface as a traceback (a raw TensorFlow one for the mixture) after
+    MODEL_DIR was created."""
+    if extra.get("selfsup_train_source.dataset_dir"):
+        extra["selfsup_train_source.dataset_dir"] = repr(str(toy))
+    cli.parse_gin(
+        ["models/bert_tiny.gin", "runs/train.gin"], _bindings(tmp_path / "m", toy, 3, **extra)
+    )
+    with pytest.raises(errors.UserError, match=message):
+        trainer.train()
+    assert not (tmp_path / "m").exists()

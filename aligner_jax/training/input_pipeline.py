@@ -110,8 +110,10 @@ class DataConfig:
 
 
 def check_task(config: DataConfig) -> None:
-    """Refuses, before any work, a task or mixture that is not registered or a split it lacks
-    (nothing to check when batches are replayed)."""
+    """Refuses, before any work, a task or mixture that is not registered, a split it lacks, a
+    mixture of tasks with different numbers of negatives, or data bindings the pipeline cannot
+    use (the dataset is built here: the example tables stay cached for ``train_batches``).
+    Nothing to check when batches are replayed."""
     if config.cached_batches:
         return
     import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
@@ -132,6 +134,51 @@ def check_task(config: DataConfig) -> None:
             f"DataConfig.split={config.split!r}: the task {config.task!r} has the split(s) "
             f"{sorted(splits)}"
         )
+    _check_sources(config)
+
+
+def _check_sources(config: DataConfig) -> None:
+    """Each retrieval source's bindings (read without reading data), a mixture's numbers of
+    negatives, and the feature lengths against the vocabulary's framing tokens."""
+    import seqio  # noqa: PLC0415
+
+    from aligner_jax.tasks import features, sources  # noqa: PLC0415
+
+    task_or_mixture = seqio.get_mixture_or_task(config.task)
+    members = getattr(task_or_mixture, "tasks", [task_or_mixture])
+    counts = {
+        task.name: getattr(task.source.config(), "num_negatives", None)
+        for task in members
+        if isinstance(task.source, sources.RetrievalSource)
+    }
+    if len(set(counts.values())) > 1:
+        raise ConfigError(
+            f"DataConfig.task={config.task!r} mixes tasks with different numbers of negatives "
+            f"per example ({', '.join(f'{k}: {v}' for k, v in counts.items())}); every batch "
+            "row holds the same number of documents: bind the same num_negatives for each "
+            "source (selfsup_train_source.num_negatives, beir_train_source.num_negatives, …)"
+        )
+    for task in members:
+        vocabulary = task.output_features["query"].vocabulary
+        features.check_feature_lengths(vocabulary, config.feature_lengths, counts.get(task.name))
+
+
+def _dataset(config: DataConfig):
+    """The shuffled, endlessly repeated, converted (unbatched) dataset of ``config``."""
+    import seqio  # noqa: PLC0415
+
+    from aligner_jax import tasks  # noqa: PLC0415
+
+    return seqio.get_dataset(
+        config.task,
+        config.feature_lengths,
+        tasks.AlignerFeatureConverter(),
+        dataset_split=config.split,
+        shuffle=config.shuffle,
+        seed=config.seed,
+        num_epochs=None,
+        verbose=False,
+    )
 
 
 def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
@@ -144,21 +191,7 @@ def train_batches(config: DataConfig, start_batch: int = 0) -> Iterator[dict[str
     if config.cached_batches:
         return _replay_batches(config, start_batch)
     check_task(config)
-    import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
-
-    from aligner_jax import tasks  # noqa: PLC0415  (importing registers the tasks)
-
-    ds = seqio.get_dataset(
-        config.task,
-        config.feature_lengths,
-        tasks.AlignerFeatureConverter(),
-        dataset_split=config.split,
-        shuffle=config.shuffle,
-        seed=config.seed,
-        num_epochs=None,
-        verbose=False,
-    )
-    ds = ds.batch(config.batch_size, drop_remainder=True)
+    ds = _dataset(config).batch(config.batch_size, drop_remainder=True)
     if start_batch:
         ds = ds.skip(start_batch)
     return ds.as_numpy_iterator()

@@ -460,9 +460,8 @@ def _use_weights_vocabulary(backbone_weights: str, backbone_config, model_dir: P
         raise ConfigError(
             f"train.backbone_weights={backbone_weights!r} is a T5 checkpoint, whose training "
             "data needs T5's SentencePiece vocabulary, and no spiece.model or "
-            "sentencepiece.model is beside it: set --gin.task_vocabulary.kind="
-            "\"'sentencepiece'\" --gin.task_vocabulary.sentencepiece_model_file="
-            "\"'/path/spiece.model'\""
+            "sentencepiece.model is beside it: bind task_vocabulary.kind = 'sentencepiece' and "
+            "task_vocabulary.sentencepiece_model_file = '/path/spiece.model'"
         ) from None
     kind = "sentencepiece" if spec.startswith("sentencepiece:") else "wordpiece"
     file = Path(spec.removeprefix("sentencepiece:").removeprefix("wordpiece:"))
