@@ -255,6 +255,44 @@ def test_store_missing_documents_of_the_corpus_is_refused(toy, tmp_path):
     assert not (tmp_path / "b" / "metrics.json").exists()
 
 
+def test_an_index_with_deletions_is_scored_with_a_count_and_a_vacuumed_one_refused(toy, tmp_path):
+    """Deleted documents are never retrieved: metrics.json counts them (docs_deleted). A
+    vacuumed index (the deleted documents gone from the store) was refused as "10 documents vs
+    12"; the message now names the updates."""
+    from aligner_jax.indexing import updates  # noqa: PLC0415
+
+    parse_gin(
+        "eval/zero_shot.gin", "eval/exhaustive.gin", bindings=["IndexingConfig.shard_size = 5"]
+    )
+    index = tmp_path / "index"
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "a"), index_dir=str(index))
+    updates.delete_documents(str(index), [ts.TokenStore(index).doc_ids[0]])
+    beir_eval.evaluate(dataset_dir=str(toy), output_dir=str(tmp_path / "b"), index_dir=str(index))
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert _find(metrics, "docs_deleted") == 1
+    updates.vacuum(str(index))
+    with pytest.raises(
+        errors.IndexIntegrityError,
+        match=r"updated since it was built \(delete, vacuum: 2 update\(s\)\).*aligner-search",
+    ):
+        beir_eval.evaluate(
+            dataset_dir=str(toy), output_dir=str(tmp_path / "c"), index_dir=str(index)
+        )
+    assert not (tmp_path / "c" / "metrics.json").exists()
+
+
+def _find(tree, key):
+    """The value of ``key`` anywhere in a nested dict (None if absent)."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for value in tree.values():
+            found = _find(value, key)
+            if found is not None:
+                return found
+    return None
+
+
 def test_deleted_manifest_is_named_not_reported_as_other_settings(toy, tmp_path):
     """A store built with other indexing settings whose manifest was deleted."""
     parse_gin(

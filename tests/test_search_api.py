@@ -301,6 +301,13 @@ def test_a_committed_replacement_run_again_is_refused_as_done(built, tmp_path):
     summary = updates.update_index(str(index_dir), delete="d1", add=str(new))  # new bytes: applied
     assert summary["deleted_docs"] == 1 and summary["added_docs"] == 1
     assert int(ts.TokenStore(index_dir).deleted.sum()) == 2
+    # With --vacuum, the last update is the vacuum: the replacement before it is still known.
+    new.write_text(json.dumps({"_id": "d1", "title": "Bees", "text": "bees, fourth"}) + "\n")
+    updates.update_index(str(index_dir), delete="d1", add=str(new), vacuum_store=True)
+    before = (index_dir / ts.MANIFEST).read_bytes()
+    with pytest.raises(errors.ConfigError, match=r"this replacement was committed already"):
+        updates.update_index(str(index_dir), delete="d1", add=str(new), vacuum_store=True)
+    assert (index_dir / ts.MANIFEST).read_bytes() == before
 
 
 def test_a_searcher_keeps_its_generation_until_refreshed(built, tmp_path):

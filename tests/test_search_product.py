@@ -320,6 +320,13 @@ def test_python_index_is_the_cli_index(toy_index, tmp_path):
     reopened.add([{"id": "d1", "title": "Bees again", "text": "Honey bees in the hive.", "v": 2}])
     hits = reopened.searcher().search("honey bees in the hive", k=1)
     assert (hits[0].doc_id, hits[0].title, hits[0].metadata) == ("d1", "Bees again", {"v": 2})
+    # What a killed writer left is removed by the next update, from Python as from the CLI.
+    leftovers = [copy / "shard-00099.vectors.npy", copy / ".manifest.json.123.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"partial")
+    reopened.delete(["d2"])
+    assert not any(p.exists() for p in leftovers)
+    assert reopened.vacuum()["vacuumed"]
 
 
 def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):

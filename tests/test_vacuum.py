@@ -186,3 +186,53 @@ def test_vacuum_with_a_re_cluster_flag_is_refused(updated):
     source, _, _ = updated
     with pytest.raises(ConfigError, match=r"--vacuum .* without --search_index, --compact"):
         updates.update_index(str(source), vacuum_store=True, force_compact=True)
+
+
+def test_a_searcher_opened_before_two_vacuums_says_to_reload(updated, tmp_path):
+    """The second vacuum removes the table rows of the first one's replaced shards: a searcher
+    of that generation answered filters with nothing and hits without their contents."""
+    source, _, _ = updated
+    directory = shutil.copytree(source, tmp_path / "idx")
+    _, old, _ = _searchers(directory)
+    old.search_vectors(_query(2), k=53)  # maps every shard
+    updates.vacuum(str(directory))
+    updates.delete_documents(str(directory), ["doc3"])
+    updates.vacuum(str(directory))
+    with pytest.raises(SnapshotGoneError, match=r"documents.sqlite: the rows .* load the index"):
+        old.search_vectors(_query(2), k=10)
+    with pytest.raises(SnapshotGoneError, match=r"removed by aligner-index --vacuum"):
+        old.search_vectors(_query(2), k=10, filter={"n": {"gte": 28}})
+    hits = _searchers(directory)[1].search_vectors(_query(2), k=10, filter={"n": {"gte": 28}})
+    assert len(hits) == 10 and all(h.metadata["n"] >= 28 for h in hits)
+
+
+def test_delete_with_vacuum_is_refused_before_deleting_everything(updated, tmp_path):
+    source, _, _ = updated
+    directory = shutil.copytree(source, tmp_path / "idx")
+    manifest = (directory / ts.MANIFEST).read_bytes()
+    every = ",".join(ts.TokenStore(directory).live_positions())
+    with pytest.raises(ConfigError, match=r"deletes every document of .*nothing was done"):
+        updates.update_index(str(directory), delete=every, vacuum_store=True)
+    assert (directory / ts.MANIFEST).read_bytes() == manifest  # the delete was not committed
+
+
+def test_delete_with_vacuum_interrupted_after_the_delete_finishes_when_run_again(
+    updated, tmp_path, monkeypatch
+):
+    """The delete commits first; a re-run after the vacuum was killed refused the delete ("were
+    deleted already") and so never vacuumed."""
+    source, _, _ = updated
+    directory = shutil.copytree(source, tmp_path / "idx")
+
+    def killed(index_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(updates, "vacuum", killed)
+    with pytest.raises(KeyboardInterrupt):
+        updates.update_index(str(directory), delete="doc3,doc4", vacuum_store=True)
+    monkeypatch.undo()
+    assert ts.TokenStore(directory).deleted.sum() == 15  # the delete committed
+    summary = updates.update_index(str(directory), delete="doc3,doc4", vacuum_store=True)
+    assert summary["vacuumed"] and summary["live_docs"] == 51 and "deleted_docs" not in summary
+    with pytest.raises(ConfigError, match=r"not in .* or were deleted already"):
+        updates.update_index(str(directory), delete="doc3,nodoc", vacuum_store=True)

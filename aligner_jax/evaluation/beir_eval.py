@@ -143,9 +143,24 @@ def check_store_holds_corpus(store: ts.TokenStore, dataset: beir.BeirDataset) ->
     documents could never be retrieved and the metrics would be silently wrong."""
     corpus_ids = list(dataset.corpus)
     if store.doc_ids == corpus_ids:
+        if store.deleted.any():
+            logging.warning(
+                "%s: %d of the corpus's documents are deleted from this index: never retrieved, "
+                "they count as not found (docs_deleted in metrics.json)",
+                store.directory, int(store.deleted.sum()),
+            )  # fmt: skip
         return
     where = f"{store.directory}: the token store holds {store.num_docs} documents"
     corpus = Path(dataset.path) / "corpus.jsonl"
+    ops = [u.get("op") for u in store.manifest.get("updates", [])]
+    changed = [op for op in ops if op in ("add", "delete", "vacuum")]
+    if changed:
+        raise errors.IndexIntegrityError(
+            f"{where} ({corpus}: {len(corpus_ids)}), and they were updated since it was built "
+            f"({', '.join(dict.fromkeys(changed))}: {len(changed)} update(s)); "
+            "aligner-eval scores the index of exactly --dataset_dir's corpus: search an updated "
+            "index with aligner-search, or evaluate in another --index_dir"
+        )
     if store.num_docs != len(corpus_ids):
         raise errors.IndexIntegrityError(
             f"{where}, {corpus} has {len(corpus_ids)}; rebuild the index (delete the folder) or "
@@ -427,6 +442,7 @@ def evaluate(
         "first_stage": first_stage_info,
         "identical_ids": identical.as_dict(),
         "truncation": run.truncation,
+        "docs_deleted": int(run.store.deleted.sum()),  # never retrieved: count as not found
         "metrics": {k: evaluation.aggregate[k] for k in ("ndcg@10", "recall@100", "mrr@10")},
         "metrics_all": evaluation.aggregate,
         "per_query": {

@@ -452,6 +452,29 @@ class DocumentTable:
         self._masks: OrderedDict[tuple, np.ndarray] = OrderedDict()
         self._masks_lock = threading.Lock()
         self._masks_kept = min(MASK_CACHE_ENTRIES, MASK_CACHE_BYTES // max(1, self.num_docs))
+        self._anchor = self._shard_with_rows()
+
+    def _shard_with_rows(self) -> int | None:
+        """One of the store's shards that has rows in the table (None: none has)."""
+        if not len(self._shard_indices):
+            return None
+        marks = ", ".join("?" * len(self._shard_indices))
+        query = f"SELECT shard FROM documents WHERE shard IN ({marks}) LIMIT 1"
+        row = self._db().execute(query, self._shard_indices.tolist()).fetchone()
+        return None if row is None else int(row[0])
+
+    def _check_snapshot(self) -> None:
+        """Raises ``SnapshotGoneError`` once the rows of this store's shards were deleted (a
+        second ``--vacuum`` after the one that replaced them): its answers would lack them."""
+        if self._anchor is None:
+            return
+        query = "SELECT 1 FROM documents WHERE shard = ? LIMIT 1"
+        if self._db().execute(query, (self._anchor,)).fetchone() is None:
+            raise errors.SnapshotGoneError(
+                f"{self.path}: the rows of this index snapshot's documents were removed by "
+                "aligner-index --vacuum after it was opened; load the index again (searcher = "
+                "searcher.refresh(), or Searcher.load)"
+            )
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -485,6 +508,8 @@ class DocumentTable:
                     "text": None if text is None else zlib.decompress(text).decode("utf-8"),
                     "metadata": json.loads(meta),
                 }
+        if len(found) < len(pairs):
+            self._check_snapshot()
         return [found.get(pair) for pair in pairs]
 
     def mask(self, filter: Mapping[str, Any]) -> np.ndarray:
@@ -516,6 +541,7 @@ class DocumentTable:
             shown = repr(dict(filter))
             shown = shown if len(shown) <= 200 else f"{shown[:200]}… ({len(shown):,} characters)"
             raise ConfigError(f"filter={shown}: {e}") from None
+        self._check_snapshot()
         positions = self._positions(pairs[:, 0], pairs[:, 1])
         out = np.zeros(self.num_docs, bool)
         out[positions[(positions >= 0) & (positions < self.num_docs)]] = True

@@ -16,9 +16,10 @@ damaged or other store's ``search_index/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,20 @@ from aligner_jax.indexing import centroid_index as ci
 from aligner_jax.indexing import documents as documents_lib
 from aligner_jax.indexing import indexer
 from aligner_jax.indexing import token_store as ts
+
+
+@contextlib.contextmanager
+def writing(index_dir: str | Path) -> Iterator[None]:
+    """Holds the index directory's writer lock, after removing what a killed writer left
+    (``collect_garbage``): every update, from ``aligner-index`` or ``aligner_jax.Index``."""
+    with indexer.writer_lock(index_dir):
+        if (Path(index_dir) / ts.MANIFEST).exists():
+            ci.collect_garbage(Path(index_dir))
+        yield
+
+
+# Updates that change no document: a re-run replacement is recognised across them.
+_MAINTENANCE = ("vacuum", "compact", "force_compact", "search_index")
 
 
 def _record(op: str, **fields) -> dict:
@@ -222,11 +237,12 @@ def _refuse_committed_replacement(directory: Path, corpus: str, sha256: str) -> 
     replacement added (a re-run after a kill at the commit) is refused as done: applied again,
     it re-encoded the documents and left one more tombstone each time."""
     updates = ts.read_manifest(directory).get("updates", [])
-    last = updates[-1] if updates else {}
+    changes = [u for u in updates if u.get("op") not in _MAINTENANCE]
+    last = changes[-1] if changes else {}
     if last.get("replaces") and last.get("sha256") == sha256:
         raise ConfigError(
             f"--delete with --add={corpus}: this replacement was committed already (at "
-            f"{last.get('time')}, the index's last update); nothing was done"
+            f"{last.get('time')}, the index's last change of documents); nothing was done"
         )
 
 
@@ -360,6 +376,24 @@ def vacuum(index_dir: str) -> dict:
     return summary
 
 
+def _delete_before_vacuum(directory: Path, ids: list[str]) -> list[str] | None:
+    """The ids ``--delete`` with ``--vacuum`` still has to delete: none (the delete is skipped)
+    when every one is deleted already but still stored (a re-run after the vacuum was
+    interrupted: the vacuum goes on). A delete that would leave no document is refused before
+    anything is done."""
+    store = ts.TokenStore(directory)
+    live = store.live_positions()
+    if set(live) <= set(ids):
+        raise ConfigError(
+            f"--delete with --vacuum: that deletes every document of {directory}, and a vacuum "
+            "must keep one; nothing was done (index the documents you want in a new --index_dir)"
+        )
+    if not set(ids) & set(live) and set(ids) <= set(store.doc_ids):
+        logging.info("--delete: every id is deleted already (a re-run); going on to --vacuum")
+        return None
+    return ids
+
+
 def interrupted(index_dir: str) -> str:
     """What a Ctrl-C during an update leaves (``aligner-index: interrupted: ...``)."""
     return (
@@ -399,17 +433,18 @@ def update_index(
             "give it without --search_index, --compact or --force_compact"
         )
     summary = {}
-    with indexer.writer_lock(index_dir):
-        if (Path(index_dir) / ts.MANIFEST).exists():
-            ci.collect_garbage(Path(index_dir))  # what a killed writer left
-        if delete and add:  # a replacement: one commit, never the delete without the add
+    ids = parse_ids(delete) if delete else None
+    with writing(index_dir):
+        if ids and vacuum_store and not add:
+            ids = _delete_before_vacuum(Path(index_dir), ids)
+        if ids and add:  # a replacement: one commit, never the delete without the add
             sha256 = corpus_sources.file_sha256(add) if Path(add).is_file() else None
             _refuse_committed_replacement(Path(index_dir), add, sha256)
-            manifest, deleted = _mark_deleted(Path(index_dir), parse_ids(delete), "--delete")
+            manifest, deleted = _mark_deleted(Path(index_dir), ids, "--delete")
             summary.update(deleted)
             summary.update(add_documents(index_dir, add, manifest=manifest, replaces=sha256))
-        elif delete:
-            summary.update(delete_documents(index_dir, parse_ids(delete)))
+        elif ids:
+            summary.update(delete_documents(index_dir, ids))
         elif add:
             summary.update(add_documents(index_dir, add))
         if vacuum_store:

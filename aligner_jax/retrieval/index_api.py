@@ -259,10 +259,10 @@ class Index:
             summary = indexer.build_token_store(
                 docs, self.encoder, self.directory, self.config, corpus_info=settings["corpus"]
             )
-            with indexer.writer_lock(self.directory):  # aligner-index --search_index
+            with updates.writing(self.directory):  # aligner-index --search_index
                 updates.rebuild_search_index(str(self.directory))
             return {"added_docs": summary.num_docs, "num_tokens": summary.num_tokens}
-        with indexer.writer_lock(self.directory):
+        with updates.writing(self.directory):
             if self._unfinished():
                 updates.rebuild_search_index(str(self.directory))
                 store = ts.TokenStore(self.directory)
@@ -288,7 +288,7 @@ class Index:
             ids = [doc_ids.clean(d) for d in ids]
         except ValueError as reason:
             raise ConfigError(f"Index.delete: an id {reason}") from None
-        with indexer.writer_lock(self.directory):
+        with updates.writing(self.directory):
             return updates.delete_documents(str(self.directory), ids, where="Index.delete")
 
     def vacuum(self) -> dict:
@@ -296,7 +296,7 @@ class Index:
         their bytes come back, the search index is built again); returns the summary."""
         if not (self.directory / ts.MANIFEST).exists():
             raise ConfigError(f"Index.vacuum: {self.directory} holds no documents yet")
-        with indexer.writer_lock(self.directory):
+        with updates.writing(self.directory):
             return updates.vacuum(str(self.directory))
 
     def searcher(self, mode: str = "fast", **options):
