@@ -61,6 +61,21 @@ def test_bm25_gin_through_the_binary_encodes_nothing(tmp_path):
     assert _read(out / "run.trec") == index.search(TOY_QUERIES, k=1000)
 
 
+def test_a_lexical_first_stage_refuses_settings_it_would_ignore(tmp_path):
+    """--index_dir (no token index is read) and LexicalConfig.minicoil_models with kind='bm25'
+    were silently ignored by eval/bm25.gin."""
+    data = write_toy_beir(tmp_path / "data")
+    proc = run_module(
+        "aligner_jax.evaluate", "--gin_file=eval/bm25.gin", f"--dataset_dir={data}",
+        f"--output_dir={tmp_path / 'a'}", f"--index_dir={tmp_path / 'i'}",
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "first_stage='bm25' builds its lexical index in memory" in proc.stderr
+    assert not (tmp_path / "a" / "metrics.json").exists()
+    with pytest.raises(ConfigError, match=r"minicoil_models is read by kind='minicoil' only"):
+        lexical.LexicalConfig(kind="bm25", minicoil_models="/m")
+
+
 def test_rerank_refines_exactly_the_listed_candidates(toy, tmp_path):
     """The reranked scores are ALIGNER's exhaustive scores of the same documents; lines of a
     query outside the split are skipped and counted, a query without lines ranks nothing;

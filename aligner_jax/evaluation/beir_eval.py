@@ -312,6 +312,12 @@ def evaluate(
     hybrid_config = hybrid_config or hybrid_lib.HybridConfig()
     check_first_stage(first_stage, rerank_run, adapt, search_config)
     if first_stage in lexical_lib.STAGES:
+        if index_dir:
+            raise ConfigError(
+                f"--index_dir={index_dir}: evaluate.first_stage={first_stage!r} builds its "
+                "lexical index in memory from --dataset_dir's corpus and reads no token index: "
+                "drop --index_dir (or evaluate ALIGNER or hybrid with it)"
+            )
         return evaluate_lexical(
             dataset_dir,
             output_dir,

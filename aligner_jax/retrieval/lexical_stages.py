@@ -16,6 +16,7 @@ from typing import Protocol
 import gin
 
 from aligner_jax.common import checks
+from aligner_jax.common.errors import ConfigError
 from aligner_jax.data import bm25
 from aligner_jax.lexical import meaning
 from aligner_jax.lexical import minicoil as minicoil_lib
@@ -48,6 +49,12 @@ class LexicalConfig:
         checks.choice(f"{name}.kind", self.kind, tuple(STAGES))
         checks.number(f"{name}.k1", self.k1, low=0.0)
         checks.number(f"{name}.b", self.b, 0.0, 1.0)
+        if self.minicoil_models is not None and self.kind != "minicoil":
+            raise ConfigError(
+                f"{name}.minicoil_models is read by kind='minicoil' only; with "
+                f"kind={self.kind!r} it would be ignored: drop it, or bind "
+                f"{name}.kind = 'minicoil'"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
