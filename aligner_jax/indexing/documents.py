@@ -508,7 +508,7 @@ class DocumentTable:
                     "text": None if text is None else zlib.decompress(text).decode("utf-8"),
                     "metadata": json.loads(meta),
                 }
-        if len(found) < len(pairs):
+        if len(found) < len(set(pairs)):  # a row is missing
             self._check_snapshot()
         return [found.get(pair) for pair in pairs]
 
