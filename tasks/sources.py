@@ -32,6 +32,7 @@ shuffling, so hosts read disjoint examples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -96,10 +97,16 @@ class RetrievalExamples:
     def relevant(self) -> tuple[np.ndarray, np.ndarray]:
         """``(splits, values)``: the pool indices of the positives the table pairs with each
         query text, as CSR rows over the pool (row ``t`` for the text of pool index ``t``)."""
-        pairs = np.unique(np.stack([self.query, self.positive], axis=1).reshape(-1, 2), axis=0)
-        counts = np.bincount(pairs[:, 0], minlength=len(self.texts))
+        return self._relevant
+
+    @functools.cached_property
+    def _relevant(self) -> tuple[np.ndarray, np.ndarray]:
+        size = max(len(self.texts), 1)
+        pairs = np.unique(self.query * size + self.positive)  # sorted by query, then positive
+        queries, positives = np.divmod(pairs, size)
+        counts = np.bincount(queries, minlength=len(self.texts))
         splits = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return splits, pairs[:, 1].astype(np.int64)
+        return splits, positives.astype(np.int64)
 
     def example(self, i: int) -> dict[str, object]:
         """Example ``i`` as texts: ``{"query": str, "positive": str, "negatives": [str]}``."""
