@@ -47,6 +47,7 @@ DEFAULT_TASK_FEATURE_LENGTHS = {"query": DEFAULT_QUERY_LENGTH, "doc": DEFAULT_DO
 PAD_ID = seqio.vocabularies.PAD_ID
 # Passed through to the model unchanged: what tells false negatives apart (``tasks.sources``).
 KEY_FEATURES = ("doc_keys", "relevant_keys")
+_KEYS_VOCABULARY = seqio.PassThroughVocabulary(size=2**31)  # content keys are not token ids
 # Examples per tokenizer call in the task preprocessor.
 TOKENIZE_BATCH_SIZE = 64
 
@@ -54,15 +55,21 @@ TOKENIZE_BATCH_SIZE = 64
 def output_features(
     vocabulary: seqio.Vocabulary | None = None,
 ) -> dict[str, seqio.Feature]:
-    """The task output features: ``query`` (rank 1) and ``doc`` (rank 2, positive first).
+    """The task output features: ``query`` (rank 1) and ``doc`` (rank 2, positive first), and
+    the content keys ``doc_keys`` / ``relevant_keys`` (rank 1, not required).
 
     ``add_eos`` is False: the framing tokens (``[CLS]``/``[SEP]`` or EOS) are added by
     ``tokenize_query_and_documents``, which seqio's EOS machinery cannot express (no BOS).
     """
     vocabulary = vocabulary if vocabulary is not None else vocab_lib.ConfiguredVocabulary()
+    keys = {  # declared so that a mixture keeps them (it drops undeclared features)
+        name: seqio.Feature(_KEYS_VOCABULARY, add_eos=False, rank=1, required=False)
+        for name in KEY_FEATURES
+    }
     return {
         "query": seqio.Feature(vocabulary, add_eos=False, rank=1),
         "doc": seqio.Feature(vocabulary, add_eos=False, rank=2),
+        **keys,
     }
 
 
@@ -224,7 +231,9 @@ def tokenize_query_and_documents(
 
 class AlignerFeatureConverter(seqio.FeatureConverter):
     """Task features ``query``/``doc`` → model features ``query_tokens``/``doc_tokens`` (and the
-    ``KEY_FEATURES`` unchanged, when the task gives them).
+    ``KEY_FEATURES`` unchanged, when the task gives them). The key features join this
+    converter's ``MODEL_FEATURES`` and ``get_model_feature_lengths`` when it converts a dataset
+    (their lengths come from it): ask for the model feature lengths after converting.
 
     ``query_tokens`` int32 ``[Lq]`` and ``doc_tokens`` int32 ``[1+N, Ld]`` (positive first),
     zero-padded to the task feature lengths ``{"query": Lq, "doc": Ld}``. Masks are

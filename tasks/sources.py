@@ -160,8 +160,10 @@ def make_examples(
 def text_keys(texts: Sequence[str]) -> np.ndarray:
     """int32 content keys in ``[1, 2³¹)`` (CRC-32 of the UTF-8 text): equal texts, equal keys.
 
-    0 is the padding of ``relevant_keys``. Two different texts share a key with probability
-    about 2⁻³¹, which at worst leaves one negative out of one row's softmax.
+    0 is the padding of ``relevant_keys``. Two given texts share a key with probability about
+    2⁻³¹ (a pool of n texts holds about n²/2³² such pairs: ~18k among MS MARCO's 8.8M); a
+    collision matters only when both texts meet in one batch, where it leaves one negative out
+    of one row's softmax.
     """
     keys = np.fromiter(
         (zlib.crc32(t.encode("utf-8")) & 0x7FFF_FFFF for t in texts), np.int64, len(texts)
@@ -237,7 +239,10 @@ def examples_dataset(
 
     def lookup(i):
         documents = tf.concat([positive[i][None], negatives[i]], axis=0)
-        mine = relevant[query[i]][:MAX_RELEVANT]
+        own = content[positive[i]]
+        others = relevant[query[i]]
+        # The row's own positive first, so that a query with more than MAX_RELEVANT keeps it.
+        mine = tf.concat([own[None], tf.boolean_mask(others, others != own)], 0)[:MAX_RELEVANT]
         return {
             "query": tf.gather(pool, query[i]),
             "positive": tf.gather(pool, positive[i]),

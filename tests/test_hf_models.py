@@ -738,12 +738,12 @@ def test_trainer_tokenizes_with_the_hf_folder_tokenizer(bert_folder, tmp_path):
     own = bert_folder / "tokenizer.json"
     cli.parse_gin(["models/bert_tiny.gin"], [f"task_vocabulary.tokenizer_file = {str(own)!r}"])
     backbone = hf_models.backbone_config(bert_folder)
-    trainer._use_folder_vocabulary(f"hf:{bert_folder}", backbone, tmp_path / "m")
+    trainer._use_weights_vocabulary(f"hf:{bert_folder}", backbone, tmp_path / "m")
     gin.clear_config()
     only_vocab = tmp_path / "vocab_only"
     shutil.copytree(bert_folder, only_vocab, ignore=shutil.ignore_patterns("tokenizer.json"))
     (tmp_path / "m2").mkdir()
-    trainer._use_folder_vocabulary(f"hf:{only_vocab}", backbone, tmp_path / "m2")
+    trainer._use_weights_vocabulary(f"hf:{only_vocab}", backbone, tmp_path / "m2")
     from aligner_jax import tasks
 
     vocabulary = tasks.task_vocabulary()

@@ -621,7 +621,7 @@ def test_random_negative_draws_do_not_depend_on_query_order():
 def test_registry_holds_the_three_tasks():
     for name in tasks.TASK_NAMES:
         task = seqio.get_mixture_or_task(name)
-        assert set(task.output_features) == {"query", "doc"}
+        assert set(task.output_features) == {"query", "doc", "doc_keys", "relevant_keys"}
         assert task.output_features["doc"].rank == 2 and not task.output_features["doc"].add_eos
     assert features.DEFAULT_TASK_FEATURE_LENGTHS == {"query": 64, "doc": 256}
     names = tasks.register_retrieval_tasks(tasks.WordPieceVocabulary(), suffix="_minilm")
@@ -665,6 +665,11 @@ def test_relevant_documents_past_the_limit_are_counted(tmp_path, monkeypatch, ca
     examples = seqio.get_mixture_or_task(tasks.BEIR_TRAIN_BM25).source.examples("train")
     assert examples.stats["relevant_keys_cut"] == 6  # q0, q4, …, q20 each judge two documents
     assert "6 relevant documents" in caplog.text
+    # What is kept is each row's own positive, whichever of the query's documents it is.
+    ds = seqio.get_dataset(tasks.BEIR_TRAIN_BM25, LENGTHS, tasks.AlignerFeatureConverter())
+    batch = next(tasks.batches_as_numpy(ds, len(examples)))
+    assert batch["relevant_keys"].shape == (len(examples), 1)
+    np.testing.assert_array_equal(batch["relevant_keys"][:, 0], batch["doc_keys"][:, 0])
 
 
 def test_supervised_and_selfsup_mixture(tmp_path):
@@ -679,6 +684,8 @@ def test_supervised_and_selfsup_mixture(tmp_path):
     again = _first_batches(tasks.retrieval_tasks.BEIR_TRAIN_AND_SELFSUP, 0, 4, 6)
     for a, b in zip(batches, again, strict=True):  # deterministic given the seed
         np.testing.assert_array_equal(a["query_tokens"], b["query_tokens"])
+    # The content keys survive the mixture (seqio keeps only declared features there).
+    assert batches[0]["doc_keys"].shape == (4, 2) and (batches[0]["relevant_keys"] > 0).any()
     # Both sources contribute: toy train queries and pseudo-queries (document titles).
     vocab = tasks.WordPieceVocabulary()
     queries = {

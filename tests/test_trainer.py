@@ -748,6 +748,7 @@ def test_t5x_weights_train_on_their_sentencepiece_vocabulary(toy, tmp_path):
     cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 2, **weights))
     with pytest.raises(errors.ConfigError, match=r"no spiece.model.*sentencepiece_model_file"):
         trainer.train()
+    assert not (tmp_path / "m").exists()  # refused before MODEL_DIR is made
 
     spiece = _sentencepiece_model(tmp_path / "t5x" / "spiece.model")
     trainer._use_weights_vocabulary(f"t5x:{checkpoint}", None, tmp_path / "m")
@@ -791,3 +792,23 @@ def test_data_binding_errors_are_one_line_before_model_dir_is_made(toy, tmp_path
     with pytest.raises(errors.UserError, match=message):
         trainer.train()
     assert not (tmp_path / "m").exists()
+
+
+def test_a_t5x_run_checkpointed_before_the_vocabulary_fix_is_not_resumed(toy, tmp_path):
+    """Checkpoints written before stop 89 record no task_vocabulary: a t5x: run among them
+    trained on WordPiece ids, and resuming it now would tokenize with SentencePiece."""
+    gin_files = ["models/t5_tiny.gin", "models/aligner_t5.gin", "runs/train.gin"]
+    cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 2, WARMUP_STEPS=1))
+    trainer.train()  # random weights: the default WordPiece vocabulary
+    record = tmp_path / "m" / "checkpoints" / "2" / "data" / "metadata"  # orbax JsonSave
+    saved = json.loads(record.read_text())
+    del saved["pipeline"]["sources"]["task_vocabulary"]  # as written before stop 89
+    record.write_text(json.dumps(saved))
+    checkpoint = tmp_path / "t5x" / "checkpoint_1"
+    checkpoint.mkdir(parents=True)
+    _sentencepiece_model(tmp_path / "t5x" / "spiece.model")
+    gin.clear_config()
+    weights = {"train.backbone_weights": repr(f"t5x:{checkpoint}"), "WARMUP_STEPS": 1}
+    cli.parse_gin(gin_files, _bindings(tmp_path / "m", toy, 4, **weights))
+    with pytest.raises(errors.ConfigError, match=r"written before training from t5x: weights"):
+        trainer.train()

@@ -383,6 +383,11 @@ def _delete_before_vacuum(directory: Path, ids: list[str]) -> list[str] | None:
     anything is done."""
     store = ts.TokenStore(directory)
     live = store.live_positions()
+    if not live:
+        raise ConfigError(
+            f"--vacuum: every document of {directory} is deleted already; nothing was done "
+            "(index the documents you want in a new --index_dir)"
+        )
     if set(live) <= set(ids):
         raise ConfigError(
             f"--delete with --vacuum: that deletes every document of {directory}, and a vacuum "

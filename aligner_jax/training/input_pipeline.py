@@ -112,8 +112,8 @@ class DataConfig:
 def check_task(config: DataConfig) -> None:
     """Refuses, before any work, a task or mixture that is not registered, a split it lacks, a
     mixture of tasks with different numbers of negatives, or data bindings the pipeline cannot
-    use (the dataset is built here: the example tables stay cached for ``train_batches``).
-    Nothing to check when batches are replayed."""
+    use (read from the bindings alone: no data is read). Nothing to check when batches are
+    replayed."""
     if config.cached_batches:
         return
     import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
@@ -140,16 +140,16 @@ def check_task(config: DataConfig) -> None:
 def _check_sources(config: DataConfig) -> None:
     """Each retrieval source's bindings (read without reading data), a mixture's numbers of
     negatives, and the feature lengths against the vocabulary's framing tokens."""
-    import seqio  # noqa: PLC0415
+    import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
-    from aligner_jax.tasks import features, sources  # noqa: PLC0415
+    from aligner_jax import tasks  # noqa: PLC0415  (TensorFlow, as above)
 
     task_or_mixture = seqio.get_mixture_or_task(config.task)
     members = getattr(task_or_mixture, "tasks", [task_or_mixture])
     counts = {
         task.name: getattr(task.source.config(), "num_negatives", None)
         for task in members
-        if isinstance(task.source, sources.RetrievalSource)
+        if isinstance(task.source, tasks.sources.RetrievalSource)
     }
     if len(set(counts.values())) > 1:
         raise ConfigError(
@@ -160,14 +160,16 @@ def _check_sources(config: DataConfig) -> None:
         )
     for task in members:
         vocabulary = task.output_features["query"].vocabulary
-        features.check_feature_lengths(vocabulary, config.feature_lengths, counts.get(task.name))
+        tasks.features.check_feature_lengths(
+            vocabulary, config.feature_lengths, counts.get(task.name)
+        )
 
 
 def _dataset(config: DataConfig):
     """The shuffled, endlessly repeated, converted (unbatched) dataset of ``config``."""
-    import seqio  # noqa: PLC0415
+    import seqio  # noqa: PLC0415  (TensorFlow: only when the task runs)
 
-    from aligner_jax import tasks  # noqa: PLC0415
+    from aligner_jax import tasks  # noqa: PLC0415  (TensorFlow, as above)
 
     return seqio.get_dataset(
         config.task,

@@ -144,11 +144,11 @@ def train(
     model_dir = fileio.check_output_dir(model_dir, "MODEL_DIR")
     mesh = partitioning.create_mesh(num_partitions)
     _check_batch_fits_mesh(data, mesh)  # checked before MODEL_DIR is made: a refusal leaves none
-    input_pipeline.check_task(data)
-    model_dir.mkdir(parents=True, exist_ok=True)
     pretrained = bool(backbone_weights) and backbone_weights.startswith((hf_models.PREFIX, "t5x:"))
     if pretrained and not data.cached_batches:  # replayed batches were tokenized when saved
         _use_weights_vocabulary(backbone_weights, config.backbone, model_dir)
+    input_pipeline.check_task(data)  # with the vocabulary the data will be tokenized with
+    model_dir.mkdir(parents=True, exist_ok=True)
     rules = partitioning.standard_logical_axis_rules()
 
     with mesh, nn.logical_axis_rules(rules):
@@ -479,6 +479,7 @@ def _use_weights_vocabulary(backbone_weights: str, backbone_config, model_dir: P
             str(file), lowercase=hf_models.lowercase(file.parent)
         )
         file = model_dir / "tokenizer.json"
+        model_dir.mkdir(parents=True, exist_ok=True)
         # Atomic: every process of a multi-process job writes the same file and reads it back.
         fileio.atomic_write_text(file, built.to_str())
     gin.bind_parameter("task_vocabulary.kind", kind)
@@ -537,6 +538,13 @@ def _restore_or_init(
             saved.pop("sources", None)  # (cached batches) may run where no task is registered
             now.pop("sources")
         elif input_pipeline.VOCABULARY not in saved["sources"]:  # written before stop 89
+            if (backbone_weights or "").startswith("t5x:"):
+                raise ConfigError(
+                    f"{mngr.directory}/{latest}: written before training from t5x: weights "
+                    "tokenized its data with T5's SentencePiece model (it trained on WordPiece "
+                    "ids); resuming would change the tokens under it: start again in another "
+                    "MODEL_DIR"
+                )
             now["sources"].pop(input_pipeline.VOCABULARY, None)
         if saved != now:
             changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
