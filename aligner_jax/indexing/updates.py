@@ -382,20 +382,16 @@ def _delete_before_vacuum(directory: Path, ids: list[str]) -> list[str] | None:
     interrupted: the vacuum goes on). A delete that would leave no document is refused before
     anything is done."""
     store = ts.TokenStore(directory)
-    live = store.live_positions()
-    if not live:
-        raise ConfigError(
-            f"--vacuum: every document of {directory} is deleted already; nothing was done "
-            "(index the documents you want in a new --index_dir)"
-        )
-    if set(live) <= set(ids):
+    live, named = set(store.live_positions()), set(ids)
+    if not live or (not named & live and named <= set(store.doc_ids)):
+        # nothing live to delete (vacuum() refuses an index with no document left), or a re-run
+        logging.info("--delete: every id is deleted already; going on to --vacuum")
+        return None
+    if live <= named:
         raise ConfigError(
             f"--delete with --vacuum: that deletes every document of {directory}, and a vacuum "
             "must keep one; nothing was done (index the documents you want in a new --index_dir)"
         )
-    if not set(ids) & set(live) and set(ids) <= set(store.doc_ids):
-        logging.info("--delete: every id is deleted already (a re-run); going on to --vacuum")
-        return None
     return ids
 
 
