@@ -356,18 +356,6 @@ def choose(rows: list[dict], exact: dict | None, tolerance: float) -> dict:
     return {"setting": best["setting"], "admissible": [r["setting"] for r in ok], "reason": None}
 
 
-def paired_bootstrap(x, y, resamples: int = 1000, seed: int = 0) -> list[float] | None:
-    """95 % percentile interval of mean(x − y) over ``resamples`` resamples of the pairs (the
-    same resampled queries for both); None without pairs."""
-    d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
-    if not len(d):
-        return None
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
-    means = d[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return [float(lo), float(hi)]
-
-
 def p50_interval(round_p50s: list[float]) -> list[float] | None:
     """``P50_INTERVAL``: [min, max] of the per-round p50 with 3 or more rounds, else None."""
     return [float(min(round_p50s)), float(max(round_p50s))] if len(round_p50s) >= 3 else None
@@ -916,7 +904,9 @@ def _rows(dataset_name, model, store, index_dir, split, measured, built, failed,
                 y = [exact_pq[q][metric] for q in common]
                 if common:
                     delta[metric] = float(np.mean(np.subtract(x, y)))
-                    ci95[metric] = paired_bootstrap(x, y, _BOOTSTRAP.value, _BOOTSTRAP_SEED.value)
+                    ci95[metric] = metrics.paired_bootstrap(
+                        x, y, _BOOTSTRAP.value, _BOOTSTRAP_SEED.value
+                    )
         if system == "aligner_jax":
             info = built[m.extra["built"]]
             size = {k: info[k] for k in info if k.startswith(("index_bytes", "bytes_per_token"))}

@@ -213,3 +213,22 @@ def test_relevant_in_batch_documents_are_not_negatives():
     assert float(metrics["false_negatives"]) == pytest.approx(1 / 3)
     unmasked, plain = model.loss_fn(params, _batch(seed=3), None)
     assert float(plain["false_negatives"]) == 0.0 and float(unmasked) != pytest.approx(expected)
+
+
+def test_mask_false_negatives_off_keeps_them_as_negatives_and_counts_them():
+    """The ablation: with ``mask_false_negatives=False`` the loss is the plain cross-entropy
+    (what a batch without keys gives) while the metric still counts the relevant columns."""
+    masked_model = _model("lp")
+    ablation = aligner_model.AlignerModel(
+        masked_model.config, aligner_model.LossConfig(mask_false_negatives=False)
+    )
+    params = nn.meta.unbox(masked_model.init(jax.random.PRNGKey(2)))
+    batch = _batch(seed=3)
+    batch["doc_keys"] = jnp.asarray([[11, 12], [21, 22], [31, 32]], jnp.int32)
+    batch["relevant_keys"] = jnp.asarray([[11, 21], [21, 0], [31, 0]], jnp.int32)
+    loss, metrics = ablation.loss_fn(params, batch, None)
+    plain, _ = ablation.loss_fn(params, _batch(seed=3), None)
+    masked, _ = masked_model.loss_fn(params, batch, None)
+    assert float(loss) == pytest.approx(float(plain), rel=1e-6)
+    assert float(loss) > float(masked) + 1e-5  # the masked column adds to the normaliser
+    assert float(metrics["false_negatives"]) == pytest.approx(1 / 3)

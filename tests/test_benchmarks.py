@@ -961,3 +961,78 @@ def test_vacuum_benchmark_on_a_small_index_loses_no_answer(tmp_path):
     assert answers["exhaustive_max_score_diff"] < 1e-5
     assert "| after |" in (out / "vacuum.md").read_text()
     assert (out / "vacuum.png").stat().st_size > 0
+
+
+def _fake_eval(folder, dataset, model, results, ndcg10):
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(results))
+    metrics_json = {
+        "dataset": dataset,
+        "split": "test",
+        "num_queries": 3,
+        "num_docs": 4,
+        "config": {"model": model, "model_fingerprint": model, "search": "centroid"},
+        "metrics": {"ndcg@10": ndcg10},
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics_json))
+
+
+def test_false_negatives_compares_two_models_query_by_query(tmp_path):
+    from fixtures import write_beir_fixture
+
+    from aligner_jax.evaluation import metrics
+
+    data = write_beir_fixture(
+        tmp_path,
+        {"a": "x", "b": "y", "c": "z", "d": "w"},
+        {"q1": "one", "q2": "two", "q3": "three"},
+        {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}},
+    )
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}}
+    # the treatment ranks q2's relevant document first (was second); q1 and q3 unchanged
+    base = {"q1": {"a": 2.0, "b": 1.0}, "q2": {"a": 2.0, "b": 1.0}, "q3": {"c": 1.0}}
+    treat = {"q1": {"a": 2.0, "b": 1.0}, "q2": {"b": 2.0, "a": 1.0}, "q3": {"c": 1.0}}
+    logs = {}
+    for name, run, fn in (("off", base, None), ("on", treat, 0.25)):
+        model = tmp_path / f"model_{name}"
+        model.mkdir()
+        rows = [{"step": s, "loss": 1.0 / s, "accuracy": 0.5} for s in range(1, 61)]
+        if fn is not None:
+            for r in rows:
+                r["false_negatives"] = fn
+        logs[name] = rows
+        (model / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        ndcg = metrics.evaluate_run(qrels, run, (10,))["ndcg@10"]
+        _fake_eval(tmp_path / f"eval_{name}", "toy", f"{model}@60", run, ndcg)
+    control = tmp_path / "control.jsonl"
+    control.write_text("".join(json.dumps(r) + "\n" for r in logs["off"][:6]))
+    args = [
+        f"--dataset_dirs={data}",
+        f"--baseline_evals={tmp_path / 'eval_off'}",
+        f"--treatment_evals={tmp_path / 'eval_on'}",
+        f"--control_log={control}",
+        "--bootstrap=200",
+        f"--output={tmp_path / 'out'}",
+    ]
+    proc = run_python(REPO / "benchmarks" / "false_negatives.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "false_negatives.json").read_text())
+    (row,) = results["rows"]
+    expected = (1 - 1 / np.log2(3)) / 3  # q2 goes from rank 2 to rank 1, one query in three
+    assert row["ndcg@10"]["difference"] == pytest.approx(expected)
+    assert (row["ndcg@10"]["queries_up"], row["ndcg@10"]["queries_down"]) == (1, 0)
+    assert row["recall@100"]["difference"] == 0.0 and row["recall@100"]["ci95"] == [0.0, 0.0]
+    lo, hi = row["ndcg@10"]["ci95"]
+    assert 0.0 <= lo <= expected <= hi
+    assert results["training"]["mask"]["false_negatives_per_row"] == pytest.approx(0.25)
+    assert results["training"]["no mask"]["false_negatives_per_row"] is None
+    assert results["control"]["steps_compared"] == [1, 2, 3, 4, 5, 6]
+    assert results["control"]["max_abs_loss_difference"] == 0.0
+    assert (tmp_path / "out" / "false_negatives.png").exists()
+    # another search setting on one side is refused, naming it
+    metrics_path = tmp_path / "eval_on" / "metrics.json"
+    changed = json.loads(metrics_path.read_text())
+    changed["config"]["search"] = "exhaustive"
+    metrics_path.write_text(json.dumps(changed))
+    proc = run_python(REPO / "benchmarks" / "false_negatives.py", *args)
+    assert proc.returncode != 0 and "searched differently: ['search']" in proc.stderr

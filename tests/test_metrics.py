@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -147,3 +148,18 @@ def test_bounds_and_perfect_ranking(relevant, scores):
     ev = metrics.evaluate_run(qrels, perfect, k_values=(1, 5, 20))
     assert ev["ndcg@1"] == ev["ndcg@5"] == ev["ndcg@20"] == ev["mrr@1"] == pytest.approx(1.0)
     assert ev["recall@5"] == pytest.approx(1.0)
+
+
+def test_paired_bootstrap_intervals():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, 300)
+    assert metrics.paired_bootstrap(x, x, 1000, seed=0) == [0.0, 0.0]  # identical runs
+    lo, hi = metrics.paired_bootstrap(x + 0.02, x, 1000, seed=0)  # a constant shift
+    assert lo == pytest.approx(0.02) and hi == pytest.approx(0.02)
+    noisy = x + 0.02 + rng.normal(0, 0.05, 300)
+    lo, hi = metrics.paired_bootstrap(noisy, x, 1000, seed=0)
+    assert lo < 0.02 < hi and hi - lo < 0.03  # around the shift, about ±2 standard errors
+    assert [lo, hi] == metrics.paired_bootstrap(noisy, x, 1000, seed=0)  # seeded
+    # paired: a query-level offset shared by both runs does not widen the interval
+    assert metrics.paired_bootstrap(x + 5 * x, x + 5 * x, 200, seed=1) == [0.0, 0.0]
+    assert metrics.paired_bootstrap([], [], 10) is None

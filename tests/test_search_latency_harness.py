@@ -167,21 +167,6 @@ def test_split_tunes_on_train_queries_when_the_collection_has_them(tmp_path):
         sl.split_queries(folder, test_qrels, seed=0, tuning="test")
 
 
-def test_paired_bootstrap_intervals():
-    rng = np.random.default_rng(3)
-    x = rng.uniform(0, 1, 300)
-    assert sl.paired_bootstrap(x, x, 1000, seed=0) == [0.0, 0.0]  # identical runs
-    lo, hi = sl.paired_bootstrap(x + 0.02, x, 1000, seed=0)  # a constant shift
-    assert lo == pytest.approx(0.02) and hi == pytest.approx(0.02)
-    noisy = x + 0.02 + rng.normal(0, 0.05, 300)
-    lo, hi = sl.paired_bootstrap(noisy, x, 1000, seed=0)
-    assert lo < 0.02 < hi and hi - lo < 0.03  # around the shift, about ±2 standard errors
-    assert [lo, hi] == sl.paired_bootstrap(noisy, x, 1000, seed=0)  # seeded
-    # paired: a query-level offset shared by both runs does not widen the interval
-    assert sl.paired_bootstrap(x + 5 * x, x + 5 * x, 200, seed=1) == [0.0, 0.0]
-    assert sl.paired_bootstrap([], [], 10) is None
-
-
 def test_p50_interval_needs_three_rounds():
     assert sl.p50_interval([5.0, 7.0]) is None
     assert sl.p50_interval([6.0, 5.0, 7.5]) == [5.0, 7.5]

@@ -33,6 +33,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import pytrec_eval
 
 from aligner_jax.common.errors import ConfigError
@@ -199,3 +200,17 @@ def evaluate_run(
 def format_metrics(aggregate: Mapping[str, float], precision: int = 1) -> str:
     """One line such as "ndcg@10 68.6 | recall@100 91.3 | mrr@10 64.0" (values in percent)."""
     return " | ".join(f"{name} {100.0 * value:.{precision}f}" for name, value in aggregate.items())
+
+
+def paired_bootstrap(
+    x: Sequence[float], y: Sequence[float], resamples: int = 1000, seed: int = 0
+) -> list[float] | None:
+    """95 % percentile interval of mean(x − y) over ``resamples`` bootstrap resamples of the
+    pairs (the same resampled queries for both runs: a query-level offset shared by the two
+    does not widen it); None without pairs. ``x[i]``, ``y[i]``: one query's metric in each."""
+    d = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+    if not len(d):
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
+    lo, hi = np.percentile(d[idx].mean(axis=1), [2.5, 97.5])
+    return [float(lo), float(hi)]

@@ -16,7 +16,8 @@ A document of the batch that is relevant to a row's query but is not that row's 
 same query with another positive, a positive shared by two queries, a document relevant to both)
 is not a negative: with the batch's ``doc_keys [B, G]`` and ``relevant_keys [B, R]``
 (``tasks.sources``) it is left out of that row's softmax (``false_negative_mask``) and counted in
-the ``false_negatives`` metric. A batch without them (saved by older versions) masks nothing.
+the ``false_negatives`` metric (``LossConfig.mask_false_negatives=False`` counts them and keeps
+them as negatives). A batch without them (saved by older versions) masks nothing.
 With ``xtr`` the mask applies to the final scores only: XTR's in-batch token top-k_train and its
 normaliser Z still see the masked documents' tokens.
 """
@@ -56,6 +57,9 @@ class LossConfig:
       k_train: XTR's in-batch top-k_train.
       l1_weight: weight of the L1 salience penalty (the ``l1`` salience ablation).
       in_batch_negatives: also contrast against the other queries' documents.
+      mask_false_negatives: leave documents of the batch that are relevant to a row's query out
+        of its softmax (``false_negative_mask``); ``False`` treats them as negatives, as
+        versions before the mask did (an ablation). They are counted either way.
     """
 
     objective: str = "aligner"
@@ -64,6 +68,7 @@ class LossConfig:
     k_train: int = 128
     l1_weight: float = 0.0
     in_batch_negatives: bool = True
+    mask_false_negatives: bool = True
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -137,7 +142,8 @@ class AlignerModel:
         if "relevant_keys" in batch:
             false_negatives = false_negative_mask(batch["doc_keys"], batch["relevant_keys"])
             false_negatives = false_negatives & ~excluded
-        scores = jnp.where(excluded | false_negatives, -1e9, scores)
+        masked = excluded | false_negatives if self.loss.mask_false_negatives else excluded
+        scores = jnp.where(masked, -1e9, scores)
         logits = scores.astype(jnp.float32) / self.loss.temperature
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         metrics = {
