@@ -19,7 +19,7 @@ from fixtures import run_python, start_python, write_beir_fixture
 from aligner_jax.common import cli, errors
 from aligner_jax.evaluation import beir_eval
 from aligner_jax.indexing import token_store as ts
-from aligner_jax.training import input_pipeline, trainer
+from aligner_jax.training import checkpointing, input_pipeline, trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -274,6 +274,38 @@ def test_killed_run_resumes_with_identical_losses(toy, tmp_path):
         for st in stores
     ]
     assert files[0] == files[1] and len(files[0]) == 3 * 5
+
+
+def test_a_preemption_notice_saves_the_step_reached_and_the_rerun_resumes_it(toy, tmp_path):
+    """SIGTERM part-way: the step being trained is finished and saved (no periodic checkpoint
+    falls before the end here), the job exits 143 naming it, and the same command resumes from
+    it with the uninterrupted run's losses."""
+    steps, far = 12, {"CheckpointConfig.period": 100}
+    _run(*_train_cmd(_bindings(tmp_path / "ref", toy, steps, **far)))
+    model_dir = tmp_path / "preempted"
+    cmd = _train_cmd(_bindings(model_dir, toy, steps, **far))
+    notice_after = random.Random(os.getpid()).randint(3, 8)
+    proc = start_python(*cmd, capture=True)
+    log = model_dir / trainer.TRAIN_LOG
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= notice_after:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    saved = len(log.read_text().splitlines())
+    assert notice_after <= saved < steps
+    folder = checkpointing.checkpoint_dir(model_dir)
+    assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [saved]
+    assert f"preempted after step {saved} of {steps}: saved step {saved}" in err
+    assert "aligner-train: terminated (SIGTERM)" in err
+
+    restarted = run_python(*cmd, timeout=900)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert f"resumed from step {saved}" in restarted.stderr
+    assert _losses(model_dir) == _losses(tmp_path / "ref")
 
 
 def test_pipeline_mismatch_on_resume_is_refused(toy, tmp_path):

@@ -14,7 +14,8 @@ every process sees.
 
 Checkpoints (orbax, every ``CheckpointConfig.period`` steps, keeping ``keep``) hold the train
 state and the input pipeline position; a restarted job restores the newest one and continues with
-exactly the batches and dropout randomness an uninterrupted job would have used. TensorBoard
+exactly the batches and dropout randomness an uninterrupted job would have used. A preemption
+notice (SIGTERM) saves the step being trained before the job stops (``preemption.py``). TensorBoard
 summaries (clu metric writers) report loss, accuracy, learning rate, steps/s and tokens/s. A NaN
 or infinite loss stops the job with a clear message and no checkpoint of the bad state.
 """
@@ -41,11 +42,11 @@ from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
 from aligner_jax.common import checks, fileio, progress
-from aligner_jax.common.errors import ConfigError, NonFiniteLossError
+from aligner_jax.common.errors import ConfigError, NonFiniteLossError, Terminated
 from aligner_jax.encoding import loading as loading_lib
 from aligner_jax.models import partitioning
 from aligner_jax.models.aligner_model import AlignerModel
-from aligner_jax.training import checkpointing, input_pipeline, optimizers
+from aligner_jax.training import checkpointing, input_pipeline, optimizers, preemption
 from aligner_jax.weights import hf_models, param_checks
 
 TRAIN_LOG = "train_log.jsonl"
@@ -214,75 +215,92 @@ def train(
         logging.info("training steps %d..%d of %d on %s", start_step, end, num_train_steps, mesh)
         run_start = time.perf_counter()
         bar = progress.Progress(end - start_step, "train", "step")
+        preempted = None
         try:
-            for step in range(start_step, end):
-                global_batch = next(batches)
-                batch_tokens = sum(
-                    int(np.count_nonzero(global_batch[k])) for k in input_pipeline.TOKEN_KEYS
-                )
-                window_tokens += batch_tokens
-                batch = {k: _place(v, batch_sharding) for k, v in global_batch.items()}
-                state, metrics = step_fn(state, batch)
-                metrics_host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                window_steps += 1
-                if step == start_step and (step + 1) % summary_period and step + 1 != end:
-                    # Rates exclude compiling: the first window starts after this run's first step.
-                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-                loss, grad_norm = metrics_host["total_loss"], metrics_host["grad_norm"]
-                if not (np.isfinite(loss) and np.isfinite(grad_norm)):
-                    what = (
-                        f"training loss is {loss}"
-                        if not np.isfinite(loss)
-                        else f"training gradient norm is {grad_norm} (loss {loss:.4g})"
+            with preemption.Watch(mngr) as watch:
+                for step in range(start_step, end):
+                    global_batch = next(batches)
+                    batch_tokens = sum(
+                        int(np.count_nonzero(global_batch[k])) for k in input_pipeline.TOKEN_KEYS
                     )
-                    raise NonFiniteLossError(
-                        f"{what} at step {step + 1}: "
-                        f"stopping without saving this state. The last checkpoint is step "
-                        f"{last_saved} in {checkpointing.checkpoint_dir(model_dir)} (its weights "
-                        "may already be diverging: if a resume stops again, start again in "
-                        "another MODEL_DIR); lower the learning rate (--gin.LEARNING_RATE=... "
-                        "with the run gins, the schedule's peak), check the data, or use float32."
-                    )
-                lr = optimizers.learning_rate_at(learning_rate, step)
-                record = {"step": step + 1, "lr": lr, **metrics_host}
-                done = step + 1
-                if done % summary_period == 0 or done == end:
-                    elapsed = time.perf_counter() - window_start
-                    # The rates of the window ending here (after the first step: no compiling).
-                    record.update(
-                        steps_per_sec=window_steps / elapsed,
-                        tokens_per_sec=window_tokens / elapsed,
-                        window_steps=window_steps,
-                    )
-                    scalars = dict(metrics_host)
-                    scalars.update(
-                        learning_rate=lr,
-                        steps_per_sec=record["steps_per_sec"],
-                        tokens_per_sec=record["tokens_per_sec"],
-                    )
-                    writer.write_scalars(done, scalars)
-                    logging.info(
-                        "step %d/%d loss %.4f acc %.3f lr %.2e %.2f steps/s %.0f tokens/s",
-                        done,
-                        num_train_steps,
-                        scalars["loss"],
-                        scalars["accuracy"],
-                        lr,
-                        scalars["steps_per_sec"],
-                        scalars["tokens_per_sec"],
-                    )
-                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-                log_file.write(json.dumps(record) + "\n")
-                log_file.flush()
-                bar.update(1, tokens=batch_tokens)
-                if done % checkpoint.period == 0 or done == num_train_steps:
-                    checkpointing.save(mngr, done, state, _data_state(data, done, optimizer))
-                    last_saved = done
+                    window_tokens += batch_tokens
+                    batch = {k: _place(v, batch_sharding) for k, v in global_batch.items()}
+                    state, metrics = step_fn(state, batch)
+                    metrics_host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    window_steps += 1
+                    if step == start_step and (step + 1) % summary_period and step + 1 != end:
+                        # Rates exclude compiling: the first window starts after this run's first step.
+                        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+                    loss, grad_norm = metrics_host["total_loss"], metrics_host["grad_norm"]
+                    if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+                        what = (
+                            f"training loss is {loss}"
+                            if not np.isfinite(loss)
+                            else f"training gradient norm is {grad_norm} (loss {loss:.4g})"
+                        )
+                        raise NonFiniteLossError(
+                            f"{what} at step {step + 1}: "
+                            f"stopping without saving this state. The last checkpoint is step "
+                            f"{last_saved} in {checkpointing.checkpoint_dir(model_dir)} (its weights "
+                            "may already be diverging: if a resume stops again, start again in "
+                            "another MODEL_DIR); lower the learning rate (--gin.LEARNING_RATE=... "
+                            "with the run gins, the schedule's peak), check the data, or use float32."
+                        )
+                    lr = optimizers.learning_rate_at(learning_rate, step)
+                    record = {"step": step + 1, "lr": lr, **metrics_host}
+                    done = step + 1
+                    if done % summary_period == 0 or done == end:
+                        elapsed = time.perf_counter() - window_start
+                        # The rates of the window ending here (after the first step: no compiling).
+                        record.update(
+                            steps_per_sec=window_steps / elapsed,
+                            tokens_per_sec=window_tokens / elapsed,
+                            window_steps=window_steps,
+                        )
+                        scalars = dict(metrics_host)
+                        scalars.update(
+                            learning_rate=lr,
+                            steps_per_sec=record["steps_per_sec"],
+                            tokens_per_sec=record["tokens_per_sec"],
+                        )
+                        writer.write_scalars(done, scalars)
+                        logging.info(
+                            "step %d/%d loss %.4f acc %.3f lr %.2e %.2f steps/s %.0f tokens/s",
+                            done,
+                            num_train_steps,
+                            scalars["loss"],
+                            scalars["accuracy"],
+                            lr,
+                            scalars["steps_per_sec"],
+                            scalars["tokens_per_sec"],
+                        )
+                        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                    bar.update(1, tokens=batch_tokens)
+                    if done % checkpoint.period == 0 or done == num_train_steps:
+                        checkpointing.save(mngr, done, state, _data_state(data, done, optimizer))
+                        last_saved = done
+                    if watch.reached(done) and done != end:  # asked at every step, on every process
+                        if last_saved != done:
+                            checkpointing.save(
+                                mngr, done, state, _data_state(data, done, optimizer)
+                            )
+                            last_saved = done
+                        preempted = done
+                        break
         finally:
             bar.close()
             log_file.close()
             mngr.wait_until_finished()
             writer.flush()
+        if preempted is not None:
+            logging.warning(
+                "preempted after step %d of %d: saved step %d in %s; re-run the same command "
+                "to resume from it",
+                preempted, num_train_steps, preempted, checkpointing.checkpoint_dir(model_dir),
+            )  # fmt: skip
+            raise Terminated()
         if last_saved != end and end > start_step:  # the last step, also of a stop_after_steps
             checkpointing.save(
                 mngr, end, state, _data_state(data, end, optimizer)
