@@ -37,6 +37,11 @@ export XLA_FLAGS="--xla_force_host_platform_device_count=${DEVICES_PER_PROCESS:-
 export PYTHONUNBUFFERED=1
 kill_after=${KILL_AFTER:-5}
 
+prefix() {  # "[RANK] " before each line; deaf to SIGTERM: it ends when its process's output
+  trap '' TERM  # does, after the last lines a stopping process writes (a preemption save's)
+  exec sed -u "s/^/[$1] /"
+}
+
 set -m  # job control: each process (and its line prefixers) runs in its own process group
 pids=()
 for ((rank = 0; rank < num; rank++)); do
@@ -44,9 +49,10 @@ for ((rank = 0; rank < num; rank++)); do
     # stderr through one prefixer, stdout (fd 3) through another; both are members of the
     # pipeline, so the subshell ends after their last lines; pipefail: the process's status
     set -o pipefail
+    trap : TERM  # waits for its pipeline (a SIGTERM'd process saving its state) instead of dying
     { "$python" -m "aligner_jax.$binary" "$@" --coordinator_address="127.0.0.1:$port" \
         --num_processes="$num" --process_id="$rank" 2>&1 1>&3 3>&- |
-        sed -u "s/^/[$rank] /" >&2 3>&-; } 3>&1 | sed -u "s/^/[$rank] /"
+        prefix "$rank" >&2 3>&-; } 3>&1 | prefix "$rank"
   ) &
   pids+=("$!")
 done
@@ -56,6 +62,7 @@ stop_all() {  # SIGTERM every process group, SIGKILL what is left after $kill_af
   local pid killer
   for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   (
+    nap=
     trap 'kill "$nap" 2>/dev/null; exit 0' TERM  # stopped early: its sleep goes with it
     sleep "$kill_after" &
     nap=$!

@@ -173,6 +173,33 @@ def test_two_processes_train_like_one_process_with_two_devices_and_resume_across
         assert (model_dir / "checkpoints" / str(steps)).is_dir()
 
 
+def test_a_preemption_notice_saves_the_same_step_on_every_process(toy, tmp_path, jobs):
+    """SIGTERM to the launcher (which passes it to both ranks): the ranks agree on one step,
+    save it together and exit 143, each saying so; the same command resumes from it."""
+    model_dir, steps = tmp_path / "preempted", 60
+    flags = _train_flags(model_dir, toy, steps, **{"CheckpointConfig.period": 1000})
+    job = jobs.launch(2, *flags, KILL_AFTER="120")
+    log, deadline = model_dir / trainer.TRAIN_LOG, time.time() + 300
+    while time.time() < deadline and job.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 4:
+            job.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    job.wait(timeout=300)
+    job.log.seek(0)
+    out = job.log.read()
+    assert job.returncode == 143, out[-4000:]
+    saved = len(log.read_text().splitlines())
+    assert 4 <= saved < steps
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == [str(saved)]
+    for rank in (0, 1):
+        assert f"[{rank}] " in out and f"preempted after step {saved} of {steps}" in out
+    assert out.count(f"preempted after step {saved} of {steps}: saved step {saved}") == 2
+    resumed = jobs.finish(jobs.launch(2, *flags))
+    assert f"resumed from step {saved}" in resumed
+    assert sorted(_losses(model_dir)) == list(range(1, steps + 1))
+
+
 def _index_flags(data: Path, index_dir: Path, source: str = "--dataset_dir") -> list[str]:
     """aligner-index on the toy BEIR folder ``data`` (``--dataset_dir``, or ``--corpus`` its
     corpus.jsonl) with the tiny BERT: 12 shards of 2 documents."""

@@ -6,13 +6,13 @@ periodic checkpoint is lost. Under :class:`Watch`, the notice only marks the run
 finishes its step, saves a checkpoint of it, and stops as SIGTERM stops every binary (exit 143);
 the same command resumes from it (t5x and orbax do the same).
 
-* One process: the watch's own SIGTERM handler marks the run (the binary's handler, which stops
-  at once, is put back when the loop ends).
-* Several processes (``jax.distributed``): the processes must save the same step together, so
-  the notice goes through JAX's preemption service (it listens for SIGTERM on every host and
-  picks the next step every process reaches: ``multihost_utils.reached_preemption_sync_point``,
-  asked through orbax's ``CheckpointManager.reached_preemption``). With the service disabled
-  (``jax_enable_preemption_service=False``) a multi-process run saves nothing on a notice.
+* The watch's own SIGTERM handler marks the run (the binary's handler, which stops at once, is
+  put back when the loop ends).
+* Several processes (``jax.distributed``) must save the same step together: after every step
+  they share their marks (``multihost_utils.process_allgather``, one small collective per step)
+  and all stop when any was marked. (JAX's own preemption service,
+  ``reached_preemption_sync_point``, never fired on the CPU processes of
+  ``launch/local_processes.sh``: this watch does not rely on it.)
 """
 
 from __future__ import annotations
@@ -21,20 +21,21 @@ import signal
 import threading
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 
 class Watch:
-    """``with Watch(manager) as watch: ... if watch.reached(step): save and stop``."""
+    """``with Watch() as watch: ... if watch.reached(step): save and stop``."""
 
-    def __init__(self, manager):
-        self.manager = manager
+    def __init__(self):
         self.noticed = False
         self._previous = None
 
     def __enter__(self) -> Watch:
         self._distributed = jax.process_count() > 1
-        if not self._distributed and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._notice)
         return self
 
@@ -46,8 +47,10 @@ class Watch:
 
     def reached(self, step: int) -> bool:
         """Whether to save ``step`` (just trained) and stop: on every process at the same step."""
+        del step  # every process asks after each of its steps, in the same order
         if self._distributed:
-            self.noticed = bool(self.manager.reached_preemption(step))
+            marks = multihost_utils.process_allgather(np.asarray(self.noticed, np.int32))
+            self.noticed = bool(np.any(marks))
         return self.noticed
 
     def __exit__(self, *exc) -> None:

@@ -217,7 +217,7 @@ def train(
         bar = progress.Progress(end - start_step, "train", "step")
         preempted = None
         try:
-            with preemption.Watch(mngr) as watch:
+            with preemption.Watch() as watch:
                 for step in range(start_step, end):
                     global_batch = next(batches)
                     batch_tokens = sum(
