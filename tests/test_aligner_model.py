@@ -191,7 +191,7 @@ def test_false_negative_mask_names_relevant_documents_other_than_the_positive():
 def test_relevant_in_batch_documents_are_not_negatives():
     """A document relevant to a row's query is left out of that row's softmax: the row's loss is
     the cross-entropy over the other columns only, and the batch counts it."""
-    model = _model("lp")
+    model = _model("lp", mask_false_negatives=True)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(2)))
     batch = _batch(seed=3)
     batch["doc_keys"] = jnp.asarray([[11, 12], [21, 22], [31, 32]], jnp.int32)
@@ -216,12 +216,10 @@ def test_relevant_in_batch_documents_are_not_negatives():
 
 
 def test_mask_false_negatives_off_keeps_them_as_negatives_and_counts_them():
-    """The ablation: with ``mask_false_negatives=False`` the loss is the plain cross-entropy
+    """The default, ``mask_false_negatives=False``: the loss is the plain cross-entropy
     (what a batch without keys gives) while the metric still counts the relevant columns."""
-    masked_model = _model("lp")
-    ablation = aligner_model.AlignerModel(
-        masked_model.config, aligner_model.LossConfig(mask_false_negatives=False)
-    )
+    masked_model = _model("lp", mask_false_negatives=True)
+    ablation = _model("lp")  # the default: relevant in-batch documents stay negatives
     params = nn.meta.unbox(masked_model.init(jax.random.PRNGKey(2)))
     batch = _batch(seed=3)
     batch["doc_keys"] = jnp.asarray([[11, 12], [21, 22], [31, 32]], jnp.int32)
