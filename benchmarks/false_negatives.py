@@ -1,5 +1,5 @@
 r"""What masking in-batch false negatives changes: two trained models, one with the mask
-(``LossConfig.mask_false_negatives=True``, the default) and one without, compared query by
+(``LossConfig.mask_false_negatives=True``) and one without (the default), compared query by
 query on the evaluations ``aligner-eval`` wrote for each.
 
     .venv/bin/python benchmarks/false_negatives.py \

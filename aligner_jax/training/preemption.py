@@ -1,8 +1,8 @@
 """Preemption notices during training: a SIGTERM saves the step reached, then the job stops.
 
 A scheduler announces a preemption with SIGTERM some seconds before it kills the job (TPU and GCE
-spot VMs, Kubernetes, SLURM with ``--signal``). Without a watch, the step reached since the last
-periodic checkpoint is lost. Under :class:`Watch`, the notice only marks the run; the trainer
+spot VMs, Kubernetes, SLURM with its signal option). Without a watch, the step reached since the
+last periodic checkpoint is lost. Under :class:`Watch`, the notice only marks the run; the trainer
 finishes its step, saves a checkpoint of it, and stops as SIGTERM stops every binary (exit 143);
 the same command resumes from it (t5x and orbax do the same).
 
