@@ -8,9 +8,10 @@ query on the evaluations ``aligner-eval`` wrote for each.
       --treatment_evals=outputs/fn_on_scifact,outputs/fn_on_cisi
 
 Each ``*_evals`` folder is an ``aligner-eval`` output (``results.json``, ``metrics.json``) of
-the same dataset and split with the same search settings; only the model differs. The models are
-read from ``metrics.json``'s ``config.model`` (``DIR@STEP``) and their ``train_log.jsonl``
-summarised (loss, accuracy and the ``false_negatives`` metric: relevant in-batch documents per
+the same dataset and split with the same search settings; only the model differs (settings the
+index resolves from each model's store, the centroid count, may differ and are reported). The
+models are read from ``metrics.json``'s ``config.model`` (``DIR@STEP``) and their
+``train_log.jsonl`` summarised (loss, accuracy and the ``false_negatives`` metric: relevant in-batch documents per
 row, counted with the mask on or off). Per query: nDCG@10, Recall@100 and MRR@10 recomputed with
 pytrec_eval from ``results.json`` (checked against ``metrics.json``); reported: each mean, the
 mean difference (treatment − baseline) with its paired bootstrap 95 % interval
@@ -102,6 +103,26 @@ def control_check(baseline_rows: list[dict], control_rows: list[dict]) -> dict:
     }
 
 
+# Settings resolved from the store each model wrote rather than chosen: the centroid count
+# follows the number of tokens stored, which differs between two models (tokens of salience 0
+# are left out). Reported per side, not required equal.
+STORE_RESOLVED = {"centroid_stages": ("num_centroids",)}
+
+
+def search_settings(config: dict) -> tuple[dict, dict]:
+    """(the search settings that must match, the store-resolved ones) of an evaluation."""
+    settings, resolved = {}, {}
+    for key, value in config.items():
+        if "model" in key:
+            continue
+        names = STORE_RESOLVED.get(key, ())
+        if isinstance(value, dict) and names:
+            resolved.update({n: value[n] for n in names if n in value})
+            value = {k: v for k, v in value.items() if k not in names}
+        settings[key] = value
+    return settings, resolved
+
+
 def compare(dataset_dir: str, baseline_dir: str, treatment_dir: str) -> dict:
     base_m = read_json(Path(baseline_dir) / "metrics.json")
     treat_m = read_json(Path(treatment_dir) / "metrics.json")
@@ -111,8 +132,8 @@ def compare(dataset_dir: str, baseline_dir: str, treatment_dir: str) -> dict:
                 f"{baseline_dir} and {treatment_dir} differ in {key}: "
                 f"{base_m[key]!r} against {treat_m[key]!r}"
             )
-    settings = {k: v for k, v in base_m["config"].items() if "model" not in k}
-    other = {k: v for k, v in treat_m["config"].items() if "model" not in k}
+    settings, base_store = search_settings(base_m["config"])
+    other, treat_store = search_settings(treat_m["config"])
     if settings != other:
         changed = sorted(
             k for k in settings.keys() | other.keys() if settings.get(k) != other.get(k)
@@ -141,6 +162,8 @@ def compare(dataset_dir: str, baseline_dir: str, treatment_dir: str) -> dict:
         "treatment_eval": str(treatment_dir),
         "baseline_model": base_m["config"]["model"],
         "treatment_model": treat_m["config"]["model"],
+        "baseline_store": base_store,
+        "treatment_store": treat_store,
     }
     for metric in METRICS:
         x = [evaluations["treatment"].per_query[q][metric] for q in queries]

@@ -963,7 +963,7 @@ def test_vacuum_benchmark_on_a_small_index_loses_no_answer(tmp_path):
     assert (out / "vacuum.png").stat().st_size > 0
 
 
-def _fake_eval(folder, dataset, model, results, ndcg10):
+def _fake_eval(folder, dataset, model, results, ndcg10, centroids=2048):
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps(results))
     metrics_json = {
@@ -971,7 +971,12 @@ def _fake_eval(folder, dataset, model, results, ndcg10):
         "split": "test",
         "num_queries": 3,
         "num_docs": 4,
-        "config": {"model": model, "model_fingerprint": model, "search": "centroid"},
+        "config": {
+            "model": model,
+            "model_fingerprint": model,
+            "search": "centroid",
+            "centroid_stages": {"probes": 32, "num_centroids": centroids},
+        },
         "metrics": {"ndcg@10": ndcg10},
     }
     (folder / "metrics.json").write_text(json.dumps(metrics_json))
@@ -1003,7 +1008,9 @@ def test_false_negatives_compares_two_models_query_by_query(tmp_path):
         logs[name] = rows
         (model / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         ndcg = metrics.evaluate_run(qrels, run, (10,))["ndcg@10"]
-        _fake_eval(tmp_path / f"eval_{name}", "toy", f"{model}@60", run, ndcg)
+        # each model's store resolves its own centroid count (tokens of salience 0 left out)
+        centroids = 4096 if name == "on" else 2048
+        _fake_eval(tmp_path / f"eval_{name}", "toy", f"{model}@60", run, ndcg, centroids)
     control = tmp_path / "control.jsonl"
     control.write_text("".join(json.dumps(r) + "\n" for r in logs["off"][:6]))
     args = [
@@ -1029,10 +1036,21 @@ def test_false_negatives_compares_two_models_query_by_query(tmp_path):
     assert results["control"]["steps_compared"] == [1, 2, 3, 4, 5, 6]
     assert results["control"]["max_abs_loss_difference"] == 0.0
     assert (tmp_path / "out" / "false_negatives.png").exists()
-    # another search setting on one side is refused, naming it
+    assert (row["baseline_store"], row["treatment_store"]) == (
+        {"num_centroids": 2048},
+        {"num_centroids": 4096},
+    )
+    # another search setting on one side is refused, naming it (a chosen stage setting too)
+    metrics_path = tmp_path / "eval_on" / "metrics.json"
+    changed = json.loads(metrics_path.read_text())
+    changed["config"]["centroid_stages"]["probes"] = 64
+    metrics_path.write_text(json.dumps(changed))
+    proc = run_python(REPO / "benchmarks" / "false_negatives.py", *args)
+    assert proc.returncode != 0 and "searched differently: ['centroid_stages']" in proc.stderr
     metrics_path = tmp_path / "eval_on" / "metrics.json"
     changed = json.loads(metrics_path.read_text())
     changed["config"]["search"] = "exhaustive"
     metrics_path.write_text(json.dumps(changed))
     proc = run_python(REPO / "benchmarks" / "false_negatives.py", *args)
-    assert proc.returncode != 0 and "searched differently: ['search']" in proc.stderr
+    assert proc.returncode != 0
+    assert "searched differently: ['centroid_stages', 'search']" in proc.stderr

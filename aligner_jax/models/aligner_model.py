@@ -17,8 +17,8 @@ same query with another positive, a positive shared by two queries, a document r
 is not a negative: with the batch's ``doc_keys [B, G]`` and ``relevant_keys [B, R]``
 (``tasks.sources``) it is left out of that row's softmax (``false_negative_mask``) and counted in
 the ``false_negatives`` metric, with ``LossConfig.mask_false_negatives=True`` (off by default:
-it measured worse on SciFact; off, they are counted and kept as negatives). A batch without
-them (saved by older versions) masks nothing.
+over two training seeds it gained nothing measurable on SciFact or CISI; off, they are counted
+and kept as negatives). A batch without them (saved by older versions) masks nothing.
 With ``xtr`` the mask applies to the final scores only: XTR's in-batch token top-k_train and its
 normaliser Z still see the masked documents' tokens.
 """
