@@ -11,11 +11,12 @@ Each ``*_evals`` folder is an ``aligner-eval`` output (``results.json``, ``metri
 the same dataset and split with the same search settings; only the model differs (settings the
 index resolves from each model's store, the centroid count, may differ and are reported). The
 models are read from ``metrics.json``'s ``config.model`` (``DIR@STEP``) and their
-``train_log.jsonl`` summarised (loss, accuracy and the ``false_negatives`` metric: relevant in-batch documents per
-row, counted with the mask on or off). Per query: nDCG@10, Recall@100 and MRR@10 recomputed with
-pytrec_eval from ``results.json`` (checked against ``metrics.json``); reported: each mean, the
-mean difference (treatment − baseline) with its paired bootstrap 95 % interval
-(``metrics.paired_bootstrap``), and how many queries went up, down or stayed.
+``train_log.jsonl`` summarised (loss, accuracy and the ``false_negatives`` metric: relevant
+in-batch documents per row, counted with the mask on or off). Per query: nDCG@10, Recall@100
+and MRR@10 recomputed with pytrec_eval from ``results.json`` (checked against
+``metrics.json``); reported: each mean, the mean difference (treatment − baseline) with its
+paired bootstrap 95 % interval (``metrics.paired_bootstrap``), and how many queries went up,
+down or stayed.
 
 ``--control_log``: the ``train_log.jsonl`` of a rerun of the baseline's training with today's
 code (for a baseline trained by an older version): its losses are compared step by step with
