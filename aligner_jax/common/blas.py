@@ -3,7 +3,10 @@
 After each BLAS call OpenBLAS keeps its worker threads spinning for 2^28 cycles (~0.1 s) unless
 ``OPENBLAS_THREAD_TIMEOUT`` was set when the library loaded. On a few cores they then take the
 cores XLA needs to encode the next query (SciFact, 2 threads: encoding p50 13.4 ms after a
-search against 8.9 ms with workers that sleep; ``benchmarks/results/README.md``, stop 44).
+search against 8.9 ms with workers that sleep; ``benchmarks/results/README.md``, stop 44), and
+the cores of the search's own parallel passes, which run right after its first matrix product
+(CISI zero-shot, 38 queries, 2 threads, stop 92: search p50 18.3–20.0 ms with NumPy imported
+first against 13.5–13.7 ms with the package first).
 ``import aligner_jax`` sets the variable, but a program that imported NumPy first has already
 loaded OpenBLAS with the default, and no call changes it afterwards: :func:`warn_if_spinning`
 says so once, with the fix, when a searcher loads.
@@ -51,8 +54,9 @@ def warn_if_spinning() -> None:
     if paths:
         logging.warning(
             "NumPy's OpenBLAS (%s) was loaded before aligner_jax without OPENBLAS_THREAD_TIMEOUT: "
-            "its idle workers spin ~0.1 s after each search and slow the next query's encoding "
-            "(~1.5x on 2 cores). Import aligner_jax before numpy, or set "
+            "its idle workers spin ~0.1 s after each BLAS call and slow the search itself "
+            "and the next query's encoding (~1.4-1.5x on 2 cores). Import aligner_jax before "
+            "numpy, or set "
             "OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
             paths[0],
         )
