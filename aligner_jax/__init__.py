@@ -68,10 +68,9 @@ if _starting_a_binary() and signal.getsignal(signal.SIGINT) is signal.default_in
 # (~0.1 s): a search then holds a core while XLA encodes the next query on the same cores
 # (SciFact, 2 threads: encoding p50 13.4 ms after a search, 8.9 ms with workers that sleep at
 # once; benchmarks/results/README.md, stop 44), and the search's own parallel passes lose their
-# cores too (CISI, 2 threads: search p50 18.3–20.0 ms with NumPy first, 13.5–13.7 with this
-# package first; stop 92; stop 44 had found the search of then no slower). OpenBLAS reads it
-# when it loads: the binaries and code that imports this package before NumPy get it; a value
-# already set is kept; ``Searcher.load`` warns when NumPy came first (``common/blas.py``).
+# cores too (measured in ``common/blas.py``'s docstring). OpenBLAS reads it when it loads: the
+# binaries and code that imports this package before NumPy get it; a value already set is kept;
+# ``Searcher.load`` warns when NumPy came first (``common/blas.py``).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library

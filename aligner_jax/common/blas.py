@@ -56,8 +56,7 @@ def warn_if_spinning() -> None:
             "NumPy's OpenBLAS (%s) was loaded before aligner_jax without OPENBLAS_THREAD_TIMEOUT: "
             "its idle workers spin ~0.1 s after each BLAS call and slow the search itself "
             "and the next query's encoding (~1.4-1.5x on 2 cores). Import aligner_jax before "
-            "numpy, or set "
-            "OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
+            "numpy, or set OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
             paths[0],
         )
 
