@@ -1327,6 +1327,101 @@ def test_residual_candidates_score_on_as_many_threads_as_blas_may_use(store, ind
     )
 
 
+class _SpinningLibrary:
+    """A stand-in for a loaded OpenBLAS whose idle workers spin (``blas._spinning_libraries``):
+    records every thread count it is given."""
+
+    def __init__(self, num_threads):
+        self.num_threads = num_threads
+        self.given = []
+
+    def set_num_threads(self, num_threads):
+        self.given.append(num_threads)
+        self.num_threads = num_threads
+
+
+def test_a_query_holds_spinning_openblas_at_one_thread_and_keeps_its_own_threads(
+    store, index, monkeypatch
+):
+    """Where NumPy's OpenBLAS spins (NumPy imported first), a search holds it at one thread
+    while it runs and gives its count back after; stage 2 still takes the BLAS limit of before
+    (2 threads here), the matrix products are cut between those threads, and the rankings are
+    those of a search with nothing held."""
+    import threadpoolctl
+
+    from aligner_jax.common import blas
+
+    searcher = cs.CentroidSearcher(store, index, cs.CentroidSearchConfig(residual_candidates=True))
+    q = _query(7, n=6)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        (want,), _ = searcher.search(q.vectors, q.salience, np.arange(6), 10)
+    library = _SpinningLibrary(2)
+    seen, products = [], []
+    accumulate, matmul = probe_scores.accumulate, np.matmul
+
+    def recording(*args, threads=1, rows=None):
+        seen.append((threads, library.num_threads))
+        return accumulate(*args, threads=threads, rows=rows)
+
+    def product(a, b, out=None):
+        products.append(len(a))
+        return matmul(a, b, out=out)
+
+    monkeypatch.setattr(blas, "_spinning", [[library]])
+    monkeypatch.setattr(blas, "MATMUL_PART_ROWS", 1)
+    monkeypatch.setattr(blas.np, "matmul", product)
+    monkeypatch.setattr(probe_scores, "accumulate", recording)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        (got,), _ = searcher.search(q.vectors, q.salience, np.arange(6), 10)
+    assert seen == [(2, 1)]  # stage 2 on 2 threads while the library holds one
+    assert library.given == [1, 2] and library.num_threads == 2
+    halves = np.diff(np.linspace(0, index.num_centroids, 3).astype(int))
+    assert sorted(products[:2]) == sorted(halves)  # Sᵀ, cut between the 2 threads
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_searcher_runs_and_reranks_hold_spinning_openblas_and_give_it_back(
+    store, index, monkeypatch
+):
+    """``Searcher.run`` (every search) and ``Searcher.rerank`` hold a spinning OpenBLAS at one
+    thread while they run (a rerank's float products too, which wake its workers as a search's
+    do), give the count back after, and rank as with nothing held: exhaustive search through
+    the host's top-1 pass, its float products cut between 2 threads."""
+    import threadpoolctl
+
+    from aligner_jax.common import blas
+
+    exhaustive = search_lib.Searcher(
+        store, search_lib.SearchConfig(backend="exact", k_prime=0, top_k=5)
+    )
+    q = _query(11)
+    docs = {"q": [str(d) for d in store.doc_ids[:20]]}
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        want = (exhaustive.run(["q"], [q]), exhaustive.rerank(["q"], [q], docs, k=5))
+    library = _SpinningLibrary(2)
+    seen = []
+    matmul = blas.matmul
+
+    def product(a, b, out):
+        seen.append((blas.threads(), library.num_threads))
+        return matmul(a, b, out)
+
+    monkeypatch.setattr(blas, "_spinning", [[library]])
+    monkeypatch.setattr(blas, "matmul", product)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        got = (exhaustive.run(["q"], [q]), exhaustive.rerank(["q"], [q], docs, k=5))
+    assert seen and set(seen) == {(2, 1)}
+    assert library.given == [1, 2, 1, 2] and library.num_threads == 2
+    for g, w in zip(got, want, strict=True):
+        assert list(g.results["top_k:1"]["q"]) == list(w.results["top_k:1"]["q"])
+        np.testing.assert_allclose(
+            list(g.results["top_k:1"]["q"].values()),
+            list(w.results["top_k:1"]["q"].values()),
+            rtol=1e-6,
+        )
+
+
 def _planted_soft_match_store(directory, monkeypatch):
     """A store and index where stage 2 cannot tell the best document from its distractors.
 

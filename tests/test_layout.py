@@ -325,3 +325,67 @@ def test_openblas_loaded_before_the_package_is_found_and_named_once(first):
     assert len(warnings) == (1 if spinning else 0), out.stderr[-2000:]
     if spinning:
         assert "Import aligner_jax before numpy" in warnings[0]
+
+
+LIMIT_SCRIPT = """
+import aligner_jax
+import numpy as np
+import threadpoolctl
+from aligner_jax.common import blas
+threadpoolctl.threadpool_limits(1)  # what a binary's --threads=1 does, NumPy loaded
+import scipy.linalg  # SciPy's own OpenBLAS, loaded after the limit (Searcher.load loads it)
+print(len(threadpoolctl.threadpool_info()), blas.threads())
+"""
+
+
+def test_threads_follow_the_limit_when_a_blas_library_loads_after_it():
+    """``--threads=1`` limits the BLAS libraries loaded then; SciPy's own OpenBLAS, loaded later
+    by ``Searcher.load``, keeps a thread per core. The search's thread count is the limit set,
+    not the late library's default (it was: stage 2 ran on 2 threads under ``--threads=1``)."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", LIMIT_SCRIPT], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    libraries, threads = map(int, out.stdout.split())
+    assert libraries >= 1 and threads == 1
+
+
+QUIET_SCRIPT = """
+import sys
+if sys.argv[1] == "numpy":
+    import numpy as np
+import aligner_jax
+import numpy as np
+import threadpoolctl
+from aligner_jax.common import blas
+a, b = np.random.default_rng(0).normal(size=(2, 1500, 64)).astype(np.float32)
+want = a @ b.T  # OpenBLAS loaded and used
+counts = lambda: [lib.num_threads for lib in blas._blas()]
+with threadpoolctl.threadpool_limits(1):  # the first query under a limit of one thread
+    with blas.one_thread_if_spinning():
+        pass
+before = counts()
+with blas.one_thread_if_spinning():
+    inside, limit = counts(), blas.threads()
+    got = blas.matmul(a, b.T, np.empty_like(want))
+print(len(blas.spinning_openblas()), before, inside, limit, counts(), bool((got == want).all()))
+"""
+
+
+@pytest.mark.parametrize("first", ["aligner_jax", "numpy"])
+def test_a_search_holds_spinning_openblas_at_one_thread_and_gives_it_back(first):
+    """NumPy imported first leaves OpenBLAS's idle workers spinning: while a query runs
+    (``one_thread_if_spinning``), the library itself reports one thread (a call wakes no
+    worker), ``blas.threads`` still the limit before, and ``blas.matmul`` cut between those
+    threads gives the same product; after, the library has its count back, a first query under a
+    limit of one thread notwithstanding. The package first: nothing to hold."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    out = subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT, first], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    spinning = first == "numpy"
+    want = f"{int(spinning)} [2] [{1 if spinning else 2}] 2 [2] True"
+    assert out.stdout.strip() == want

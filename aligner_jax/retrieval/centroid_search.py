@@ -987,6 +987,7 @@ class CentroidSearcher:
             return lists_lib.token_rows_in_memory(*args)
         return [lists_lib.token_lists_in_memory(*args)]
 
+    @blas.held
     def xtr(
         self, q: np.ndarray, probe_rows: np.ndarray, k: int
     ) -> tuple[tuple[np.ndarray, np.ndarray], int]:
@@ -994,7 +995,10 @@ class CentroidSearcher:
         WARP-style (see the module docstring): ((document indices, scores) best first, number of
         live documents reached)."""
         q = np.asarray(q, np.float32)[probe_rows]
-        top, top_scores, missing = probed(self.index.centroids @ q.T, self.xtr_probes)
+        s_t = np.empty((self.index.num_centroids, len(q)), np.float32)
+        top, top_scores, missing = probed(
+            blas.matmul(self.index.centroids, q.T, s_t), self.xtr_probes
+        )
         # f_XTR′ (Eq. 4): each token's best hit in a document, else its imputed score; the mean
         cands, total = self._score_probed(
             q, np.ones(len(q), np.float32), top, top_scores, missing, None
@@ -1003,6 +1007,7 @@ class CentroidSearcher:
         return (cands[top_k], total[top_k]), len(cands)
 
     # -- the query path ------------------------------------------------------------------------
+    @blas.held
     def search(
         self,
         q: np.ndarray,
@@ -1020,6 +1025,9 @@ class CentroidSearcher:
         other alignment strategies, from the float store). ``allowed`` (bool ``[num_docs]``):
         only these documents (and never deleted ones) are candidates — a filter applied during
         candidate generation, not after the top-k is cut.
+
+        NumPy's OpenBLAS, where its idle workers spin, is held at one thread meanwhile
+        (``blas.held``).
         """
         alive = self.alive if allowed is None else self.alive & allowed
         q = np.asarray(q, np.float32)
@@ -1035,7 +1043,7 @@ class CentroidSearcher:
             probe_rows = np.searchsorted(rows, probe_rows[kept[probe_rows]])
             q, u_q = q[rows], u_q[rows]
         s_t = scratch.buffer("search.s_t", (self.index.num_centroids, len(q)), np.float32)
-        np.matmul(self.index.centroids, q.T, out=s_t)  # Sᵀ, centroid-major
+        blas.matmul(self.index.centroids, q.T, s_t)  # Sᵀ, centroid-major
         probes, interaction_docs, refine_docs = self.counts(k, len(probe_rows))
         if self.config.residual_candidates:
             probe = probed(s_t, probes, self.config.impute_depth, probe_rows)
@@ -1164,7 +1172,7 @@ def stored_top1_scores(
         vectors = scratch.buffer("stored_top1.vectors", (t, store.dim), np.float32)
         store.concatenated("vectors", part, out=vectors)
         sims = scratch.buffer("stored_top1.sims", (t, len(q_all)), np.float32)
-        np.matmul(vectors, q_all.T, out=sims)
+        blas.matmul(vectors, q_all.T, sims)
         u_d = store.concatenated("salience", part, np.empty(t, np.float32)) if salience else None
         found = gather_max.gather_segment_max(
             sims, np.arange(t), part_lengths, at_max=u_d, reference=segment_max

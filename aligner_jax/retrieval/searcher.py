@@ -727,6 +727,7 @@ class Searcher:
         return out
 
     # -- steps 2 and 3 ---------------------------------------------------------------------------
+    @blas.held
     def run(
         self,
         query_ids: Sequence[str],
@@ -795,6 +796,7 @@ class Searcher:
 
         return self._refine_all(query_ids, queries, find, strategies, show_progress, k)
 
+    @blas.held
     def rerank(
         self,
         query_ids: Sequence[str],
