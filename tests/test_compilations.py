@@ -463,3 +463,32 @@ def test_e2e_latency_benchmark_takes_search_rules_from_gin_and_records_them(inde
     assert r.returncode != 0 and "probe_dcs" in r.stderr
     assert "e2e_latency.py: error: gin configuration error" in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_import_order_benchmark_holds_openblas_only_where_numpy_came_first(index_dir, tmp_path):
+    """``benchmarks/import_order.py``: a child that imported NumPy before the package finds its
+    OpenBLAS spinning; its search holds it (``blas.one_thread_if_spinning``), the ``_free``
+    variant does not; both time every query with no compilation after load."""
+    out = tmp_path / "order"
+    r = run_python(
+        REPO / "benchmarks" / "import_order.py",
+        f"--index_dir={index_dir}",
+        f"--dataset_dir={index_dir.parent / 'toy'}",
+        "--variants=numpy_first,numpy_first_free",
+        "--children=1",
+        "--rounds=1",
+        "--rerank_candidates=5",
+        f"--output_dir={tmp_path}",
+        f"--output_name={out.name}",
+        OPENBLAS_NUM_THREADS="2",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads(out.with_suffix(".json").read_text())
+    held, free = results["variants"]["numpy_first"], results["variants"]["numpy_first_free"]
+    assert held["spinning_openblas"] == free["spinning_openblas"] == [1]
+    assert (held["held_libraries"], free["held_libraries"]) == ([1], [0])
+    for variant in (held, free):
+        assert variant["compilations_after_load"] == 0
+        assert variant["search"]["n"] == variant["end_to_end"]["n"] == len(TOY_QUERIES)
+    assert "| numpy_first_free | [1] / [0] |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").exists()
