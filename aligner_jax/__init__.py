@@ -70,7 +70,8 @@ if _starting_a_binary() and signal.getsignal(signal.SIGINT) is signal.default_in
 # once; benchmarks/results/README.md, stop 44), and the search's own parallel passes lose their
 # cores too (measured in ``common/blas.py``'s docstring). OpenBLAS reads it when it loads: the
 # binaries and code that imports this package before NumPy get it; a value already set is kept;
-# ``Searcher.load`` warns when NumPy came first (``common/blas.py``).
+# ``Searcher.load`` warns when NumPy came first, and a query then holds the library at one
+# thread while it runs (``common/blas.py``).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # ``evaluate`` and ``train`` are the binaries (``python -m aligner_jax.evaluate``): their library
