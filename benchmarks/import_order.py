@@ -117,13 +117,6 @@ def run_child(variant: str, folder: pathlib.Path) -> dict:
     return result
 
 
-def percentiles(ms: Sequence[float]) -> dict:
-    a = np.asarray(ms, np.float64)
-    return {f"p{q}_ms": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)} | {
-        "n": int(a.size)
-    }
-
-
 def summary(children: list[dict]) -> dict:
     """Per variant and row: the percentiles of every sample and the range of the children's
     p50; per variant the ratio of its search p50 to ``package_first``'s."""
@@ -136,7 +129,7 @@ def summary(children: list[dict]) -> dict:
         for row in ROWS:
             every = [ms for c in mine for ms in c["samples"][row]]
             p50s = [float(np.percentile(c["samples"][row], 50)) for c in mine]
-            rows[row] = percentiles(every) | {"p50_range_ms": [min(p50s), max(p50s)]}
+            rows[row] = e2e_latency.percentiles(every) | {"p50_range_ms": [min(p50s), max(p50s)]}
         out[variant] = {
             "children": len(mine),
             "spinning_openblas": sorted({c["spinning_openblas"] for c in mine}),

@@ -292,6 +292,18 @@ def test_package_sets_openblas_thread_timeout_before_numpy_loads(preset):
     assert out.stdout.strip() == (preset or "4")
 
 
+def _blas_child(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c script args`` with 2 OpenBLAS threads and no ``OPENBLAS_THREAD_TIMEOUT``
+    (OpenBLAS's default timeout unless the package sets it first); it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 BLAS_SCRIPT = """
 import sys
 first = sys.argv[1]
@@ -313,12 +325,7 @@ def test_openblas_loaded_before_the_package_is_found_and_named_once(first):
     search (the package's timeout comes too late): ``blas.spinning_openblas`` finds it by asking
     the library itself, and ``warn_if_spinning`` (``Searcher.load``'s) says so once, with the
     fix. Imported after, nothing to say."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    env["OPENBLAS_NUM_THREADS"] = "2"
-    out = subprocess.run(
-        [sys.executable, "-c", BLAS_SCRIPT, first], capture_output=True, text=True, env=env
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _blas_child(BLAS_SCRIPT, first)
     spinning = first == "numpy"
     assert out.stdout.split() == ["1" if spinning else "0"]
     warnings = [line for line in out.stderr.splitlines() if "OPENBLAS_THREAD_TIMEOUT=4" in line]
@@ -342,11 +349,7 @@ def test_threads_follow_the_limit_when_a_blas_library_loads_after_it():
     """``--threads=1`` limits the BLAS libraries loaded then; SciPy's own OpenBLAS, loaded later
     by ``Searcher.load``, keeps a thread per core. The search's thread count is the limit set,
     not the late library's default (it was: stage 2 ran on 2 threads under ``--threads=1``)."""
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
-    out = subprocess.run(
-        [sys.executable, "-c", LIMIT_SCRIPT], capture_output=True, text=True, env=env
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _blas_child(LIMIT_SCRIPT)
     libraries, threads = map(int, out.stdout.split())
     assert libraries >= 1 and threads == 1
 
@@ -380,12 +383,7 @@ def test_a_search_holds_spinning_openblas_at_one_thread_and_gives_it_back(first)
     worker), ``blas.threads`` still the limit before, and ``blas.matmul`` cut between those
     threads gives the same product; after, the library has its count back, a first query under a
     limit of one thread notwithstanding. The package first: nothing to hold."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    env["OPENBLAS_NUM_THREADS"] = "2"
-    out = subprocess.run(
-        [sys.executable, "-c", QUIET_SCRIPT, first], capture_output=True, text=True, env=env
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _blas_child(QUIET_SCRIPT, first)
     spinning = first == "numpy"
     want = f"{int(spinning)} [2] [{1 if spinning else 2}] 2 [2] True"
     assert out.stdout.strip() == want
