@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gin
+import jax
 import orbax.checkpoint as ocp
 
 from aligner_jax.common import checks
@@ -45,6 +46,43 @@ class CheckpointConfig:
     def __post_init__(self):
         checks.integer("CheckpointConfig.period", self.period, minimum=1)
         checks.integer("CheckpointConfig.keep", self.keep, minimum=1, allow_none=True)
+
+
+def _leaf_key(path) -> tuple:
+    """A tree path as plain names and indices: a NamedTuple field (the optimizer states) is an
+    attribute in the live tree and a dict key in orbax's metadata."""
+    return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+
+
+def _differences(state_dir: Path, abstract_state: Any, show: int = 3) -> str:
+    """The leaves where the checkpoint's tree (orbax's metadata: shapes only, nothing read)
+    and ``abstract_state`` differ, as one line; "" where they agree.
+
+    Checked before restoring: a restore that fails part-way leaves orbax's pending reads
+    behind (a "coroutine was never awaited" warning per array at garbage collection)."""
+    try:
+        stored = ocp.StandardCheckpointHandler().metadata(Path(state_dir))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""  # no readable metadata: the restore itself decides
+    stored = getattr(stored, "tree", stored)
+    have = {
+        _leaf_key(p): tuple(getattr(v, "shape", ()) or ())
+        for p, v in jax.tree_util.tree_leaves_with_path(stored)
+    }
+    want = {
+        _leaf_key(p): tuple(v.shape) for p, v in jax.tree_util.tree_leaves_with_path(abstract_state)
+    }
+    lines = []
+    for key in sorted(have.keys() | want.keys(), key=lambda k: (k[:1] != ("params",), str(k))):
+        name = ".".join(str(k) for k in key)
+        if key not in want:
+            lines.append(f"{name} only in the checkpoint")
+        elif key not in have:
+            lines.append(f"{name} not in the checkpoint")
+        elif have[key] != want[key]:
+            lines.append(f"{name}: {have[key]} in the checkpoint, {want[key]} now")
+    more = f"; {len(lines) - show} more" if len(lines) > show else ""
+    return "; ".join(lines[:show]) + more
 
 
 def checkpoint_dir(model_dir: str | Path) -> Path:
@@ -87,6 +125,13 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any) -> tupl
         raise CheckpointError(
             f"{folder}: an incomplete checkpoint (no {' or '.join(missing)}: a copy or save that "
             "did not finish); remove that folder to resume from the checkpoint before it"
+        )
+    differences = _differences(folder / "state", abstract_state)
+    if differences:
+        raise CheckpointError(
+            f"{mngr.directory}/{step}: written for another model or optimizer than the gin files "
+            f"describe now ({differences}); resume with the same model and optimizer bindings, "
+            "or use another MODEL_DIR"
         )
     try:
         restored = mngr.restore(
