@@ -201,6 +201,12 @@ _TOLERANCE = flags.DEFINE_float(
 )
 _BOOTSTRAP = flags.DEFINE_integer("bootstrap", 1000, "Paired bootstrap resamples.")
 _BOOTSTRAP_SEED = flags.DEFINE_integer("bootstrap_seed", 0, "Seed of the bootstrap.")
+_EXACT_ROUNDS = flags.DEFINE_integer(
+    "exact_rounds",
+    None,
+    "Rounds that run exact MaxSim, a quality reference (its latency is tens of times the "
+    "others'; exact-aligner runs in round 0 only): None = every round.",
+)
 _OURS_GRID = flags.DEFINE_string(
     "ours_grid",
     "probe_docs=320,640,1280,2560;refine_per_k=1,2,3,4",
@@ -260,6 +266,17 @@ def parse_grid(text: str, flag: str) -> list[dict]:
         names.append(name.strip())
         values.append([run_peer._parse_value(v.strip()) for v in vals.split(",")])
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def runs_in_round(system: str, r: int, exact_rounds: int | None) -> bool:
+    """Whether ``system`` runs in round ``r`` (from 0). The references are there for their
+    quality, at tens of times the others' latency: exact-aligner runs in round 0 only, exact
+    MaxSim in the first ``exact_rounds`` (None: every round, for a p50 interval)."""
+    if system == "exact-aligner":
+        return r == 0
+    if system == "exact":
+        return exact_rounds is None or r < exact_rounds
+    return True
 
 
 def half_split(qids, seed: int) -> tuple[list[str], list[str]]:
@@ -778,8 +795,8 @@ def bench_store(dataset_name: str, model: str, index_dir: Path, payload: dict) -
             enc_ms[r][q] = 1000.0 * (time.perf_counter() - t)
         for threads in threads_list:
             for system, settings in plan.items():
-                if system == "exact-aligner" and r > 0:
-                    continue  # a quality reference: its (slow) latency is measured in round 0
+                if not runs_in_round(system, r, _EXACT_ROUNDS.value):
+                    continue
                 logging.info("%s/%s round %d: %s, %d threads, %d settings", dataset_name, model,
                              r, system, threads, len(settings))  # fmt: skip
                 t0 = time.perf_counter()
@@ -1325,6 +1342,8 @@ def main(argv) -> None:
     for s in _SYSTEMS.value:
         if s not in SYSTEMS:
             raise app.UsageError(f"--systems: {s!r} is not one of {SYSTEMS}")
+    if _EXACT_ROUNDS.value is not None and _EXACT_ROUNDS.value < 1:
+        raise app.UsageError(f"--exact_rounds={_EXACT_ROUNDS.value}: expected at least 1")
     out = _resolve(_OUT.value)
     if _REPLOT.value:
         if not out.with_suffix(".json").is_file():

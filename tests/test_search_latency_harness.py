@@ -347,3 +347,13 @@ def test_reports_draw_one_figure_per_store_and_thread_count(tmp_path):
 def test_pareto_front_keeps_the_points_nothing_beats():
     points = [(5.0, 90.0), (8.0, 93.0), (9.0, 92.0), (150.0, 92.0), (900.0, 94.0), (5.0, 80.0)]
     assert sl.pareto_front(points) == [0, 1, 4]
+
+
+def test_exact_runs_in_the_rounds_asked_and_exact_aligner_in_the_first():
+    rounds = range(3)
+    assert [sl.runs_in_round("exact", r, None) for r in rounds] == [True, True, True]
+    assert [sl.runs_in_round("exact", r, 1) for r in rounds] == [True, False, False]
+    assert [sl.runs_in_round("exact", r, 2) for r in rounds] == [True, True, False]
+    assert [sl.runs_in_round("exact-aligner", r, None) for r in rounds] == [True, False, False]
+    for system in ("aligner_jax", "xtr-warp", "fast-plaid"):
+        assert all(sl.runs_in_round(system, r, 1) for r in rounds)
