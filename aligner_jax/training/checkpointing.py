@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from aligner_jax.common import checks
 from aligner_jax.common.errors import CheckpointError
+from aligner_jax.weights import aligner_checkpoint
 from aligner_jax.weights.aligner_checkpoint import CHECKPOINT_SUBDIR
 
 
@@ -61,10 +62,9 @@ def _differences(state_dir: Path, abstract_state: Any, show: int = 3) -> str:
     Checked before restoring: a restore that fails part-way leaves orbax's pending reads
     behind (a "coroutine was never awaited" warning per array at garbage collection)."""
     try:
-        stored = ocp.StandardCheckpointHandler().metadata(Path(state_dir))
+        stored = aligner_checkpoint.saved_tree(state_dir)
     except (OSError, ValueError, KeyError, TypeError):
         return ""  # no readable metadata: the restore itself decides
-    stored = getattr(stored, "tree", stored)
     have = {
         _leaf_key(p): tuple(getattr(v, "shape", ()) or ())
         for p, v in jax.tree_util.tree_leaves_with_path(stored)

@@ -39,18 +39,37 @@ def _resolve_step_dir(path: Path) -> tuple[Path, int]:
     return root / str(steps[-1]), steps[-1]
 
 
+def saved_tree(state_dir: str | Path) -> Any:
+    """The tree of a saved train state (``STEP/state``) from orbax's metadata: each leaf's shape
+    and dtype, no array read."""
+    saved = ocp.StandardCheckpointHandler().metadata(Path(state_dir))
+    return getattr(saved, "tree", saved)
+
+
 def restore_params(path: str | Path, config=None) -> tuple[Any, int]:
-    """The encoder parameters (numpy/jax arrays) of a training checkpoint, and its step.
+    """The encoder parameters (numpy arrays) of a training checkpoint, and its step; the rest of
+    the train state (step, optimizer state) is not read.
 
     ``path`` may be the training MODEL_DIR (newest checkpoint), its ``checkpoints`` folder or one
     step folder. With ``config`` (an ``AlignerConfig``) the parameter tree is checked against
     the model the caller is about to build.
     """
     step_dir, step = _resolve_step_dir(Path(path))
-    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-    state = checkpointer.restore(step_dir / "state")
-    if "params" not in state:
-        raise CheckpointError(f"{step_dir / 'state'}: not an aligner-train checkpoint (no params)")
+    state_dir = step_dir / "state"
+    try:
+        saved = saved_tree(state_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{state_dir}: not a readable orbax checkpoint ({e})") from e
+    if not isinstance(saved, dict) or "params" not in saved:
+        raise CheckpointError(f"{state_dir}: not an aligner-train checkpoint (no params)")
+    # only the params: the optimizer's moments (twice their bytes with Adam) are never read
+    item = {"params": saved["params"]}
+    as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+        state = checkpointer.restore(
+            state_dir,
+            args=ocp.args.PyTreeRestore(item=item, restore_args=as_numpy, partial_restore=True),
+        )
     params = jax.tree_util.tree_map(np.asarray, state["params"])
     if config is not None:
         param_checks.check_param_tree(aligner_lib.abstract_params(config), params, str(step_dir))
