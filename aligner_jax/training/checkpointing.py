@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import gin
-import jax
 import orbax.checkpoint as ocp
 
 from aligner_jax.common import checks
 from aligner_jax.common.errors import CheckpointError
-from aligner_jax.weights import aligner_checkpoint
+from aligner_jax.weights import aligner_checkpoint, param_checks
 from aligner_jax.weights.aligner_checkpoint import CHECKPOINT_SUBDIR
 
 
@@ -49,15 +48,9 @@ class CheckpointConfig:
         checks.integer("CheckpointConfig.keep", self.keep, minimum=1, allow_none=True)
 
 
-def _leaf_key(path) -> tuple:
-    """A tree path as plain names and indices: a NamedTuple field (the optimizer states) is an
-    attribute in the live tree and a dict key in orbax's metadata."""
-    return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
-
-
 def _differences(state_dir: Path, abstract_state: Any, show: int = 3) -> str:
     """The leaves where the checkpoint's tree (orbax's metadata: shapes only, nothing read)
-    and ``abstract_state`` differ, as one line; "" where they agree.
+    and ``abstract_state`` differ, as one line, the params first; "" where they agree.
 
     Checked before restoring: a restore that fails part-way leaves orbax's pending reads
     behind (a "coroutine was never awaited" warning per array at garbage collection)."""
@@ -65,22 +58,13 @@ def _differences(state_dir: Path, abstract_state: Any, show: int = 3) -> str:
         stored = aligner_checkpoint.saved_tree(state_dir)
     except (OSError, ValueError, KeyError, TypeError):
         return ""  # no readable metadata: the restore itself decides
-    have = {
-        _leaf_key(p): tuple(getattr(v, "shape", ()) or ())
-        for p, v in jax.tree_util.tree_leaves_with_path(stored)
-    }
-    want = {
-        _leaf_key(p): tuple(v.shape) for p, v in jax.tree_util.tree_leaves_with_path(abstract_state)
-    }
-    lines = []
-    for key in sorted(have.keys() | want.keys(), key=lambda k: (k[:1] != ("params",), str(k))):
-        name = ".".join(str(k) for k in key)
-        if key not in want:
-            lines.append(f"{name} only in the checkpoint")
-        elif key not in have:
-            lines.append(f"{name} not in the checkpoint")
-        elif have[key] != want[key]:
-            lines.append(f"{name}: {have[key]} in the checkpoint, {want[key]} now")
+    missing, extra, wrong = param_checks.shape_differences(abstract_state, stored)
+    found = [(k, f"{k}: {have} in the checkpoint, {want} now") for k, have, want in wrong]
+    found += [(k, f"{k} only in the checkpoint") for k in extra]
+    found += [(k, f"{k} not in the checkpoint") for k in missing]
+    lines = [
+        line for _, line in sorted(found, key=lambda f: (not f[0].startswith("params."), f[0]))
+    ]
     more = f"; {len(lines) - show} more" if len(lines) > show else ""
     return "; ".join(lines[:show]) + more
 
