@@ -222,6 +222,34 @@ def test_filters_on_lists_missing_fields_nulls_and_kinds_follow_qdrant(tmp_path)
         table.mask({'a"b': 1})  # matched nothing, silently (SQLite's paths cannot name it)
 
 
+def test_doc_id_filters_name_ids_as_delete_does_and_refuse_what_sqlite_would_guess(tmp_path):
+    """A document added under the integer id 7 is the document "7" (doc_ids.clean) for eq, ne
+    and in alike; a range on ids compares text, so it takes a string; a title is text. Before,
+    SQLite's column affinity matched {"doc_id": 7} but not {"doc_id": {"in": [7]}} (nothing),
+    and ordered {"doc_id": {"gte": 7}} as text, keeping "b" (a new user's findings)."""
+    rows = [documents_lib.IndexDocument(i, f"t{i}", "", {}) for i in ("7", "10", "b")]
+    documents_lib.write_shard(tmp_path, 0, rows)
+    table = documents_lib.DocumentTable(tmp_path, [{"index": 0, "num_docs": len(rows)}])
+
+    def kept(filter):
+        return [r.doc_id for r, keep in zip(rows, table.mask(filter), strict=True) if keep]
+
+    assert kept({"doc_id": 7}) == kept({"doc_id": {"eq": " 7"}}) == ["7"]
+    assert kept({"doc_id": {"in": [7, "b"]}}) == ["7", "b"]
+    assert kept({"doc_id": {"ne": 7}}) == ["10", "b"]
+    assert kept({"doc_id": {"gte": "7"}}) == ["7", "b"]  # text order, as documented
+    assert kept({"doc_id": {"in": [7, None]}}) == ["7"]  # an id is never null
+    for bad, match in [
+        ({"doc_id": {"gte": 7}}, r"'doc_id' gte 7: document ids are text and a range compares "
+         r"them as text; give a string \(e\.g\. '7'\)"),
+        ({"doc_id": 1.5}, r"'doc_id' eq 1\.5: a document id must be a string or an integer"),
+        ({"doc_id": {"in": [True]}}, r"'doc_id' in True: a document id must be"),
+        ({"title": {"in": ["t7", 7]}}, r"'title' in 7: a title is text; give a string"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            table.mask(bad)
+
+
 def test_a_repeated_filter_reuses_its_mask_and_never_confuses_kinds(tmp_path, monkeypatch):
     """The mask of a recent filter is kept (Elasticsearch's filter cache): at 1M documents a
     filter costs 0.6-0.9 s of SQL per search, every time."""

@@ -24,7 +24,8 @@ Filters (``compile_filter``) are JSON-style conditions on metadata fields, compi
 (membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
 ``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
 field (``"venue.name"``; ``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the
-document's id and title. As in Qdrant: a field holding a list matches when one of its elements
+document's id and title (text: an integer id names the document added under it, as in
+``delete``; a range on them compares text and takes a string). As in Qdrant: a field holding a list matches when one of its elements
 satisfies the field's whole condition (``{"tags": "a"}`` keeps ``["a", "b"]``;
 ``{"years": {"gte": 2015, "lt": 2020}}`` keeps ``[2016]``, not ``[2010, 2025]``); ``ne`` keeps a
 document none of whose values equals, also one without the field or with null; null means a
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from aligner_jax.common import errors, fileio
+from aligner_jax.common import doc_ids, errors, fileio
 from aligner_jax.common.errors import ConfigError, IndexIntegrityError
 from aligner_jax.data import beir
 
@@ -302,6 +303,32 @@ def _check_value(field: str, op: str, value) -> None:
         )
 
 
+def _column_value(field: str, op: str, value):
+    """A filter value on a text column (``COLUMNS``), as the column holds it: a ``doc_id`` to
+    compare for (in)equality goes through ``doc_ids.clean`` (an integer names the document
+    added under it, as in ``delete`` and ``subset``); a range compares text, so it takes a
+    string; a title is text. Anything else is refused rather than left to SQLite's affinity,
+    which matched ``7`` as ``"7"`` for ``eq`` but not inside ``in``, and ordered ``{"gte": 7}``
+    as text."""
+    if value is None:
+        return None
+    if field == "doc_id" and op in ("eq", "ne", "in"):
+        try:
+            return doc_ids.clean(value)
+        except ValueError as e:
+            raise ConfigError(f"filter: 'doc_id' {op} {value!r}: a document id {e}") from None
+    if not isinstance(value, str):
+        what = (
+            "document ids are text and a range compares them as text"
+            if field == "doc_id"
+            else "a title is text"
+        )
+        raise ConfigError(
+            f"filter: {field!r} {op} {value!r}: {what}; give a string (e.g. {str(value)!r})"
+        )
+    return value
+
+
 def _sql_value(value):
     return int(value) if isinstance(value, bool) else value  # JSON true is 1 in SQLite
 
@@ -379,10 +406,14 @@ def _field_clauses(field: str, condition: Mapping[str, Any]) -> list[tuple[str, 
             values = list(value)
             for v in values:
                 _check_value(field, "in", v)
+            if field in COLUMNS:
+                values = [_column_value(field, "in", v) for v in values]
             null_in = any(v is None for v in values)
             positive.append(("IN", [v for v in values if v is not None]))
         elif op in RANGE_OPERATORS:
             _check_value(field, op, value)
+            if field in COLUMNS:
+                value = _column_value(field, op, value)
             if value is None:
                 if op not in ("eq", "ne"):
                     raise ConfigError(f"filter: {field!r} {op} null: null is not ordered")
