@@ -20,20 +20,20 @@ object (BEIR's own field) is merged into the top level, so ``{"metadata": {"year
 ``{"year": 2015}`` both give ``{"year": 2015}``.
 
 Filters (``compile_filter``) are JSON-style conditions on metadata fields, compiled to SQL over
-``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}``
-(membership), ``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``,
-``lte``; also ``eq``, ``ne``), several fields at once (all must hold), a dotted name for a nested
-field (``"venue.name"``; ``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the
-document's id and title (text: an integer id names the document added under it, as in
-``delete``; a range on them compares text and takes a string). As in Qdrant: a field holding a list matches when one of its elements
-satisfies the field's whole condition (``{"tags": "a"}`` keeps ``["a", "b"]``;
-``{"years": {"gte": 2015, "lt": 2020}}`` keeps ``[2016]``, not ``[2010, 2025]``); ``ne`` keeps a
-document none of whose values equals, also one without the field or with null; null means a
-missing or null field (``{"source": null}``, also inside ``in``); booleans, numbers and strings
-never match each other (true is not 1, 2015 not "2015"). The result is a boolean mask over store
-positions, which search applies during candidate generation. A table keeps the masks of its
-recent filters (``MASK_CACHE_BYTES``; Elasticsearch's filter cache): a filter repeated on the
-same index snapshot costs no SQL (its shards' rows never change; an update is a new snapshot).
+``json_extract``: ``{"year": 2015}`` (equality), ``{"source": {"in": ["a", "b"]}}`` (membership),
+``{"year": {"gte": 2010, "lt": 2020}}`` (ranges: ``gt``, ``gte``, ``lt``, ``lte``; also ``eq``,
+``ne``), several fields at once (all must hold), a dotted name for a nested field (``"venue.name"``;
+``\\.`` for a dot inside a key), and ``doc_id`` / ``title`` for the document's id and title (text:
+an integer id names the document added under it, as in ``delete``; a range on them compares text and
+takes a string). As in Qdrant: a field holding a list matches when one of its elements satisfies the
+field's whole condition (``{"tags": "a"}`` keeps ``["a", "b"]``; ``{"years": {"gte": 2015, "lt":
+2020}}`` keeps ``[2016]``, not ``[2010, 2025]``); ``ne`` keeps a document none of whose values
+equals, also one without the field or with null; null means a missing or null field (``{"source":
+null}``, also inside ``in``); booleans, numbers and strings never match each other (true is not 1,
+2015 not "2015"). The result is a boolean mask over store positions, which search applies during
+candidate generation. A table keeps the masks of its recent filters (``MASK_CACHE_BYTES``;
+Elasticsearch's filter cache): a filter repeated on the same index snapshot costs no SQL (its
+shards' rows never change; an update is a new snapshot).
 """
 
 from __future__ import annotations
