@@ -39,6 +39,12 @@ flags.DEFINE_string(
     "filter", None, """Metadata conditions (JSON), e.g. '{"year": {"gte": 2015}}'."""
 )
 flags.DEFINE_integer("offset", 0, "Hits skipped before the first printed (a page's start).")
+flags.DEFINE_integer(
+    "depth",
+    None,
+    "Depth of the ranking a page is cut from (default --offset + --k): pages asked with one "
+    "--depth are consecutive slices of one ranking.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -63,6 +69,7 @@ def main(argv: Sequence[str]) -> None:
         show=FLAGS.show,
         filter=FLAGS.filter,
         offset=FLAGS.offset,
+        depth=FLAGS.depth,
     )
     print(out)
 

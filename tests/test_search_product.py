@@ -284,6 +284,14 @@ def test_pages_are_consecutive_slices_of_one_ranking(synthetic):
         deep = fast.search_vectors(q, k=o + 10)
         assert [h.doc_id for h in page] == [h.doc_id for h in deep][o:]
         assert [h.rank for h in page] == list(range(o + 1, o + 11))
+    # pages asked with one depth are consecutive slices of the fast ranking at that depth
+    pages = [fast.search_vectors(q, k=10, offset=o, depth=30) for o in (0, 10, 20)]
+    assert [h.doc_id for p in pages for h in p] == [h.doc_id for h in fast.search_vectors(q, 30)]
+    assert [h.rank for p in pages for h in p] == list(range(1, 31))
+    with pytest.raises(ConfigError, match=r"^depth=15: .* at least offset \+ k = 20$"):
+        fast.search_vectors(q, k=10, offset=10, depth=15)
+    with pytest.raises(ConfigError, match=r"^depth=True: expected an integer"):
+        fast.search_vectors(q, k=10, depth=True)
     assert len(exhaustive.search_vectors(q, k=10, offset=NUM_DOCS - 4)) == 4
     # asked for more than its candidates reach, the fast index refines every document: the
     # last page is the exhaustive one, not a short or empty page
@@ -400,6 +408,19 @@ def test_index_without_text_keeps_metadata_and_refuses_bad_records(tmp_path):
             index.add(bad)
     with pytest.raises(ConfigError, match="already holds an index"):
         aligner_jax.Index.create(tmp_path / "notext")
+
+
+def test_the_first_add_reports_documents_cut_at_the_budget_as_later_adds_do(tmp_path):
+    """The first ``Index.add`` returned documents and tokens only, saying nothing of a document
+    cut at the encoder's budget; later adds said it (a new user's finding)."""
+    index = aligner_jax.Index.create(tmp_path / "cut")
+    long = " ".join(f"word{i}" for i in range(2000))
+    first = index.add([{"id": "a", "text": long}, {"id": "b", "text": "Bees make honey."}])
+    budget = index.searcher().encoder.maxlen("doc")
+    assert (first["added_docs"], first["truncated_docs"], first["doc_maxlen"]) == (2, 1, budget)
+    later = index.add([{"id": "c", "text": long}])
+    assert (later["added_docs"], later["truncated_docs"], later["doc_maxlen"]) == (1, 1, budget)
+    assert set(first) - set(later) <= {"num_tokens", "empty_docs"}
     with pytest.raises(ConfigError, match="model="):
         aligner_jax.Index.create(tmp_path / "other", model=42)
 
@@ -591,6 +612,11 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
         search_job.search_job(index_dir, query="bees", filter="year")
     with pytest.raises(ConfigError, match=r"^--offset=-1: must be >= 0$"):  # named "offset=-1"
         search_job.search_job(index_dir, query="bees", offset=-1)
+    with pytest.raises(ConfigError, match=r"^--depth=4: .* at least --offset \+ --k = 5$"):
+        search_job.search_job(index_dir, query="bees", k=3, offset=2, depth=4)
+    deep = search_job.search_job(index_dir, query="honey bees in the hive", k=1, offset=1, depth=6)
+    whole = toy_searcher.search("honey bees in the hive", k=6)
+    assert deep.splitlines()[1].split()[:3] == ["2", f"{whole[1].score:.4f}", whole[1].doc_id]
     # A filter that keeps nothing says so (it printed the query line alone).
     out = search_job.search_job(index_dir, query="bees", filter='{"year": {"gte": "2010"}}')
     assert out.splitlines()[-1] == (

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -254,22 +255,36 @@ class Index:
         """Encodes and stores ``docs`` (see the module docstring); returns a summary. Ids must
         be new to the index."""
         docs = to_documents(docs)
+        start = time.perf_counter()
         if not (self.directory / ts.MANIFEST).exists():
             settings = ts.read_json(self.directory / indexer.CONFIG_FILE)
-            summary = indexer.build_token_store(
+            indexer.build_token_store(
                 docs, self.encoder, self.directory, self.config, corpus_info=settings["corpus"]
             )
             with updates.writing(self.directory):  # aligner-index --search_index
                 updates.rebuild_search_index(str(self.directory))
-            return {"added_docs": summary.num_docs, "num_tokens": summary.num_tokens}
+            return self._first_add_summary(start)
         with updates.writing(self.directory):
             if self._unfinished():
                 updates.rebuild_search_index(str(self.directory))
                 store = ts.TokenStore(self.directory)
                 if [d.doc_id for d in docs] == store.doc_ids and not store.deleted.any():
-                    # that first add again: now complete
-                    return {"added_docs": store.num_docs, "num_tokens": store.num_tokens}
+                    return self._first_add_summary(start)  # that first add again: complete
             return updates.add_documents(str(self.directory), docs, self.encoder)
+
+    def _first_add_summary(self, start: float) -> dict:
+        """The first add's summary, with the counts a later add reports (documents cut at the
+        encoder's budget, which the first add left unsaid)."""
+        manifest = ts.read_manifest(self.directory)
+        stats = manifest.get("stats", {})
+        return {
+            "added_docs": int(manifest["counts"]["num_docs"]),
+            "num_tokens": int(manifest["counts"]["num_tokens"]),
+            "truncated_docs": int(stats.get("truncated_docs", 0)),
+            "empty_docs": int(stats.get("empty_docs", 0)),
+            "doc_maxlen": self.encoder.maxlen("doc"),
+            "seconds": round(time.perf_counter() - start, 3),
+        }
 
     def _unfinished(self) -> bool:
         """Whether the first ``add`` of this index (made from Python, where the first add builds

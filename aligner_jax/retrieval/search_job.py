@@ -134,9 +134,11 @@ def search_job(
     show: str = "title",
     filter: str | None = None,
     offset: int = 0,
+    depth: int | None = None,
 ) -> str:
     """Runs ``aligner-search``; returns what it prints (``show='text'``: a snippet of each hit;
-    ``filter``: JSON metadata conditions; ``offset``: hits skipped, the page's start).
+    ``filter``: JSON metadata conditions; ``offset``: hits skipped, the page's start;
+    ``depth``: the ranking the page is cut from, ``Searcher.search``'s).
 
     Everything a user gives is checked before the index is searched: the queries file (a corpus
     file, an empty or blank query, an empty file are refused naming the file and line), the
@@ -164,6 +166,10 @@ def search_job(
         raise ConfigError(f"--k={k}: must be >= 1")
     if offset < 0:
         raise ConfigError(f"--offset={offset}: must be >= 0")
+    if depth is not None and depth < offset + k:
+        raise ConfigError(
+            f"--depth={depth}: the ranking's depth must be at least --offset + --k = {offset + k}"
+        )
     conditions = parse_filter(filter)
     check_index_dir(index_dir)
     items = beir.load_queries(queries) if queries is not None else {}
@@ -180,7 +186,7 @@ def search_job(
     load_s = time.perf_counter() - t0
     live = live_documents(searcher, index_dir)
     if query is not None:
-        ranked = searcher.search(query, k=k, offset=offset, filter=conditions)
+        ranked = searcher.search(query, k=k, offset=offset, filter=conditions, depth=depth)
         titles = {h.doc_id: h.title or " ".join((h.text or "").split()[:12]) for h in ranked}
         if not any(titles.values()):  # an index without documents.sqlite: the corpus file's
             titles = corpus_titles(searcher.store.manifest, {d for d, _ in ranked})
@@ -197,7 +203,7 @@ def search_job(
     with progress.Progress(len(items), "aligner-search", "query") as bar:
         for qid, text in items.items():
             t = time.perf_counter()
-            ranked = searcher.search(text, k=k, offset=offset, filter=conditions)
+            ranked = searcher.search(text, k=k, offset=offset, filter=conditions, depth=depth)
             latency.append(1000.0 * (time.perf_counter() - t))
             results[qid], filtered = dict(ranked), ranked.filtered_docs
             bar.update(1)

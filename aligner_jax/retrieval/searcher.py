@@ -233,7 +233,8 @@ def _check_query(text, where: str = "query") -> str:
     return text
 
 
-def _check_page(k, offset) -> tuple[int, int]:
+def _check_page(k, offset, depth=None) -> tuple[int, int, int]:
+    """``(k, offset, depth)`` checked; ``depth`` None is ``offset + k``."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ConfigError(f"k={k!r}: expected an integer >= 1")
     if k < 1:
@@ -242,7 +243,15 @@ def _check_page(k, offset) -> tuple[int, int]:
         raise ConfigError(f"offset={offset!r}: expected an integer >= 0")
     if offset < 0:
         raise ConfigError(f"offset={offset}: must be >= 0")
-    return int(k), int(offset)
+    if depth is None:
+        return int(k), int(offset), int(k) + int(offset)
+    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
+        raise ConfigError(f"depth={depth!r}: expected an integer >= offset + k")
+    if depth < k + offset:
+        raise ConfigError(
+            f"depth={depth}: the ranking's depth must be at least offset + k = {k + offset}"
+        )
+    return int(k), int(offset), int(depth)
 
 
 def prune_query_tokens(encoded: EncodedText, beta_q: float) -> np.ndarray:
@@ -467,6 +476,7 @@ class Searcher:
         offset: int = 0,
         filter: Mapping[str, Any] | None = None,
         subset: Iterable[str] | None = None,
+        depth: int | None = None,
     ) -> SearchResults:
         """The ``k`` best documents for a free-text query after the first ``offset`` (a page):
         :class:`Hit` objects, best first, with title, text and metadata.
@@ -476,13 +486,17 @@ class Searcher:
         candidate generation (not the cut top-k): whenever ``k + offset`` documents pass, that
         many are ranked (see ``SearchConfig.filter_exact_docs``).
 
-        A page is ranks ``offset + 1`` to ``offset + k`` of the ranking at depth ``k + offset``
-        (as Qdrant's ``limit`` + ``offset``). The exhaustive mode's ranking does not depend on
-        the depth, so its pages are consecutive slices of one ranking; the fast index refines
-        more documents for deeper requests (``CentroidSearchConfig.refine_per_k``), so a deeper
-        page can reorder documents near an earlier page's boundary.
+        A page is ranks ``offset + 1`` to ``offset + k`` of the ranking at ``depth`` (default
+        ``offset + k``, as Qdrant's ``limit`` + ``offset``). The exhaustive mode's ranking does
+        not depend on the depth, so its pages are consecutive slices of one ranking. The fast
+        index probes and refines more documents for a deeper ranking
+        (``CentroidSearchConfig``), so pages asked at their own default depths can repeat a
+        document near a page boundary and never show another (6 of CISI's 76 test queries over
+        5 pages of 10, zero-shot; none at depth 50: ``search_latency_stop95/paging_cisi*``).
+        Pages asked with one ``depth`` (at least the last page's ``offset + k``) are consecutive
+        slices of one ranking, at that depth's cost per page.
         """
-        return self.search_batch([_check_query(text)], k, offset, filter, subset)[0]
+        return self.search_batch([_check_query(text)], k, offset, filter, subset, depth)[0]
 
     def search_batch(
         self,
@@ -491,6 +505,7 @@ class Searcher:
         offset: int = 0,
         filter: Mapping[str, Any] | None = None,
         subset: Iterable[str] | None = None,
+        depth: int | None = None,
     ) -> list[SearchResults]:
         """``search`` for several queries (encoded together), one :class:`SearchResults` each."""
         self.query_encoder()
@@ -499,16 +514,18 @@ class Searcher:
                 f"search_batch: expected a list of query strings, got {type(texts).__name__}"
             )
         texts = [_check_query(t, f"query {i}") for i, t in enumerate(texts)]
-        k, offset = _check_page(k, offset)
+        k, offset, depth = _check_page(k, offset, depth)
         allowed = self.allowed(filter, subset)
         token_ids = self.encoder.tokenize(texts, "query")
         dropped = self._dropped_query_tokens(texts, token_ids)
         pages: list[SearchResults] = [None] * len(texts)  # type: ignore[list-item]
-        for group in self._batch_groups(token_ids, k + offset):
+        for group in self._batch_groups(token_ids, depth):
             encoded: list[EncodedText] = [None] * len(group)  # type: ignore[list-item]
             for i, e in self.encoder.encode_token_ids([token_ids[g] for g in group], "query"):
                 encoded[i] = e
-            found = self._search_encoded(encoded, k, offset, allowed, [dropped[g] for g in group])
+            found = self._search_encoded(
+                encoded, k, offset, allowed, [dropped[g] for g in group], depth
+            )
             for g, page in zip(group, found, strict=True):
                 pages[g] = page
         return pages
@@ -564,11 +581,12 @@ class Searcher:
         filter: Mapping[str, Any] | None = None,
         subset: Iterable[str] | None = None,
         salience=None,
+        depth: int | None = None,
     ) -> SearchResults:
         """``search`` for a query encoded elsewhere: its token vectors ``[n, D]`` (the index's
         dimension; L2-normalised like the store's) and optionally their saliences ``[n]``
         (default 1: every token counts the same)."""
-        k, offset = _check_page(k, offset)
+        k, offset, depth = _check_page(k, offset, depth)
         try:
             vectors = np.asarray(query_vectors, np.float32)
         except (TypeError, ValueError) as e:
@@ -588,7 +606,8 @@ class Searcher:
             if u.shape != (n,) or not np.isfinite(u).all() or (u < 0).any():
                 raise ConfigError(f"salience of shape {u.shape}: expected [{n}] finite values >= 0")
         query = EncodedText(token_ids=np.zeros(n, np.int32), vectors=vectors, salience=u)
-        return self._search_encoded([query], k, offset, self.allowed(filter, subset), [0])[0]
+        allowed = self.allowed(filter, subset)
+        return self._search_encoded([query], k, offset, allowed, [0], depth)[0]
 
     def _dropped_query_tokens(self, texts: Sequence[str], token_ids) -> list[int]:
         """Tokens cut from each query by the encoder's budget (only queries at the budget are
@@ -661,11 +680,11 @@ class Searcher:
         return mask
 
     def _search_encoded(
-        self, encoded, k: int, offset: int, allowed, dropped: Sequence[int]
+        self, encoded, k: int, offset: int, allowed, dropped: Sequence[int], depth: int
     ) -> list[SearchResults]:
-        """Ranks ``k + offset`` documents per encoded query and returns hits ``offset`` to
-        ``offset + k`` with their contents."""
-        need = k + offset
+        """Ranks ``depth`` (≥ ``k + offset``) documents per encoded query and returns hits
+        ``offset`` to ``offset + k`` with their contents."""
+        need = depth
         ids = [str(i) for i in range(len(encoded))]
         out = self.run(
             ids, encoded, (self.alignment,), show_progress=False, k=need, allowed=allowed
@@ -679,7 +698,7 @@ class Searcher:
         )
         pages = []
         for i, qid in enumerate(ids):
-            page = list(ranked[qid].items())[offset:need]
+            page = list(ranked[qid].items())[offset : offset + k]
             contents = [None] * len(page)
             if page and self.documents is not None:
                 position = self.doc_positions

@@ -3,8 +3,8 @@ page with live ALIGNER alignments.
 
 Endpoints (OpenAPI docs at ``/docs``, the schema at ``/openapi.json``):
 
-  ``POST /search``     ``{"query", "k", "offset", "filter"}`` → ``{"hits": [{"doc_id", "score",
-                       "rank", "title", "text", "metadata"}], "took_ms", "generation",
+  ``POST /search``     ``{"query", "k", "offset", "filter", "depth"}`` → ``{"hits": [{"doc_id",
+                       "score", "rank", "title", "text", "metadata"}], "took_ms", "generation",
                        "query_tokens", "truncated_tokens", "filtered_docs"}``
   ``POST /explain``    ``{"query", "doc_id"}`` → the alignment of one hit (paper §4.4, Tables 4–5)
                        as data and as an HTML fragment (``explanation_html.render_fragment``)
@@ -58,6 +58,14 @@ class SearchRequest(BaseModel):
     query: str = Field(description="Free-text query.", examples=["statins reduce heart risk"])
     k: int = Field(10, ge=1, description="Hits to return (at most the server's --max_k).")
     offset: int = Field(0, ge=0, description="Hits to skip (pagination).")
+    depth: int | None = Field(
+        None,
+        ge=1,
+        description="Depth of the ranking the page is cut from (default offset + k; at most "
+        "the server's --max_offset + --max_k). Pages asked with one depth are consecutive "
+        "slices of one ranking; at their own default depths the fast index's pages can repeat "
+        "or skip a document near a boundary.",
+    )
     filter: dict[str, Any] | None = Field(
         None,
         description='Metadata conditions, e.g. {"year": {"gte": 2015}}, {"source": {"in": '
@@ -287,7 +295,10 @@ def create_app(
                 f"has {content_type or 'none'!r}; curl: -H 'Content-Type: application/json'): "
                 + detail
             )
-        return JSONResponse({"detail": detail}, status_code=422)
+        # a body that does not parse is 400, as bytes that are not UTF-8 are (the documented
+        # contract); FastAPI answers it 422, with the fields a body that parsed got wrong
+        unparsed = any(e.get("type") == "json_invalid" for e in exc.errors())
+        return JSONResponse({"detail": detail}, status_code=400 if unparsed else 422)
 
     def check_query(text: str) -> str:
         if beir.is_blank(text):
@@ -351,7 +362,13 @@ def create_app(
                 422,
                 f"offset={body.offset}: at most {limits.max_offset} (the server's --max_offset)",
             )
-        future = service.submit(body.query, body.k, body.offset, body.filter)
+        if body.depth is not None and body.depth > limits.max_offset + limits.max_k:
+            raise ApiError(
+                422,
+                f"depth={body.depth}: at most {limits.max_offset + limits.max_k} (the server's "
+                "--max_offset + --max_k)",
+            )
+        future = service.submit(body.query, body.k, body.offset, body.filter, body.depth)
         try:
             snapshot, results = await asyncio.wrap_future(future)
         except errors.USER_ERRORS as e:

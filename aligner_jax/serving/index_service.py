@@ -174,11 +174,13 @@ class _Pending:
     offset: int
     filter: dict | None
     future: concurrent.futures.Future
+    depth: int | None = None
 
     @property
     def group(self) -> tuple:
-        """Queries of one group are searched together (same page and filter)."""
-        return self.k, self.offset, json.dumps(self.filter, sort_keys=True, default=str)
+        """Queries of one group are searched together (same page, depth and filter)."""
+        filter = json.dumps(self.filter, sort_keys=True, default=str)
+        return self.k, self.offset, self.depth, filter
 
 
 class IndexService:
@@ -249,10 +251,16 @@ class IndexService:
         return self._snapshot
 
     def submit(
-        self, text: str, k: int = 10, offset: int = 0, filter: dict | None = None
+        self,
+        text: str,
+        k: int = 10,
+        offset: int = 0,
+        filter: dict | None = None,
+        depth: int | None = None,
     ) -> concurrent.futures.Future:
-        """Queues a search; the future gives ``(snapshot, SearchResults)``."""
-        pending = _Pending(text, k, offset, filter, concurrent.futures.Future())
+        """Queues a search (``Searcher.search``'s arguments); the future gives
+        ``(snapshot, SearchResults)``."""
+        pending = _Pending(text, k, offset, filter, concurrent.futures.Future(), depth)
         self._queue.put(pending)
         return pending.future
 
@@ -298,7 +306,11 @@ class IndexService:
         first = group[0]
         try:
             results = snapshot.searcher.search_batch(
-                [p.text for p in group], k=first.k, offset=first.offset, filter=first.filter
+                [p.text for p in group],
+                k=first.k,
+                offset=first.offset,
+                filter=first.filter,
+                depth=first.depth,
             )
         except errors.SnapshotGoneError as gone:  # the index was vacuumed: search its commit
             failure: Exception = gone

@@ -34,6 +34,7 @@ from absl import logging
 
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.indexing import token_store as ts
+from aligner_jax.retrieval import search_job
 from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import http_app, index_service
 
@@ -57,8 +58,9 @@ def write_token_from(flag_value: str | None) -> str | None:
         return None
     token = token.strip()
     if len(token) < MIN_TOKEN_CHARS:
+        source = "--write_token" if flag_value is not None else f"${TOKEN_ENV}"
         raise ConfigError(
-            f"--write_token: {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. "
+            f"{source}: {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. "
             "python -c 'import secrets; print(secrets.token_urlsafe())')"
         )
     return token
@@ -108,6 +110,7 @@ def serve_job(
         raise ConfigError(f"--workers={workers}: must be >= 1")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port={port}: must be in 0..65535")
+    search_job.check_index_dir(index_dir)
     token = write_token_from(write_token)
     limits_obj = index_service.ServeLimits(**(limits or {}))
     if not _is_loopback(host):
