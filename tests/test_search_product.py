@@ -610,6 +610,10 @@ def test_aligner_search_shows_snippets_filters_and_pages(toy_index, toy_searcher
     assert toy_searcher.documents.fetch([int(second.doc_id[1:])])[0]["metadata"]["kind"] == "even"
     with pytest.raises(ConfigError, match="--filter=year: not JSON"):
         search_job.search_job(index_dir, query="bees", filter="year")
+    with pytest.raises(
+        ConfigError, match=r"""^--filter=\{"year": \{"foo": 1\}\}: 'year' has an unknown"""
+    ):
+        search_job.search_job(index_dir, query="bees", filter='{"year": {"foo": 1}}')
     with pytest.raises(ConfigError, match=r"^--offset=-1: must be >= 0$"):  # named "offset=-1"
         search_job.search_job(index_dir, query="bees", offset=-1)
     with pytest.raises(ConfigError, match=r"^--depth=4: .* at least --offset \+ --k = 5$"):

@@ -21,6 +21,7 @@ from aligner_jax.common import checks, fileio, progress
 from aligner_jax.common.errors import ConfigError, MissingPathError
 from aligner_jax.data import beir, runs
 from aligner_jax.encoding import loading
+from aligner_jax.indexing import documents
 from aligner_jax.retrieval import searcher as search_lib
 
 
@@ -69,6 +70,10 @@ def parse_filter(spec: str | None) -> dict | None:
         ) from None
     if not isinstance(value, dict):
         raise ConfigError(f"--filter={spec}: expected a JSON object of field conditions")
+    try:  # checked before the index loads, and named by the flag
+        documents.compile_filter(value)
+    except ConfigError as e:
+        raise ConfigError(f"--filter={spec}: {str(e).removeprefix('filter: ')}") from None
     return value
 
 
