@@ -403,6 +403,22 @@ def test_an_empty_queries_file_is_one_line(toy_index, tmp_path, capsys):
     )
 
 
+def test_a_missing_or_malformed_queries_file_is_named_as_a_queries_file(toy_index, tmp_path):
+    """A missing --queries file was "nonexist.jsonl: nonexist.jsonl not found." without the
+    flag; a malformed line showed a corpus record as the example (a new user's findings)."""
+    missing = tmp_path / "nonexist.jsonl"
+    with pytest.raises(
+        errors.MissingPathError, match=r"^--queries=.*nonexist\.jsonl: no such file"
+    ):
+        _search(toy_index[0], queries=str(missing), output=str(tmp_path / "run.trec"))
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"_id": "q1", "text": "bees"\n')
+    with pytest.raises(
+        errors.BeirFormatError, match=r'q\.jsonl:1: .* e\.g\. \{"_id": "q1", "text"'
+    ):
+        _search(toy_index[0], queries=str(bad), output=str(tmp_path / "run.trec"))
+
+
 def test_output_in_a_missing_folder_is_created_and_a_folder_refused_before_search(
     toy_index, tmp_path, monkeypatch
 ):

@@ -267,11 +267,17 @@ def _reject_constant(name: str):
     raise _NotJson(name)
 
 
-def iter_jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+CORPUS_EXAMPLE = '{"_id": "d1", "title": "", "text": "..."}'
+QUERY_EXAMPLE = '{"_id": "q1", "text": "..."}'
+
+
+def iter_jsonl_records(
+    path: str | os.PathLike, example: str = CORPUS_EXAMPLE
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Streams `(line_number, record)` from a JSON-lines file; blank lines are skipped.
 
     Raises BeirFormatError naming the file and line for invalid UTF-8, malformed JSON and
-    records that are not JSON objects.
+    records that are not JSON objects (``example``: the record the message shows).
     """
     path = Path(path)
     _require_file(path, path.name)
@@ -288,8 +294,7 @@ def iter_jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict[str,
         except json.JSONDecodeError as e:
             raise BeirFormatError(
                 f"{path}:{line_number}: malformed JSON at column {e.colno}: {e.msg}. Each line "
-                f"must hold one complete JSON object, e.g. "
-                f'{{"_id": "d1", "title": "", "text": "..."}}.'
+                f"must hold one complete JSON object, e.g. {example}."
             ) from None
         if not isinstance(record, dict):
             raise BeirFormatError(
@@ -426,7 +431,7 @@ def iter_queries(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
     """
     path = Path(path)
     seen: dict[str, int] = {}
-    for line_number, record in iter_jsonl_records(path):
+    for line_number, record in iter_jsonl_records(path, QUERY_EXAMPLE):
         query_id = _record_id(path, line_number, record)
         _check_duplicate(path, line_number, query_id, seen, "query")
         title = record.get("title")

@@ -177,6 +177,9 @@ def search_job(
         )
     conditions = parse_filter(filter)
     check_index_dir(index_dir)
+    if queries is not None and not Path(queries).is_file():
+        what = "is a folder, not a file" if Path(queries).exists() else "no such file"
+        raise MissingPathError(f"--queries={queries}: {what}; give a queries.jsonl")
     items = beir.load_queries(queries) if queries is not None else {}
     output_path = check_output(output) if queries is not None else None
     threadpoolctl.threadpool_limits(threads)
