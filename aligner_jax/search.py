@@ -10,7 +10,8 @@ The index is a token store with its compressed search index (``aligner-index --s
 or any store ``aligner-eval`` has searched); the query encoder is the one recorded with it
 (``encoder.json``), or ``--checkpoint`` (refused if its fingerprint differs). ``--mode=exhaustive``
 refines every document (the quality ceiling). ``--show=text`` prints a snippet of each hit,
-``--filter='{"year": {"gte": 2015}}'`` keeps documents whose metadata match, ``--offset`` pages.
+``--filter='{"year": {"gte": 2015}}'`` keeps documents whose metadata match, ``--offset`` pages
+(``--depth=N``: every page cut from one ranking of N, ``Searcher.search``).
 With ``--query`` only warnings are logged (``--verbosity=0`` shows the load's log).
 """
 
@@ -39,12 +40,7 @@ flags.DEFINE_string(
     "filter", None, """Metadata conditions (JSON), e.g. '{"year": {"gte": 2015}}'."""
 )
 flags.DEFINE_integer("offset", 0, "Hits skipped before the first printed (a page's start).")
-flags.DEFINE_integer(
-    "depth",
-    None,
-    "Depth of the ranking a page is cut from (default --offset + --k): pages asked with one "
-    "--depth are consecutive slices of one ranking.",
-)
+flags.DEFINE_integer("depth", None, "Ranking a page is cut from (default --offset + --k).")
 
 
 def main(argv: Sequence[str]) -> None:
