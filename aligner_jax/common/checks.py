@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import gin
 
-from aligner_jax.common.errors import ConfigError
+from aligner_jax.common.errors import ConfigError, MissingPathError
 
 #: What usually binds a parameter a gin file must bind: said in the one-line error.
 BINDING_HINTS = {
@@ -123,3 +124,15 @@ def integers(name: str, values, minimum: int, increasing: bool = False) -> None:
             raise ConfigError(f"{flag(name, values)}: every entry must be an integer >= {minimum}")
     if increasing and list(values) != sorted(set(values)):
         raise ConfigError(f"{flag(name, values)}: entries must be strictly increasing")
+
+
+def index_dir(index_dir: str) -> None:
+    """Refuses an ``--index_dir`` that is no folder (missing, or a file) in one line
+    (``aligner-search``, ``aligner-serve``)."""
+    path = Path(index_dir)
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise MissingPathError(
+            f"--index_dir={index_dir}: {what}; give the folder of an index built by "
+            "aligner-index --corpus=CORPUS.jsonl --index_dir=DIR"
+        )

@@ -77,17 +77,6 @@ def parse_filter(spec: str | None) -> dict | None:
     return value
 
 
-def check_index_dir(index_dir: str) -> None:
-    """Refuses an ``--index_dir`` that is no folder (missing, or a file) in one line."""
-    path = Path(index_dir)
-    if not path.is_dir():
-        what = "is a file, not a folder" if path.exists() else "no such folder"
-        raise MissingPathError(
-            f"--index_dir={index_dir}: {what}; give the folder of an index built by "
-            "aligner-index --corpus=CORPUS.jsonl --index_dir=DIR"
-        )
-
-
 def check_output(output: str) -> Path:
     """Refuses, before anything is searched, a ``--output`` that could not be written: a folder,
     or a path under a file or in a folder without write permission (a missing folder is created
@@ -176,7 +165,7 @@ def search_job(
             f"--depth={depth}: the ranking's depth must be at least --offset + --k = {offset + k}"
         )
     conditions = parse_filter(filter)
-    check_index_dir(index_dir)
+    checks.index_dir(index_dir)
     if queries is not None and not Path(queries).is_file():
         what = "is a folder, not a file" if Path(queries).exists() else "no such file"
         raise MissingPathError(f"--queries={queries}: {what}; give a queries.jsonl")

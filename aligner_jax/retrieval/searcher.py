@@ -684,10 +684,9 @@ class Searcher:
     ) -> list[SearchResults]:
         """Ranks ``depth`` (≥ ``k + offset``) documents per encoded query and returns hits
         ``offset`` to ``offset + k`` with their contents."""
-        need = depth
         ids = [str(i) for i in range(len(encoded))]
         out = self.run(
-            ids, encoded, (self.alignment,), show_progress=False, k=need, allowed=allowed
+            ids, encoded, (self.alignment,), show_progress=False, k=depth, allowed=allowed
         )
         ranked = out.results[next(iter(out.results))]
         kept = None if allowed is None else int((allowed & ~self.store.deleted).sum())

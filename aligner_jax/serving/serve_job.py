@@ -32,9 +32,9 @@ import threadpoolctl
 import uvicorn
 from absl import logging
 
+from aligner_jax.common import checks
 from aligner_jax.common.errors import ConfigError
 from aligner_jax.indexing import token_store as ts
-from aligner_jax.retrieval import search_job
 from aligner_jax.retrieval import searcher as search_lib
 from aligner_jax.serving import http_app, index_service
 
@@ -110,7 +110,7 @@ def serve_job(
         raise ConfigError(f"--workers={workers}: must be >= 1")
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port={port}: must be in 0..65535")
-    search_job.check_index_dir(index_dir)
+    checks.index_dir(index_dir)
     token = write_token_from(write_token)
     limits_obj = index_service.ServeLimits(**(limits or {}))
     if not _is_loopback(host):
